@@ -1,0 +1,21 @@
+"""What differs per database vendor, behind one small interface: ``backend_for(connection)``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lockkit.backends.base import Backend, TimeoutToken
+from lockkit.backends.postgresql import PostgreSQLBackend
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+__all__ = ["Backend", "TimeoutToken", "backend_for"]
+
+_BY_VENDOR: dict[str, Backend] = {"postgresql": PostgreSQLBackend()}
+_GENERIC = Backend()
+
+
+def backend_for(connection: BaseDatabaseWrapper) -> Backend:
+    """Return the lockkit backend for a Django connection (a generic one for vendors without special support)."""
+    return _BY_VENDOR.get(connection.vendor, _GENERIC)

@@ -1,0 +1,62 @@
+"""PostgreSQL: transaction-scoped ``lock_timeout``/``statement_timeout`` through ``set_config(name, value, true)``.
+
+https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SET and
+https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIMEOUT
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lockkit.backends.base import Backend, TimeoutToken
+from lockkit.durations import milliseconds
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+# The setting names are constants of ours, never user input; values always travel as parameters.
+_NAMES = ("lock_timeout", "statement_timeout")
+
+
+class PostgreSQLBackend(Backend):
+    """Timeouts with ``is_local = true``: they end with the transaction, so nothing reaches the next user of a
+    pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
+    back when it ends; on error the savepoint rollback reverts them by itself."""
+
+    def begin_scope(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nested: bool,
+    ) -> TimeoutToken:
+        values = {
+            name: f"{milliseconds(value)}ms"
+            for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
+            if value is not None
+        }
+        if not values:
+            return None
+        setters = ", ".join("set_config(%s, %s, true)" for _ in values)
+        params: list[str] = [item for pair in values.items() for item in pair]
+        with connection.cursor() as cursor:
+            if not nested:
+                cursor.execute(f"SELECT {setters}", params)
+                return None
+            # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
+            readers = ", ".join("current_setting(%s)" for _ in values)
+            cursor.execute(
+                f"WITH enclosing AS MATERIALIZED (SELECT {readers}) SELECT enclosing.*, {setters} FROM enclosing",
+                [*values, *params],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        return dict(zip(values, row[: len(values)], strict=True))
+
+    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        if not token:
+            return
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {setters}", [item for pair in token.items() for item in pair])

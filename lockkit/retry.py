@@ -1,0 +1,221 @@
+"""``RetryPolicy``: which locking failures are retried, how often and how long to wait, built on tenacity.
+
+A policy is a frozen value; every call builds a fresh ``tenacity.Retrying`` from it, because a ``Retrying``
+holds per-call state and is not safe to share between threads. https://tenacity.readthedocs.io/
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tenacity
+
+from lockkit.durations import seconds
+from lockkit.errors import Failure, LockError
+
+logger = logging.getLogger("lockkit")
+
+DEFAULT_RETRY_ON: frozenset[Failure] = frozenset(
+    {Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE, Failure.LOCK_TIMEOUT}
+)
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """What a hook learns about one retry or one give-up.
+
+    Attributes:
+        attempt: The number of the attempt that just failed (1-based).
+        failure: The failure kind, or ``None`` for an error lockkit does not classify.
+        alias: The database alias of the operation.
+        wait: Seconds before the next attempt (0.0 on give-up).
+        error: The exception the attempt raised.
+        sqlstate: Its SQLSTATE or vendor code, when known.
+        operation: The qualified name of the decorated function.
+    """
+
+    attempt: int
+    failure: Failure | None
+    alias: str
+    wait: float
+    error: BaseException
+    sqlstate: str | None
+    operation: str
+
+
+Hook = Callable[[RetryEvent], None]
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which failures a ``locked_operation`` retries, and how.
+
+    Each retry re-runs the whole decorated function in a fresh transaction, and only when the operation owns the
+    outermost transaction on its alias. The wait is "full jitter" exponential backoff: a random time between 0 and
+    ``min(wait_max, wait_initial * 2 ** (attempt - 1))`` seconds. See
+    https://www.postgresql.org/docs/current/mvcc-serialization-failure-handling.html.
+
+    Args:
+        attempts: Total attempts, the first included (default 3).
+        retry_on: The ``Failure`` kinds retried (default: deadlock, serialization failure and lock timeout; a
+            ``NOWAIT`` failure is a request to fail fast and is not retried unless listed).
+        wait_initial: Seconds, the backoff scale (default 0.005).
+        wait_max: Seconds, the cap on one wait (default 0.2).
+        deadline: Seconds, an overall bound: no attempt starts once it has passed (default ``None``: none).
+        before_retry: Called with a ``RetryEvent`` before each wait.
+        on_give_up: Called with a ``RetryEvent`` when a retryable failure is raised after the last attempt.
+
+    Raises:
+        TypeError: a value has the wrong type (``bool`` is not a count or a duration).
+        ValueError: ``attempts`` < 1, a duration that is not positive and finite, ``wait_max < wait_initial``.
+    """
+
+    attempts: int = 3
+    retry_on: frozenset[Failure] = field(default=DEFAULT_RETRY_ON)
+    wait_initial: float = 0.005
+    wait_max: float = 0.2
+    deadline: float | None = None
+    before_retry: Hook | None = None
+    on_give_up: Hook | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int(self.attempts, "attempts")
+        if isinstance(self.retry_on, str | bytes | Failure) or not isinstance(self.retry_on, Iterable):
+            raise TypeError("retry_on must be an iterable of lockkit.Failure")
+        retry_on = frozenset(self.retry_on)
+        for item in retry_on:
+            if not isinstance(item, Failure):
+                raise TypeError(f"retry_on must hold lockkit.Failure members, not {type(item).__name__}")
+        if Failure.READ_ONLY in retry_on:
+            raise ValueError("retry_on cannot include Failure.READ_ONLY: a read-only database never becomes writable")
+        object.__setattr__(self, "retry_on", retry_on)
+        object.__setattr__(self, "wait_initial", seconds(self.wait_initial, "wait_initial"))
+        object.__setattr__(self, "wait_max", seconds(self.wait_max, "wait_max"))
+        object.__setattr__(self, "deadline", seconds(self.deadline, "deadline", allow_none=True))
+        if self.wait_max < self.wait_initial:
+            raise ValueError(f"wait_max ({self.wait_max}) must be >= wait_initial ({self.wait_initial})")
+        for name in ("before_retry", "on_give_up"):
+            hook = getattr(self, name)
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
+
+    def should_retry(self, exc: BaseException) -> bool:
+        """Whether this policy retries ``exc`` (a classified lockkit error of a listed kind)."""
+        return isinstance(exc, LockError) and exc.failure is not None and exc.failure in self.retry_on
+
+    def retrying(self) -> tenacity.Retrying:
+        """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them)."""
+        stop: Any = tenacity.stop_after_attempt(self.attempts)
+        if self.deadline is not None:
+            stop = stop | tenacity.stop_before_delay(self.deadline)
+        return tenacity.Retrying(
+            stop=stop,
+            wait=tenacity.wait_random_exponential(multiplier=self.wait_initial, max=self.wait_max),
+            retry=tenacity.retry_if_exception(self.should_retry),
+            reraise=True,
+        )
+
+
+RetrySetting = RetryPolicy | tenacity.Retrying | None
+
+
+def check_retry(value: object, name: str = "retry") -> RetrySetting:
+    """Return ``value`` as a retry setting (a dict becomes a ``RetryPolicy``).
+
+    Raises:
+        TypeError: ``value`` is not a ``RetryPolicy``, a tenacity ``Retrying``, a dict or ``None``.
+    """
+    if value is None or isinstance(value, RetryPolicy | tenacity.Retrying):
+        return value
+    if isinstance(value, dict):
+        return RetryPolicy(**value)
+    raise TypeError(f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}")
+
+
+def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: float) -> RetryEvent:
+    from lockkit.sqlstate import code_of
+
+    assert state.outcome is not None
+    error = state.outcome.exception()
+    assert error is not None
+    failure = error.failure if isinstance(error, LockError) else None
+    sqlstate = error.sqlstate if isinstance(error, LockError) else code_of(error)
+    return RetryEvent(state.attempt_number, failure, alias, wait, error, sqlstate, operation)
+
+
+def _extra(event: RetryEvent) -> dict[str, Any]:
+    return {
+        "alias": event.alias,
+        "failure": event.failure.value if event.failure else None,
+        "sqlstate": event.sqlstate,
+        "attempt": event.attempt,
+        "wait": event.wait,
+        "operation": event.operation,
+    }
+
+
+def build_retrying(setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str) -> tenacity.Retrying:
+    """Return a fresh ``Retrying`` for one call, logging each retry and give-up on the ``lockkit`` logger.
+
+    A user-supplied ``Retrying`` is copied (never shared) with ``reraise=True``, so the last classified error is
+    raised rather than tenacity's ``RetryError``; its own hooks still run after lockkit's.
+    """
+    if isinstance(setting, RetryPolicy):
+        base = setting.retrying()
+        user_before_sleep: Callable[[tenacity.RetryCallState], None] | None = None
+        user_error_callback: Callable[[tenacity.RetryCallState], Any] | None = None
+        before_retry, on_give_up = setting.before_retry, setting.on_give_up
+    else:
+        base = setting
+        user_before_sleep, user_error_callback = setting.before_sleep, setting.retry_error_callback
+        before_retry = on_give_up = None
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        wait = state.upcoming_sleep
+        event = _event(state, alias, operation, 0.0 if math.isnan(wait) else float(wait))
+        logger.info(
+            "lockkit: %s failed with %s on %r (attempt %d); retrying in %.3fs",
+            operation,
+            event.failure.value if event.failure else type(event.error).__name__,
+            alias,
+            event.attempt,
+            event.wait,
+            extra=_extra(event),
+        )
+        if before_retry is not None:
+            before_retry(event)
+        if user_before_sleep is not None:
+            user_before_sleep(state)
+
+    def give_up(state: tenacity.RetryCallState) -> Any:
+        event = _event(state, alias, operation, 0.0)
+        if isinstance(event.error, LockError):
+            event.error.attempts = state.attempt_number
+        logger.warning(
+            "lockkit: %s gave up after %d attempt(s) on %r: %s",
+            operation,
+            event.attempt,
+            alias,
+            event.failure.value if event.failure else type(event.error).__name__,
+            extra=_extra(event),
+        )
+        if on_give_up is not None:
+            on_give_up(event)
+        if user_error_callback is not None:
+            return user_error_callback(state)
+        assert state.outcome is not None
+        return state.outcome.result()  # re-raises the last attempt's error
+
+    return base.copy(before_sleep=before_sleep, retry_error_callback=give_up, reraise=True)

@@ -1,0 +1,113 @@
+"""The table of SQLSTATEs and vendor error numbers lockkit classifies, and reading a code off an exception chain.
+
+The table is data, one row per (vendor, code); ``lookup()`` is the only reader. See ``../shared/ERROR-CODES.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lockkit.errors import Failure
+
+# How many links of __cause__/__context__ to follow: Django wraps once, TransactionManagementError once more.
+_MAX_CHAIN = 8
+
+
+@dataclass(frozen=True)
+class CodeRow:
+    """One classified code.
+
+    Attributes:
+        vendor: ``"postgresql"`` (SQLSTATE, also CockroachDB), ``"mysql"`` (MySQL and MariaDB error numbers),
+            ``"sqlite"`` (extended result codes) or ``"oracle"`` (ORA- numbers).
+        code: The code as a string (``"55P03"``, ``"1213"``).
+        name: The condition name the vendor gives it.
+        failure: The lockkit failure kind.
+        ambiguous_nowait: The code means "NOWAIT failed" or "lock wait timed out" depending on the statement.
+    """
+
+    vendor: str
+    code: str
+    name: str
+    failure: Failure
+    ambiguous_nowait: bool = False
+
+
+CODES: tuple[CodeRow, ...] = (
+    # PostgreSQL: https://www.postgresql.org/docs/current/errcodes-appendix.html
+    CodeRow("postgresql", "55P03", "lock_not_available", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
+    CodeRow("postgresql", "40P01", "deadlock_detected", Failure.DEADLOCK_DETECTED),
+    CodeRow("postgresql", "40001", "serialization_failure", Failure.SERIALIZATION_FAILURE),
+    CodeRow("postgresql", "57014", "query_canceled", Failure.STATEMENT_TIMEOUT),
+    CodeRow("postgresql", "25006", "read_only_sql_transaction", Failure.READ_ONLY),
+    # MySQL / MariaDB (mysqlclient puts the number in args[0]).
+    CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT),
+    CodeRow("mysql", "1213", "ER_LOCK_DEADLOCK", Failure.DEADLOCK_DETECTED),
+    CodeRow("mysql", "3572", "ER_LOCK_NOWAIT", Failure.LOCK_NOT_AVAILABLE),
+    CodeRow("mysql", "1969", "ER_STATEMENT_TIMEOUT", Failure.STATEMENT_TIMEOUT),
+    CodeRow("mysql", "3024", "ER_QUERY_TIMEOUT", Failure.STATEMENT_TIMEOUT),
+    CodeRow("mysql", "1290", "ER_OPTION_PREVENTS_STATEMENT", Failure.READ_ONLY),
+    CodeRow("mysql", "1792", "ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION", Failure.READ_ONLY),
+    CodeRow("mysql", "1836", "ER_READ_ONLY_MODE", Failure.READ_ONLY),
+    # SQLite extended result codes (sqlite3 exceptions carry sqlite_errorcode on Python 3.11+).
+    CodeRow("sqlite", "5", "SQLITE_BUSY", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "517", "SQLITE_BUSY_SNAPSHOT", Failure.SERIALIZATION_FAILURE),
+    CodeRow("sqlite", "8", "SQLITE_READONLY", Failure.READ_ONLY),
+    # Oracle (oracledb: args[0].code).
+    CodeRow("oracle", "54", "ORA-00054", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
+    CodeRow("oracle", "30006", "ORA-30006", Failure.LOCK_TIMEOUT),
+    CodeRow("oracle", "60", "ORA-00060", Failure.DEADLOCK_DETECTED),
+    CodeRow("oracle", "8177", "ORA-08177", Failure.SERIALIZATION_FAILURE),
+    CodeRow("oracle", "16000", "ORA-16000", Failure.READ_ONLY),
+)
+
+_INDEX: dict[tuple[str, str], CodeRow] = {(row.vendor, row.code): row for row in CODES}
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """Return ``exc`` and the exceptions on its ``__cause__``/``__context__`` chain, nearest first, bounded."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < _MAX_CHAIN and all(current is not s for s in seen):
+        seen.append(current)
+        current = current.__cause__ if current.__cause__ is not None else current.__context__
+    return seen
+
+
+def vendor_code(exc: BaseException) -> tuple[str, str] | None:
+    """Read ``(vendor, code)`` off one driver exception, or ``None`` when it carries no code lockkit reads."""
+    module = type(exc).__module__
+    if module.startswith("psycopg"):
+        # psycopg 3 names it sqlstate, psycopg2 pgcode; client-side errors have neither.
+        code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        return ("postgresql", str(code)) if code else None
+    if module.startswith(("MySQLdb", "pymysql")):
+        number = exc.args[0] if exc.args else None
+        return ("mysql", str(number)) if isinstance(number, int) else None
+    if module == "sqlite3":
+        number = getattr(exc, "sqlite_errorcode", None)
+        return ("sqlite", str(number)) if isinstance(number, int) else None
+    if module.startswith(("oracledb", "cx_Oracle")):
+        error = exc.args[0] if exc.args else None
+        number = getattr(error, "code", None)
+        return ("oracle", str(number)) if isinstance(number, int) else None
+    return None
+
+
+def lookup(exc: BaseException) -> CodeRow | None:
+    """Find the table row for the nearest exception on ``exc``'s chain that carries a known code."""
+    for link in chain(exc):
+        key = vendor_code(link)
+        if key is not None and key in _INDEX:
+            return _INDEX[key]
+    return None
+
+
+def code_of(exc: BaseException) -> str | None:
+    """Return the first SQLSTATE or vendor code found on ``exc``'s chain, known to the table or not."""
+    for link in chain(exc):
+        key = vendor_code(link)
+        if key is not None:
+            return key[1]
+    return None

@@ -1,0 +1,40 @@
+"""Where the test suite finds its PostgreSQL: a URL from the environment, or an embedded throwaway server.
+
+The embedded server (``pgserver``, a PyPI package that ships PostgreSQL) lets the README's test command run on a
+machine with no database server at all. Its URL is written back to the environment so that worker processes reuse it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from urllib.parse import quote
+
+DATABASE_URL_ENV = "LOCKKIT_TEST_DATABASE_URL"
+
+
+def database_url() -> str:
+    """Return the test PostgreSQL URL, starting an embedded server for this process tree when none is configured."""
+    url = os.environ.get(DATABASE_URL_ENV, "").strip()
+    if url:
+        return url
+    return _start_embedded()
+
+
+def _start_embedded() -> str:
+    import pgserver
+
+    data_dir = tempfile.mkdtemp(prefix="lockkit-pg-")
+    server = pgserver.get_server(data_dir, cleanup_mode="stop")
+    socket_dir = server.get_uri().split("host=", 1)[1]
+
+    def _cleanup() -> None:
+        server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    atexit.register(_cleanup)
+    url = f"postgres://postgres@{quote(socket_dir, safe='')}/postgres"
+    os.environ[DATABASE_URL_ENV] = url
+    return url

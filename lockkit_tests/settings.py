@@ -1,0 +1,33 @@
+"""Django settings for lockkit's test suite.
+
+``default`` and ``other`` are two databases on the same PostgreSQL server (the URL from ``LOCKKIT_TEST_DATABASE_URL``,
+or an embedded server started for the run), so the multi-database tests see two real aliases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dj_database_url
+
+from lockkit_tests.dbserver import database_url
+
+SECRET_KEY = "lockkit-tests-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["lockkit_tests"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_default: dict[str, Any] = dict(dj_database_url.parse(database_url(), conn_max_age=0))
+_other: dict[str, Any] = {**_default, "NAME": f"{_default['NAME']}_other"}
+
+DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other}
+DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
+
+LOCKKIT: dict[str, Any] = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"lockkit": {"level": "DEBUG", "propagate": True}},
+}
