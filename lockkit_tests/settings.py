@@ -6,6 +6,7 @@ or an embedded server started for the run), so the multi-database tests see two 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import dj_database_url
@@ -22,6 +23,12 @@ _default: dict[str, Any] = dict(dj_database_url.parse(database_url(), conn_max_a
 _other: dict[str, Any] = {**_default, "NAME": f"{_default['NAME']}_other"}
 
 DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other}
+
+# MariaDB/MySQL tests run only when this URL is set (e.g. mysql://root@127.0.0.1:3306/lockkit); they are skipped
+# with a visible reason otherwise. Needs mysqlclient (the `mysql` extra).
+MYSQL_URL = os.environ.get("LOCKKIT_TEST_MYSQL_URL", "").strip()
+if MYSQL_URL:
+    DATABASES["mariadb"] = dict(dj_database_url.parse(MYSQL_URL, conn_max_age=0))
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
 
 LOCKKIT: dict[str, Any] = {}
