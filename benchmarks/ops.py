@@ -1,0 +1,180 @@
+"""The operations each benchmark process runs in a loop: hand-written Django code and its lockkit equivalent.
+
+Every builder takes ``(rng, worker)`` and returns an ``Op``: a callable doing one operation and returning how many
+units (reservations, orders, jobs) it completed. Imported only after ``django.setup()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+
+import lockkit
+from benchmarks.models import Item, Job
+from lockkit import Failure, RetryEvent, RetryPolicy
+
+Op = Callable[[], int]
+Builder = Callable[[random.Random, int], Op]
+
+ROWS = 1000  # workload 1: uncontended rows
+HOT = 1  # workloads 2 and 4: the hot row
+ORDER_ROWS = 10  # workload 3: orders pick ORDER_SIZE distinct rows among the first ORDER_ROWS
+ORDER_SIZE = 3
+BATCH = 20  # workload 5: jobs per batched claim
+LEASE = 60.0
+
+#: Per process: retries and deadlocks seen by lockkit's retry hook.
+counters: Counter[str] = Counter()
+
+
+def _count_retry(event: RetryEvent) -> None:
+    counters["retries"] += 1
+    if event.failure is Failure.DEADLOCK_DETECTED:
+        counters["deadlocks"] += 1
+
+
+# Both order implementations retry the same way, so the only difference between them is the locking order.
+ORDER_RETRY = RetryPolicy(attempts=50, before_retry=_count_retry)
+
+
+# -- one reservation: the hand-written idiom and lockkit -----------------------------------------------------------
+
+
+def reserve_hand(pk: int) -> None:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '5s'")
+        item = Item.objects.select_for_update(of=("self",)).get(pk=pk)
+        item.available -= 1
+        item.reserved += 1
+        item.save(update_fields=["available", "reserved"])
+
+
+@lockkit.locked_operation(lock_timeout=5)
+def reserve_lockkit(pk: int) -> None:
+    item = lockkit.current_scope().get(Item, pk=pk)
+    item.available -= 1
+    item.reserved += 1
+    item.save(update_fields=["available", "reserved"])
+
+
+def decrement_guarded(pk: int) -> None:
+    """The single-statement alternative: a guarded ``UPDATE`` in autocommit, no row read, no explicit lock."""
+    Item.objects.filter(pk=pk, available__gte=1).update(
+        available=F("available") - 1, reserved=F("reserved") + 1
+    )
+
+
+# -- orders: several rows with overlapping keys ------------------------------------------------------------------
+
+
+def _take(items: list[Item]) -> None:
+    for item in items:
+        item.available -= 1
+        item.reserved += 1
+        item.save(update_fields=["available", "reserved"])
+
+
+def order_hand_sorted(pks: list[int]) -> None:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '5s'")
+        _take(list(Item.objects.select_for_update(of=("self",)).filter(pk__in=pks).order_by("pk")))
+
+
+@lockkit.locked_operation(lock_timeout=5, retry=ORDER_RETRY)
+def order_lock_all(pks: list[int]) -> None:
+    _take(lockkit.current_scope().lock_all(Item, pks=pks))
+
+
+@lockkit.locked_operation(lock_timeout=5, retry=ORDER_RETRY)
+def order_unordered(pks: list[int]) -> None:
+    scope = lockkit.current_scope()
+    _take([scope.get(Item, pk=pk) for pk in pks])
+
+
+# -- builders ----------------------------------------------------------------------------------------------------
+
+
+def _uncontended(func: Callable[[int], None]) -> Builder:
+    def build(rng: random.Random, worker: int) -> Op:
+        def op() -> int:
+            func(rng.randint(1, ROWS))
+            return 1
+
+        return op
+
+    return build
+
+
+def _hot(func: Callable[[int], None]) -> Builder:
+    def build(rng: random.Random, worker: int) -> Op:
+        def op() -> int:
+            func(HOT)
+            return 1
+
+        return op
+
+    return build
+
+
+def _orders(func: Callable[[list[int]], None]) -> Builder:
+    def build(rng: random.Random, worker: int) -> Op:
+        rows = range(1, ORDER_ROWS + 1)
+
+        def op() -> int:
+            func(rng.sample(rows, ORDER_SIZE))  # distinct rows in random order
+            return 1
+
+        return op
+
+    return build
+
+
+def _claims(limit: int) -> Builder:
+    def build(rng: random.Random, worker: int) -> Op:
+        claims: Any = importlib.import_module("lockkit.claims")
+        assert Job is not None
+        pending = Job._default_manager.filter(state="pending")
+        name = f"bench-{worker}"
+
+        def op() -> int:
+            taken = claims.claim_next(
+                pending, worker=name, lease=LEASE, limit=limit, set={"state": "running"}
+            )
+            if not taken:
+                counters["empty"] += 1
+                return 0
+            if limit == 1:
+                claims.complete(taken[0], set={"state": "done"})
+            else:
+                claims.complete_many(taken, set={"state": "done"})
+            return len(taken)
+
+        return op
+
+    return build
+
+
+BUILDERS: dict[str, Builder] = {
+    "reserve_hand": _uncontended(reserve_hand),
+    "reserve_lockkit": _uncontended(reserve_lockkit),
+    "hot_hand": _hot(reserve_hand),
+    "hot_lockkit": _hot(reserve_lockkit),
+    "hot_guarded": _hot(decrement_guarded),
+    "order_hand_sorted": _orders(order_hand_sorted),
+    "order_lock_all": _orders(order_lock_all),
+    "order_unordered": _orders(order_unordered),
+    "claim_one": _claims(1),
+    "claim_batch": _claims(BATCH),
+}
+
+
+def build(name: str, rng: random.Random, worker: int) -> Op:
+    return BUILDERS[name](rng, worker)
