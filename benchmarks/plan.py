@@ -42,6 +42,7 @@ class Workload:
 
 HAND = "hand-written Django"
 PGBENCH = "pgbench (same SQL, prepared)"
+UNFOLDED = "lockkit, BEGIN and set_config in two round trips (fold_begin=False)"
 
 WORKLOADS: tuple[Workload, ...] = (
     Workload(
@@ -50,12 +51,19 @@ WORKLOADS: tuple[Workload, ...] = (
         impls=(
             Impl("hand", HAND, op="reserve_hand"),
             Impl("lockkit", "lockkit", op="reserve_lockkit"),
+            Impl("unfolded", UNFOLDED, op="reserve_lockkit_unfolded"),
             Impl("pgbench", PGBENCH, script="reserve"),
         ),
         procs=(1,),
         quick_procs=(1,),
         unit="reservations",
-        pairs=(("lockkit", "hand"), ("lockkit", "pgbench"), ("hand", "pgbench")),
+        pairs=(
+            ("lockkit", "hand"),
+            ("lockkit", "unfolded"),
+            ("unfolded", "hand"),
+            ("lockkit", "pgbench"),
+            ("hand", "pgbench"),
+        ),
     ),
     Workload(
         key="hot",
@@ -63,12 +71,19 @@ WORKLOADS: tuple[Workload, ...] = (
         impls=(
             Impl("hand", HAND, op="hot_hand"),
             Impl("lockkit", "lockkit", op="hot_lockkit"),
+            Impl("unfolded", UNFOLDED, op="hot_lockkit_unfolded"),
             Impl("pgbench", PGBENCH, script="hot"),
         ),
         procs=(1, 2, 4, 8),
         quick_procs=(1, 4),
         unit="reservations",
-        pairs=(("lockkit", "hand"), ("lockkit", "pgbench"), ("hand", "pgbench")),
+        pairs=(
+            ("lockkit", "hand"),
+            ("lockkit", "unfolded"),
+            ("unfolded", "hand"),
+            ("lockkit", "pgbench"),
+            ("hand", "pgbench"),
+        ),
     ),
     Workload(
         key="orders",
