@@ -34,7 +34,18 @@ def _job_model() -> type[models.Model] | None:
         claims = importlib.import_module("lockkit.claims")
     except ImportError:
         return None
-    meta = type("Meta", (), {"db_table": "lkbench_job", "app_label": "benchmarks"})
+    meta = type(
+        "Meta",
+        (),
+        {
+            "db_table": "lkbench_job",
+            "app_label": "benchmarks",
+            # What a real queue table has: the claim query finds pending jobs without walking finished ones.
+            "indexes": [
+                models.Index(fields=["id"], name="lkbench_job_pending", condition=models.Q(state="pending"))
+            ],
+        },
+    )
     attrs = {
         "__module__": __name__,
         "state": models.CharField(max_length=10, default="pending"),

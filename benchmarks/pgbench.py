@@ -6,6 +6,7 @@ so pgbench's connection set-up and warm-up are excluded the same way.
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import tempfile
@@ -37,7 +38,7 @@ claimed AS (
     state = 'running'
   FROM ordered WHERE lkbench_job.id = ordered.pk AND lkbench_job.lease_expires_at IS NULL
   RETURNING lkbench_job.id, lkbench_job.claim_token)
-SELECT array_agg(id) AS ids, array_agg(claim_token) AS tokens FROM claimed \\gset
+SELECT coalesce(array_agg(id), '{{{{}}}}') AS ids, coalesce(array_agg(claim_token), '{{{{}}}}') AS tokens FROM claimed \\gset
 UPDATE lkbench_job SET state = 'done', lease_expires_at = NULL
 FROM unnest(:ids::bigint[], :tokens::bigint[]) AS c (id, token)
 WHERE lkbench_job.id = c.id AND lkbench_job.claim_token = c.token AND lkbench_job.lease_expires_at IS NOT NULL;
@@ -89,6 +90,11 @@ def version() -> str:
     return subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def run_seconds(warmup: float, duration: float) -> int:
+    """pgbench's ``-T``: whole seconds covering warm-up and window (connection set-up comes on top)."""
+    return max(1, math.ceil(warmup + duration + 0.5))
+
+
 def run(
     target: Target,
     workload: str,
@@ -106,7 +112,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="lkbench-pgbench-") as tmp:
         path = Path(tmp) / f"{script}.sql"
         path.write_text(SCRIPTS[script])
-        seconds = max(1, round(warmup + duration + 0.5))
+        seconds = run_seconds(warmup, duration)
         command = [
             exe, "-n", "-M", "prepared", "-c", str(procs), "-j", str(procs), "-T", str(seconds),
             "-f", str(path), "-l", "--log-prefix", str(Path(tmp) / "log"), *target.pg_args(),

@@ -172,10 +172,13 @@ def render(data: dict[str, Any], chart: str | None) -> str:
     if chart:
         lines += [f"![throughput against processes]({chart})", ""]
     for workload in WORKLOADS:
+        ran = any(s["workload"] == workload.key for s in data["summaries"])
+        if workload.key in data["skipped"] or ran:
+            lines += [f"### {workload.title}", ""]
         if workload.key in data["skipped"]:
-            lines += [f"### {workload.title}", "", f"Skipped: {data['skipped'][workload.key]}", ""]
-        elif any(s["workload"] == workload.key for s in data["summaries"]):
-            lines += [f"### {workload.title}", "", *_workload_table(workload, data), ""]
+            lines += [f"Note: {data['skipped'][workload.key]}.", ""]
+        if ran:
+            lines += [*_workload_table(workload, data), ""]
     lines += ["### Ratios, pair by pair", "", *_ratio_table(data), ""]
     if data.get("profile"):
         lines += ["### Profile of the hot path", "", *_profile(data["profile"]), ""]

@@ -20,7 +20,8 @@ def run_workload(
     """Every measured run of ``workload`` (warm-up rounds excluded)."""
     runs: list[Run] = []
     procs_list = workload.quick_procs if settings.quick else workload.procs
-    jobs = int(30_000 * (settings.warmup + settings.duration)) + 1_000
+    # Enough jobs that no implementation drains the queue while it runs (pgbench runs whole seconds).
+    jobs = 50_000 * pgbench.run_seconds(settings.warmup, settings.duration)
     for procs in procs_list:
         for number in range(-settings.warmup_rounds + 1, settings.rounds + 1):
             shift = (number - 1) % len(workload.impls)
