@@ -5,14 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
+from lockkit.backends.mysql import MySQLBackend
 from lockkit.backends.postgresql import PostgreSQLBackend
+from lockkit.backends.sqlite import SQLiteBackend
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = ["Backend", "TimeoutToken", "backend_for"]
 
-_BY_VENDOR: dict[str, Backend] = {"postgresql": PostgreSQLBackend()}
+_BY_VENDOR: dict[str, Backend] = {
+    "postgresql": PostgreSQLBackend(),
+    "mysql": MySQLBackend(),
+    "sqlite": SQLiteBackend(),
+}
 _GENERIC = Backend()
 
 
