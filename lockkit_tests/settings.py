@@ -6,7 +6,10 @@ or an embedded server started for the run), so the multi-database tests see two 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import dj_database_url
@@ -29,6 +32,15 @@ DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other}
 MYSQL_URL = os.environ.get("LOCKKIT_TEST_MYSQL_URL", "").strip()
 if MYSQL_URL:
     DATABASES["mariadb"] = dict(dj_database_url.parse(MYSQL_URL, conn_max_age=0))
+# SQLite tests: a file database (never :memory:, which other threads cannot share), in a directory of this run.
+_SQLITE_DIR = tempfile.mkdtemp(prefix="lockkit-sqlite-")
+atexit.register(shutil.rmtree, _SQLITE_DIR, ignore_errors=True)
+DATABASES["sqlite"] = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.path.join(_SQLITE_DIR, "lockkit.sqlite3"),
+    "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_lockkit.sqlite3")},
+    "OPTIONS": {"timeout": 5},
+}
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
 
 LOCKKIT: dict[str, Any] = {}
