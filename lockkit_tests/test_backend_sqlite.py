@@ -108,7 +108,7 @@ def test_scope_begins_with_begin_immediate_and_restores_transaction_mode() -> No
     # A plain atomic() is untouched: still a deferred BEGIN.
     with CaptureQueriesContext(connection) as queries, transaction.atomic(using=ALIAS):
         Item.objects.using(ALIAS).count()
-    assert [q["sql"] for q in queries.captured_queries][0] == "BEGIN"
+    assert queries.captured_queries[0]["sql"] == "BEGIN"
 
 
 def test_nested_scope_runs_in_a_savepoint_and_its_failure_keeps_the_outer_work() -> None:
