@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from lockkit_tests import topology
+
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
@@ -24,3 +26,12 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[No
                 cursor.execute(f"ALTER DATABASE {connection.ops.quote_name(name)} SET deadlock_timeout = '100ms'")
             connection.close()
     yield
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    """Start the primary/standby/PgBouncer servers before the test databases are made, if a test needs them."""
+    with topology.servers_for(request.session.items):
+        yield

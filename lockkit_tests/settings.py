@@ -14,6 +14,7 @@ from typing import Any
 
 import dj_database_url
 
+from lockkit_tests import topology
 from lockkit_tests.dbserver import database_url
 
 SECRET_KEY = "lockkit-tests-not-secret"
@@ -41,6 +42,9 @@ DATABASES["sqlite"] = {
     "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_lockkit.sqlite3")},
     "OPTIONS": {"timeout": 5},
 }
+# Topology tests (a primary, its hot standby, PgBouncer in front of the primary): servers started by the tests
+# themselves (lockkit_tests/topology.py) when a collected test uses these aliases; absent without the binaries.
+DATABASES.update(topology.database_settings())
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
 
 LOCKKIT: dict[str, Any] = {}
