@@ -171,14 +171,20 @@ class Topology:
         )
         _wait_for_port(PORTS["pgbouncer"], "PgBouncer")
 
+    def stop_pgbouncer(self) -> None:
+        """Stop PgBouncer, which closes its server connections (the test database can then be dropped)."""
+        if self.bouncer is None:
+            return
+        self.bouncer.terminate()
+        try:
+            self.bouncer.wait(10)
+        except subprocess.TimeoutExpired:
+            self.bouncer.kill()
+            self.bouncer.wait(10)
+        self.bouncer = None
+
     def stop(self) -> None:
-        if self.bouncer is not None:
-            self.bouncer.terminate()
-            try:
-                self.bouncer.wait(10)
-            except subprocess.TimeoutExpired:
-                self.bouncer.kill()
-                self.bouncer.wait(10)
+        self.stop_pgbouncer()
         for data in reversed(self.started):
             with contextlib.suppress(subprocess.SubprocessError):
                 _run([str(PG_BIN / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate", "-w"])
@@ -200,12 +206,25 @@ def servers_for(items: Iterable[Any]) -> Iterator[None]:
     if not PORTS or not _uses_topology(items):
         yield
         return
+    global _running
     topology = Topology()
     try:
+        _running = topology
         topology.start()
         yield
     finally:
+        _running = None
         topology.stop()
+
+
+_running: Topology | None = None
+
+
+def stop_pgbouncer() -> None:
+    """Stop the session's PgBouncer, once the tests that use it are done (its server connections would otherwise
+    keep the test database from being dropped)."""
+    if _running is not None:
+        _running.stop_pgbouncer()
 
 
 def wait_for_replay(timeout: float = 10.0) -> None:
