@@ -131,7 +131,7 @@ def nested_failure() -> None:
 @pytest.mark.parametrize("option", ["nowait", "skip_locked", "no_key"])
 def test_row_lock_options_are_refused_before_any_sql(option: str) -> None:
     with CaptureQueriesContext(connections[ALIAS]) as queries, pytest.raises(NotSupportedError, match=option):
-        lockkit.locked(ALIAS, **{option: True}).__enter__()
+        lockkit.locked(ALIAS, **{option: True}).__enter__()  # type: ignore[call-overload]
     assert queries.captured_queries == []
     assert not connections[ALIAS].in_atomic_block
 

@@ -85,7 +85,7 @@ def test_scope_timeouts_apply_inside_and_never_reach_the_next_client_of_the_serv
         assert (show("lock_timeout"), show("statement_timeout")) == ("250ms", "3s")
         with connections[ALIAS].cursor() as cursor:
             cursor.execute("SELECT pg_backend_pid()")
-            (server_pid,) = cursor.fetchone()  # type: ignore[misc]
+            (server_pid,) = cursor.fetchone()
     seen = every_server_connection()
     assert server_pid in seen  # another client got the very server connection the scope ran on...
     assert seen[server_pid] == ("0", "0")  # ...with the server defaults, not the scope's values
@@ -93,7 +93,7 @@ def test_scope_timeouts_apply_inside_and_never_reach_the_next_client_of_the_serv
     # The control: a session-level SET (what lockkit avoids) does reach the next client of that server connection.
     with connections[ALIAS].cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid(), set_config('lock_timeout', '1234ms', false)")
-        (leaky_pid, _) = cursor.fetchone()  # type: ignore[misc]
+        (leaky_pid, _) = cursor.fetchone()
     try:
         assert every_server_connection()[leaky_pid] == ("1234ms", "0")
     finally:
