@@ -20,7 +20,7 @@ from lockkit_tests.dbserver import database_url
 SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["lockkit_tests"]
+INSTALLED_APPS = ["lockkit", "lockkit_tests"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _default: dict[str, Any] = dict(dj_database_url.parse(database_url(), conn_max_age=0))

@@ -20,6 +20,10 @@ class Backend:
     A backend says which ``select_for_update`` options the database honours and applies a scope's timeouts.
     """
 
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how a scope's ``lock_timeout`` and ``statement_timeout`` are applied here (``None``: they are not)."""
+        return None, None
+
     def select_for_update_kwargs(
         self, connection: BaseDatabaseWrapper, *, nowait: bool, skip_locked: bool, no_key: bool
     ) -> dict[str, Any]:

@@ -42,6 +42,14 @@ class MySQLBackend(Backend):
     alike: nothing reaches the next user of the connection, and an enclosing scope gets its own value back.
     """
 
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        statement = (
+            "max_statement_time, session value restored on exit, microseconds"
+            if connection.mysql_is_mariadb  # type: ignore[attr-defined]
+            else "max_execution_time (SELECT only), session value restored on exit, whole milliseconds"
+        )
+        return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
+
     def begin_scope(
         self,
         connection: BaseDatabaseWrapper,

@@ -23,6 +23,12 @@ class PostgreSQLBackend(Backend):
     pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
     back when it ends; on error the savepoint rollback reverts them by itself."""
 
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        return (
+            "lock_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
+            "statement_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
+        )
+
     def begin_scope(
         self,
         connection: BaseDatabaseWrapper,

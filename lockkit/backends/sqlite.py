@@ -33,6 +33,9 @@ class SQLiteBackend(Backend):
     A nested scope runs in a savepoint of a transaction that already began: it cannot change how that began.
     """
 
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
+
     def begin_transaction(
         self,
         connection: BaseDatabaseWrapper,
