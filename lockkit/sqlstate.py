@@ -101,7 +101,11 @@ def vendor_code(exc: BaseException) -> tuple[str, str] | None:
     if module.startswith(("oracledb", "cx_Oracle")):
         error = exc.args[0] if exc.args else None
         number = getattr(error, "code", None)
-        return ("oracle", str(number)) if isinstance(number, int) else None
+        if not number:
+            # An error built from its message only has code 0 but full_code "ORA-00054".
+            full_code = str(getattr(error, "full_code", "") or "")
+            number = int(full_code[4:]) if full_code.startswith("ORA-") and full_code[4:].isdigit() else None
+        return ("oracle", str(number)) if isinstance(number, int) and number else None
     return None
 
 
