@@ -1,6 +1,6 @@
 """The Django app of lockkit: optional, for its system checks and the ``lockkit_capabilities`` command.
 
-``import lockkit`` works without it; add ``"lockkit"`` to ``INSTALLED_APPS`` to get the checks and the command.
+``import lockkit`` works without it; add ``"lockkit"`` to ``INSTALLED_APPS`` for the checks and the command.
 """
 
 from __future__ import annotations

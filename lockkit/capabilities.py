@@ -58,7 +58,7 @@ def _pooler(settings_dict: dict[str, Any]) -> str | None:
 
 
 def configuration_warnings(alias: str) -> list[str]:
-    """Return the warnings about ``alias``'s settings that lockkit's guarantees depend on; needs no connection."""
+    """Return warnings about the settings of ``alias`` lockkit's guarantees depend on; needs no connection."""
     check_alias(alias)
     connection = connections[alias]
     settings_dict = connection.settings_dict
@@ -77,34 +77,38 @@ def configuration_warnings(alias: str) -> list[str]:
             "every request runs in one (ATOMIC_REQUESTS=True)" if settings_dict.get("ATOMIC_REQUESTS") else ""
         )
         warnings.append(
-            "SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE': a locked scope begins with BEGIN IMMEDIATE "
-            "itself, but one nested in a plain atomic() runs inside a deferred transaction that cannot take the "
+            "SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE': a locked scope begins with "
+            "BEGIN IMMEDIATE itself, but one nested in a plain atomic() runs inside a deferred transaction "
+            "that cannot take the "
             "write lock in time and may fail at once with 'database is locked'"
             + (f"; {context}" if context else "")
         )
     pooler = _pooler(settings_dict)
     if pooler is not None:
         advice = (
-            "lockkit's PostgreSQL timeouts are transaction-scoped and safe in transaction pooling; in session "
+            "lockkit's PostgreSQL timeouts are transaction-scoped and safe in transaction pooling; "
+            "in session "
             "pooling, any session-level SET your own code runs passes to the next client. With transaction "
             "pooling set DISABLE_SERVER_SIDE_CURSORS = True (and OPTIONS['prepare_threshold'] = None before "
             "PgBouncer 1.21)"
             if connection.vendor == "postgresql"
-            else "lockkit restores the session variables it sets at the end of each scope, which needs the same "
+            else "lockkit restores the session variables it sets at the end of each scope, which needs "
+            "the same "
             "server session for the whole transaction: use session pooling, or multiplexing that keeps a "
             "transaction on one backend"
         )
         warnings.append(f"{alias!r} looks like it is behind a connection pooler ({pooler}): {advice}")
         if connection.vendor == "postgresql" and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
             warnings.append(
-                f"{alias!r} is behind a pooler without DISABLE_SERVER_SIDE_CURSORS = True: .iterator() breaks "
+                f"{alias!r} is behind a pooler without DISABLE_SERVER_SIDE_CURSORS = True: "
+                ".iterator() breaks "
                 "under transaction pooling"
             )
     return warnings
 
 
 def capabilities(alias: str) -> Capabilities:
-    """Return what lockkit can do on ``alias``. Connects when Django's feature flags need the server's version.
+    """Return what lockkit can do on ``alias``. Connects to ask the server (version, read-only state).
 
     Raises:
         TypeError, ValueError: ``alias`` is not a configured database alias.
@@ -115,6 +119,7 @@ def capabilities(alias: str) -> Capabilities:
     try:
         features = connection.features
         lock_timeout, statement_timeout = backend.timeout_support(connection)
+        warnings += tuple(backend.server_warnings(connection))
         return Capabilities(
             alias=alias,
             vendor=connection.vendor,

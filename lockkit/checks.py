@@ -1,4 +1,4 @@
-"""Django system checks: what lockkit can do on each database, and warnings where correctness needs configuration.
+"""Django system checks: what lockkit can do on each database, and where correctness needs configuration.
 
 Registered by ``lockkit.apps.LockkitConfig`` when ``"lockkit"`` is in ``INSTALLED_APPS``.
 https://docs.djangoproject.com/en/stable/topics/checks/
@@ -17,7 +17,7 @@ from lockkit.capabilities import capabilities, configuration_warnings
 
 
 def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """``lockkit.W001``: a database setting lockkit's guarantees depend on (read from settings, no connection)."""
+    """``lockkit.W001``: a database setting lockkit's guarantees depend on (from settings, no connection)."""
     return [
         Warning(text, hint="See docs/backends.md in lockkit.", obj=alias, id="lockkit.W001")
         for alias in connections
@@ -28,8 +28,8 @@ def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs
 def check_capabilities(
     app_configs: Sequence[AppConfig] | None = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """``lockkit.I001`` per database asked for (``manage.py check --database ALIAS``); ``lockkit.W002`` when the
-    server cannot be asked. A database check: Django runs it only for the aliases it is given."""
+    """``lockkit.I001`` per database asked for (``manage.py check --database ALIAS``); ``lockkit.W002``
+    when the server cannot be asked. A database check: Django runs it only for the aliases it is given."""
     messages: list[CheckMessage] = []
     for alias in databases or ():
         caps = capabilities(alias)

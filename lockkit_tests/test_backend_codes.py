@@ -1,5 +1,6 @@
-"""Vendor error codes without a server: real driver exception objects (oracledb, psycopg as CockroachDB reports
-them, mysqlclient), wrapped the way Django wraps them, classified by lockkit. Pins every vendor row of the table."""
+"""Vendor error codes without a server: real driver exception objects (oracledb, psycopg as CockroachDB
+reports them, mysqlclient), wrapped the way Django wraps them, classified by lockkit. Pins every vendor
+row."""
 
 from __future__ import annotations
 

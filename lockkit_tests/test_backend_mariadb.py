@@ -165,7 +165,7 @@ def test_session_timeouts_are_restored_after_success_and_failure() -> None:
         fail_inside(8, inside)
     assert inside == [8]
     assert session_lock_wait() == before
-    # Nested: the inner value lasts for the inner scope only; the outer one comes back after success and error.
+    # Nested: the inner value lasts for the inner scope only; the outer one is back after success and error.
     with lockkit.locked(ALIAS, lock_timeout=3):
         with lockkit.locked(ALIAS, lock_timeout=9):
             assert session_lock_wait() == 9

@@ -23,6 +23,7 @@ def report(*aliases: str) -> str:
     return out.getvalue()
 
 
+@pytest.mark.django_db(databases=["default", "sqlite"])
 def test_command_prints_a_table_per_alias() -> None:
     text = report("default", "sqlite")
     default, sqlite = text.split("\n\n")
@@ -72,6 +73,7 @@ def test_a_pooler_port_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(configuration_warnings("other")) == 1
 
 
+@pytest.mark.django_db(databases=["default"])
 def test_database_check_reports_capabilities_only_for_the_aliases_given() -> None:
     assert check_capabilities() == []
     (message,) = check_capabilities(databases=["default"])
@@ -85,7 +87,8 @@ def test_database_check_reports_capabilities_only_for_the_aliases_given() -> Non
 def test_import_lockkit_does_not_need_the_app_installed() -> None:
     code = (
         "import django; from django.conf import settings; settings.configure(); django.setup(); "
-        "import lockkit; from django.apps import apps; print(apps.is_installed('lockkit'), lockkit.__version__)"
+        "import lockkit; from django.apps import apps; "
+        "print(apps.is_installed('lockkit'), lockkit.__version__)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

@@ -1,7 +1,8 @@
-"""A real PgBouncer in transaction pooling mode in front of PostgreSQL (two server connections for every client).
+"""A real PgBouncer in transaction pooling mode in front of PostgreSQL (two server connections in all).
 
-lockkit's timeouts are transaction-scoped (``set_config(..., true)``), so they apply inside the scope and never reach
-the next client that gets the same server connection; locked operations and retries behave as without a pooler.
+lockkit's timeouts are transaction-scoped (``set_config(..., true)``), so they apply inside the scope and
+never reach the next client that gets the same server connection; locked operations and retries behave as
+without a pooler.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _stop_pgbouncer_after_module() -> Iterator[None]:
 
 
 def bouncer_client() -> psycopg.Connection[Any]:
-    """A second client of PgBouncer; not autocommit, so its first query opens a transaction and keeps a server."""
+    """Another PgBouncer client; not autocommit, so its first query opens a transaction and keeps a server."""
     settings = connections[ALIAS].settings_dict
     return psycopg.connect(
         host=settings["HOST"],
@@ -51,7 +52,7 @@ def bouncer_client() -> psycopg.Connection[Any]:
 
 
 def every_server_connection() -> dict[int, tuple[str, str]]:
-    """``{backend pid: (lock_timeout, statement_timeout)}`` of every pooled server connection, seen from new clients.
+    """``{backend pid: (lock_timeout, statement_timeout)}`` of every pooled server connection (new clients).
 
     Two clients each open a transaction at the same time, so between them they hold both server connections.
     """
@@ -60,7 +61,8 @@ def every_server_connection() -> dict[int, tuple[str, str]]:
         seen: dict[int, tuple[str, str]] = {}
         for client in clients:
             row = client.execute(
-                "SELECT pg_backend_pid(), current_setting('lock_timeout'), current_setting('statement_timeout')"
+                "SELECT pg_backend_pid(), current_setting('lock_timeout'), "
+                "current_setting('statement_timeout')"
             ).fetchone()
             assert row is not None
             seen[row[0]] = (row[1], row[2])
@@ -90,7 +92,7 @@ def test_scope_timeouts_apply_inside_and_never_reach_the_next_client_of_the_serv
     assert server_pid in seen  # another client got the very server connection the scope ran on...
     assert seen[server_pid] == ("0", "0")  # ...with the server defaults, not the scope's values
 
-    # The control: a session-level SET (what lockkit avoids) does reach the next client of that server connection.
+    # The control: a session-level SET (what lockkit avoids) does reach the next client of that connection.
     with connections[ALIAS].cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid(), set_config('lock_timeout', '1234ms', false)")
         (leaky_pid, _) = cursor.fetchone()

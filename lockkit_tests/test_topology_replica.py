@@ -1,7 +1,7 @@
 """A primary and a real hot standby (pg_basebackup, streaming), with a router sending reads to the standby.
 
-lockkit resolves a locked operation to ``router.db_for_write`` (the primary); a scope opened on the standby fails
-fast with ``ReadOnlyDatabase``, never retried and never sleeping.
+lockkit resolves a locked operation to ``router.db_for_write`` (the primary); a scope opened on the standby
+fails fast with ``ReadOnlyDatabase``, never retried and never sleeping.
 """
 
 from __future__ import annotations
@@ -93,3 +93,12 @@ def test_scope_on_the_replica_fails_fast_with_read_only_database_never_retried()
     assert events == []  # no retry, no give-up: READ_ONLY is not retryable
     assert elapsed < 0.9  # one wait would have been 1 s
     assert not connections["replica"].in_atomic_block
+
+
+def test_capability_report_flags_the_standby() -> None:
+    from lockkit.capabilities import capabilities
+
+    assert capabilities("primary").warnings == ()
+    assert capabilities("replica").warnings == (
+        "a read-only hot standby: locked scopes here raise ReadOnlyDatabase; route writes elsewhere",
+    )

@@ -1,11 +1,12 @@
-"""Throwaway servers for the topology tests: a PostgreSQL primary, a hot standby streaming from it, and a PgBouncer
-in transaction pooling mode in front of the primary.
+"""Throwaway servers for the topology tests: a PostgreSQL primary, a hot standby streaming from it, and a
+PgBouncer in transaction pooling mode in front of the primary.
 
-Ports are picked when the settings are imported (``PORTS``), so the aliases ``primary``, ``replica`` and ``pgbouncer``
-exist in ``DATABASES`` from the start; the servers start only when a collected test uses one of those aliases
-(``servers_for(items)``, called from the session fixture ``django_db_modify_db_settings``) and stop at the end of the
-session. Everything runs from temporary directories under this process's control, as the ``postgres`` OS user when the
-tests run as root (``initdb`` and PgBouncer refuse root). ``missing()`` says why the topology cannot run here.
+Ports are picked when the settings are imported (``PORTS``), so the aliases ``primary``, ``replica`` and
+``pgbouncer`` exist in ``DATABASES`` from the start; the servers start only when a collected test uses one of
+those aliases (``servers_for(items)``, from the session fixture ``django_db_modify_db_settings``) and stop
+at the end of the session. Everything runs from temporary directories under this process's control, as the
+``postgres`` OS user when the tests run as root (``initdb`` and PgBouncer refuse root). ``missing()`` says why
+the topology cannot run here.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ class Topology:
             f"unix_socket_dir = {self.root}\n"
             "auth_type = any\n"
             "pool_mode = transaction\n"
-            # Two server connections: enough for two sessions contending, few enough that every client reuses them.
+            # Two server connections: enough for two contending sessions, few enough that clients reuse them.
             "default_pool_size = 2\nreserve_pool_size = 0\nmax_client_conn = 100\n"
             "server_reset_query =\n"  # transaction pooling never runs it; said explicitly
             "ignore_startup_parameters = extra_float_digits,options\n"
@@ -221,8 +222,8 @@ _running: Topology | None = None
 
 
 def stop_pgbouncer() -> None:
-    """Stop the session's PgBouncer, once the tests that use it are done (its server connections would otherwise
-    keep the test database from being dropped)."""
+    """Stop the session's PgBouncer once the tests that use it are done (its server connections would
+    otherwise keep the test database from being dropped)."""
     if _running is not None:
         _running.stop_pgbouncer()
 

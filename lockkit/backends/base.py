@@ -24,6 +24,10 @@ class Backend:
         """Say how a scope's ``lock_timeout`` and ``statement_timeout`` are applied here (``None``: they are not)."""
         return None, None
 
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Return what the server itself says that limits lockkit here (a read-only standby); may connect."""
+        return []
+
     def select_for_update_kwargs(
         self, connection: BaseDatabaseWrapper, *, nowait: bool, skip_locked: bool, no_key: bool
     ) -> dict[str, Any]:

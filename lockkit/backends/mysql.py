@@ -1,4 +1,4 @@
-"""MariaDB and MySQL: scope timeouts through session variables, restored when the scope ends, success or error.
+"""MariaDB and MySQL: scope timeouts as session variables, restored when the scope ends, success or error.
 
 https://mariadb.com/kb/en/innodb-system-variables/#innodb_lock_wait_timeout,
 https://mariadb.com/kb/en/aborting-statements/ (``max_statement_time``) and
@@ -49,6 +49,15 @@ class MySQLBackend(Backend):
             else "max_execution_time (SELECT only), session value restored on exit, whole milliseconds"
         )
         return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
+
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@GLOBAL.read_only")
+            row = cursor.fetchone()
+        assert row is not None
+        if row[0]:
+            return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
+        return []
 
     def begin_scope(
         self,

@@ -25,11 +25,12 @@ class SQLiteBackend(Backend):
     """``BEGIN IMMEDIATE`` for the outermost scope, with the lock timeout as the busy timeout of that BEGIN.
 
     ``SELECT ... FOR UPDATE`` does not exist on SQLite (Django silently drops ``select_for_update()``), and a
-    deferred transaction that reads and then writes can fail at once with ``SQLITE_BUSY`` whatever the busy timeout.
+    deferred transaction that reads then writes can fail at once with ``SQLITE_BUSY``, whatever the busy
+    timeout.
     Taking the write lock at the start serialises every locked scope on the database: the read-decide-write is
     correct, waits obey the lock timeout, and "database is locked" is a ``LockTimeout`` that
     ``locked_operation`` retries. Once ``BEGIN IMMEDIATE`` succeeded no other lock is waited for except by
-    ``COMMIT`` (rollback-journal mode, waiting for readers), which uses the connection's own ``timeout`` option.
+    ``COMMIT`` (rollback-journal mode, waiting for readers), which uses the connection's ``timeout`` option.
     A nested scope runs in a savepoint of a transaction that already began: it cannot change how that began.
     """
 
@@ -47,7 +48,8 @@ class SQLiteBackend(Backend):
     ) -> None:
         if statement_timeout is not None:
             raise NotSupportedError(
-                f"statement_timeout is not supported on sqlite ({connection.alias!r}); pass statement_timeout=None"
+                f"statement_timeout is not supported on sqlite ({connection.alias!r}); "
+                "pass statement_timeout=None"
             )
         if nested:
             atomic.__enter__()

@@ -1,4 +1,4 @@
-"""``manage.py lockkit_capabilities [--database ALIAS ...]``: a table per database of what lockkit can do there."""
+"""``manage.py lockkit_capabilities [--database ALIAS ...]``: per database, what lockkit can do there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from lockkit.capabilities import capabilities, format_table
 
 class Command(BaseCommand):
     help = (
-        "Print, per database alias, what lockkit can do there (row locks, NOWAIT, SKIP LOCKED, of, no_key, lock "
+        "Print, per database alias, what lockkit can do there (row locks, NOWAIT, SKIP LOCKED, of, no_key, "
+        "lock "
         "and statement timeouts) and the settings its correctness depends on."
     )
     requires_system_checks = ()  # the report must print even where a check would fail
