@@ -204,9 +204,11 @@ class LockScope:
         self._active = False
         stack = _scopes.get()
         _scopes.set(tuple(s for s in stack if s is not self))
-        if exc is None and self.nested and self._token:
+        connection = connections[self.alias]
+        # After an error swallowed inside the block the savepoint is rolled back anyway, which reverts the timeouts.
+        if exc is None and self.nested and self._token and not connection.needs_rollback:
             try:
-                self._backend.end_scope(connections[self.alias], self._token)
+                self._backend.end_scope(connection, self._token)
             except BaseException as restore_exc:
                 exc = restore_exc
         try:
