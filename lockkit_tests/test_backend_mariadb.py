@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import NotSupportedError, connections, transaction
+from django.db import NotSupportedError, OperationalError, connections, transaction
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
@@ -296,3 +296,21 @@ def test_read_only_transaction_raises_read_only_database_without_retry() -> None
     assert caught.value.sqlstate == "1792"
     assert caught.value.attempts == 1
     assert events == []
+
+
+def test_a_session_lost_inside_a_scope_raises_its_own_error_and_leaks_nothing() -> None:
+    """The restore after a failure cannot run on a dead session: the scope's error wins, nothing is reused."""
+    stock(1)
+    before = session_lock_wait()
+    with pytest.raises(OperationalError) as caught, lockkit.locked(ALIAS, lock_timeout=7):
+        assert session_lock_wait() == 7
+        killer = connections.create_connection(ALIAS)
+        try:
+            with killer.cursor() as cursor:
+                cursor.execute("KILL %s", [backend_pid(ALIAS)])
+        finally:
+            killer.close()
+        Stock.objects.using(ALIAS).count()
+    assert not isinstance(caught.value, lockkit.LockError)  # a lost connection is not a locking failure
+    assert caught.value.args[0] in (2006, 2013, 1927)  # MariaDB 10.11 + mysqlclient 2.3: 2013, lost connection
+    assert session_lock_wait() == before  # a fresh session: the scope's 7 s did not survive
