@@ -318,3 +318,10 @@ def test_a_session_lost_inside_a_scope_raises_its_own_error_and_leaks_nothing() 
         1927,
     )  # MariaDB 10.11 + mysqlclient 2.3: 2013, lost connection
     assert session_lock_wait() == before  # a fresh session: the scope's 7 s did not survive
+
+
+def test_skip_locked_leaves_out_the_rows_another_session_holds() -> None:
+    held, free = stock(1, "held"), stock(1, "free")
+    with hold_lock(held, using=ALIAS), lockkit.locked(ALIAS, skip_locked=True) as scope:
+        skus = [s.sku for s in scope.lock(Stock).order_by("sku")]
+    assert skus == [free.sku]
