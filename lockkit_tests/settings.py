@@ -6,10 +6,9 @@ or an embedded server started for the run), so the multi-database tests see two 
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import tempfile
+import uuid
 from typing import Any
 
 import dj_database_url
@@ -41,9 +40,9 @@ DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other, "s
 MYSQL_URL = os.environ.get("LOCKKIT_TEST_MYSQL_URL", "").strip()
 if MYSQL_URL:
     DATABASES["mariadb"] = dict(dj_database_url.parse(MYSQL_URL, conn_max_age=0))
-# SQLite tests: a file database (never :memory:, which other threads cannot share), in a directory of this run.
-_SQLITE_DIR = tempfile.mkdtemp(prefix="lockkit-sqlite-")
-atexit.register(shutil.rmtree, _SQLITE_DIR, ignore_errors=True)
+# SQLite tests: a file database (never :memory:, which other threads cannot share), in a directory of this run
+# that conftest.py creates before the test databases and removes after them (importing settings creates nothing).
+_SQLITE_DIR = os.path.join(tempfile.gettempdir(), f"lockkit-sqlite-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 DATABASES["sqlite"] = {
     "ENGINE": "django.db.backends.sqlite3",
     "NAME": os.path.join(_SQLITE_DIR, "lockkit.sqlite3"),
