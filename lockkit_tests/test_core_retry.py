@@ -371,3 +371,27 @@ def test_second_operation_blocks_until_first_commits_via_decorator() -> None:
     assert len(result) == 1
     assert isinstance(result[0], InsufficientStock)  # it decided on the committed 2 < 3: nothing reserved
     assert Stock.objects.get(sku="x").available == 2
+
+
+def test_nested_operation_failure_retries_the_outer_operation_as_a_whole() -> None:
+    Stock.objects.create(sku="n", available=0)
+    inner_calls: list[int] = []
+    outer_calls: list[int] = []
+
+    @lockkit.locked_operation
+    def inner() -> None:
+        inner_calls.append(lockkit.current_scope().attempt)
+        if len(outer_calls) == 1:
+            raise_sqlstate("40P01")
+
+    @lockkit.locked_operation(retry=RetryPolicy(attempts=3, wait_initial=0.001))
+    def outer() -> int:
+        outer_calls.append(lockkit.current_scope().attempt)
+        Stock.objects.filter(sku="n").update(available=len(outer_calls))
+        inner()
+        return len(outer_calls)
+
+    assert outer() == 2
+    assert outer_calls == [1, 2]
+    assert inner_calls == [1, 1]  # the nested call never retried on its own
+    assert Stock.objects.get(sku="n").available == 2  # the first attempt's write was rolled back with it

@@ -236,3 +236,19 @@ def test_locked_as_bare_decorator_runs_in_scope() -> None:
 
     assert inside() is True
     assert connection.in_atomic_block is False
+
+
+def test_nested_scope_with_swallowed_inner_error_still_restores_timeouts() -> None:
+    from django.db import IntegrityError
+
+    Stock.objects.create(sku="dup", available=1)
+    with lockkit.locked(lock_timeout=0.4):
+        with lockkit.locked(lock_timeout=0.9):
+            try:
+                with transaction.atomic():
+                    Stock.objects.create(sku="dup", available=2)
+            except IntegrityError:
+                pass  # handled properly, in its own savepoint: the scope goes on
+            transaction.set_rollback(True)  # ...and then the user decides to roll this scope back
+        assert show("lock_timeout") == "400ms"
+    assert Stock.objects.get(sku="dup").available == 1
