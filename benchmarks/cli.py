@@ -117,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
 
     profile: dict[str, Any] | None = None
     if not args.no_profile:
-        profile = profiling.profile("reserve_lockkit", 200 if args.quick else 3000)
-        log(f"profile: {profile['profiled_us_per_op']:.0f} µs per lockkit operation under cProfile")
+        count = 200 if args.quick else 3000
+        profile = profiling.profile("reserve_lockkit", count)
+        profile["hand"] = profiling.profile("reserve_hand", count)
+        log(
+            f"profile: {profile['profiled_us_per_op']:.0f} µs per lockkit operation under cProfile, "
+            f"{profile['hand']['profiled_us_per_op']:.0f} µs hand-written"
+        )
 
     summaries = stats.summarise(runs)
     ratio_list = [r for w in plan.WORKLOADS for r in stats.ratios(runs, w.key, w.pairs)]
