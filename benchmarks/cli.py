@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     drawn = chart.draw(summaries, out / "benchmarks.png")
     report.write(out / "benchmarks.md", report.render(data, "benchmarks.png" if drawn else None))
     for t in data["targets"]:
-        log(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'NOT met'})")
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        log(f"target: {t['target']}: {t['measured']} ({verdict})")
     log(f"load average after: {data['load']['after']}")
     log(
         f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'}"
