@@ -18,8 +18,12 @@ def draw(summaries: list[Summary], path: Path) -> bool:
     panels = [w for w in WORKLOADS if len({s.procs for s in summaries if s.workload == w.key}) > 1]
     if not panels:
         return False
-    figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    for axis, workload in zip(axes[0], panels, strict=True):
+    columns = min(2, len(panels))
+    rows = (len(panels) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4.8 * rows), squeeze=False)
+    for axis in axes.flat[len(panels) :]:
+        axis.set_visible(False)
+    for axis, workload in zip(axes.flat, panels, strict=False):
         for impl in workload.impls:
             mine = sorted(
                 (s for s in summaries if s.workload == workload.key and s.impl == impl.key),
@@ -41,12 +45,13 @@ def draw(summaries: list[Summary], path: Path) -> bool:
             )
         axis.set_title(workload.title, fontsize=10)
         axis.set_xlabel("processes (pgbench: clients)")
-        axis.set_ylabel(f"{workload.unit} per second (median, min-max)")
+        # Logarithmic: pgbench runs an order of magnitude above Django; ratios read as equal distances.
+        axis.set_yscale("log")
+        axis.set_ylabel(f"{workload.unit} per second (median, min-max; log scale)")
         axis.set_xscale("log", base=2)
         axis.set_xticks(sorted({s.procs for s in summaries if s.workload == workload.key}))
         axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        axis.set_ylim(bottom=0)
-        axis.grid(True, alpha=0.3)
+        axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

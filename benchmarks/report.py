@@ -103,7 +103,11 @@ def _setup(data: dict[str, Any]) -> list[str]:
 
 def _workload_table(workload: Workload, data: dict[str, Any]) -> list[str]:
     labels = {impl.key: impl.label for impl in workload.impls}
-    rows = [s for s in data["summaries"] if s["workload"] == workload.key]
+    order = [impl.key for impl in workload.impls]
+    rows = sorted(
+        (s for s in data["summaries"] if s["workload"] == workload.key),
+        key=lambda s: (s["procs"], order.index(s["impl"]) if s["impl"] in order else len(order)),
+    )
     one_process = workload.key == "uncontended"
     head = f"| processes | implementation | {workload.unit}/s | "
     head += "µs per operation | " if one_process else ""

@@ -42,6 +42,7 @@ def _child(
         begin = start.value + warmup
         end = begin + duration
         errors = 0
+        before_window: dict[str, int] | None = None
         while True:
             t0 = time.perf_counter()
             try:
@@ -58,10 +59,12 @@ def _child(
             if now >= end:
                 break
             if now >= begin:
+                if before_window is None:
+                    before_window = dict(ops.counters)  # retries of the warm-up are not the window's
                 report.units += units
                 report.ops += 1
                 report.latencies.append(elapsed * 1000)
-        report.counters = dict(ops.counters)
+        report.counters = {k: v - (before_window or {}).get(k, 0) for k, v in ops.counters.items()}
     finally:
         queue.put(report)
         connections.close_all()
