@@ -28,10 +28,10 @@ def database_url(env_var: str) -> str:
 
 
 def _start_embedded() -> str:
-    import pgserver
+    from pgserver import get_server  # type: ignore[attr-defined]  # not re-exported in its __all__
 
     data_dir = tempfile.mkdtemp(prefix="lockkit-sample-pg-")
-    server = pgserver.get_server(data_dir, cleanup_mode="stop")
+    server = get_server(data_dir, cleanup_mode="stop")
     socket_dir = server.get_uri().split("host=", 1)[1]
     owner = os.getpid()
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import router, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Value
+from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
 from lockkit import current_scope, locked
@@ -35,7 +36,7 @@ class Claim:
     token: int
 
 
-def _lease_end(lease: timedelta) -> ExpressionWrapper[DateTimeField]:
+def _lease_end(lease: timedelta) -> ExpressionWrapper[CombinedExpression]:
     # Database time on both sides of every comparison: worker clocks may disagree.
     return ExpressionWrapper(Now() + Value(lease), output_field=DateTimeField())
 

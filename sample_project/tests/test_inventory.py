@@ -113,7 +113,13 @@ def test_concurrent_reservations_never_oversell(
     refused = [o for o in outcomes if isinstance(o.error, InsufficientStock)]
     others = [o.error for o in outcomes if o.error is not None and not isinstance(o.error, InsufficientStock)]
     assert others == []
-    assert sorted(o.result for o in outcomes if o.result is not None) == [0, 1, 2, 3, 4]  # each remaining count exactly once
+    assert sorted(o.result for o in outcomes if o.result is not None) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]  # each remaining count exactly once
     assert len(refused) == 3
     assert available("hot") == 0
     assert reserved("hot") == 5
