@@ -16,17 +16,22 @@ from lockkit_tests.dbserver import database_url
 SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
+# The sample project's apps too: its tests run in the same pytest session (one command for the whole suite).
 INSTALLED_APPS = ["lockkit_tests", "sample_project.inventory", "sample_project.jobs"]
-# The sample project's tests run in the same pytest session (one command for the whole suite).
-ROOT_URLCONF = "sample_project.urls"
+ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _default: dict[str, Any] = dict(dj_database_url.parse(database_url(), conn_max_age=0))
 _other: dict[str, Any] = {**_default, "NAME": f"{_default['NAME']}_other"}
 
-DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other}
-# The sample project's views run under ATOMIC_REQUESTS (all but one opt out with non_atomic_requests).
-_default["ATOMIC_REQUESTS"] = True
+# A second connection to the default database that runs SERIALIZABLE transactions, for serialization failures.
+_serializable: dict[str, Any] = {
+    **_default,
+    "OPTIONS": {**_default.get("OPTIONS", {}), "options": "-c default_transaction_isolation=serializable"},
+    "TEST": {"MIRROR": "default"},
+}
+
+DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other, "serializable": _serializable}
 
 # MariaDB/MySQL tests run only when this URL is set (e.g. mysql://root@127.0.0.1:3306/lockkit); they are skipped
 # with a visible reason otherwise. Needs mysqlclient (the `mysql` extra).

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.test import Client, override_settings
 
 from lockkit import RetryEvent, RetryPolicy
@@ -15,7 +16,13 @@ from sample_project.inventory.models import Reservation, Stock
 from sample_project.jobs.models import Job
 from sample_project.jobs.services import enqueue
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("sample_project.urls")]
+
+
+@pytest.fixture(autouse=True)
+def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in the sample settings: requests are atomic unless the view opts out (``non_atomic_requests``)."""
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
 
 
 def post(path: str, body: Any, client: Client | None = None) -> tuple[int, Any]:
