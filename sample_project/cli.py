@@ -108,8 +108,8 @@ def _demo(args: argparse.Namespace, url: str) -> int:
         return status
     result = run_demo(options, console)
     console.print(sale_table(result.sales, orders=result.orders, workers=options.workers, skus=result.skus))
-    if result.queue is not None:
-        console.print(queue_table(result.queue))
+    if result.queues:
+        console.print(queue_table(result.queues))
     broken = broken_invariants(result)
     for problem in broken:
         console.print(f"[bold red]lockkit invariant broken:[/bold red] {problem}")

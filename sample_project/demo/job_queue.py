@@ -25,8 +25,13 @@ class QueueAudit:
     lost: int
 
 
+IMPLEMENTATIONS = ("naive", "lockkit")
+LABELS = {"naive": "naive read-then-mark", "lockkit": "lockkit SKIP LOCKED claims"}
+
+
 @dataclass(frozen=True)
 class QueueResult:
+    implementation: str
     totals: Totals
     audit: QueueAudit
     workers: int
@@ -52,6 +57,7 @@ def audit_jobs() -> QueueAudit:
 
 def run_queue(
     url: str,
+    implementation: str,
     jobs: int,
     *,
     workers: int,
@@ -61,7 +67,11 @@ def run_queue(
     timeout: float = 600.0,
 ) -> QueueResult:
     """Create ``jobs`` jobs, run ``workers`` claiming processes (worker 0 is killed mid-job), audit."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, not {implementation!r}")
     reset_jobs(jobs)
-    per_worker = [(url, f"worker-{i}", lease, work, 1 if i == 0 else None) for i in range(workers)]
+    per_worker = [
+        (url, implementation, f"worker-{i}", lease, work, 1 if i == 0 else None) for i in range(workers)
+    ]
     stats, killed = run_workers(job_worker, per_worker, progress=progress, timeout=timeout, victim=0)
-    return QueueResult(Totals.of(stats), audit_jobs(), workers, killed, lease)
+    return QueueResult(implementation, Totals.of(stats), audit_jobs(), workers, killed, lease)

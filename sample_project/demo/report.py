@@ -7,6 +7,7 @@ import math
 from rich.table import Table
 
 from sample_project.demo.flash_sale import LABELS, SaleResult
+from sample_project.demo.job_queue import LABELS as QUEUE_LABELS
 from sample_project.demo.job_queue import QueueResult
 
 
@@ -63,25 +64,40 @@ def sale_table(
     return table
 
 
-def queue_table(result: QueueResult) -> Table:
-    totals, audit = result.totals, result.audit
+def queue_table(results: list[QueueResult]) -> Table:
+    first = results[0]
     table = Table(
-        title=f"Job queue: {audit.jobs:,} jobs, {result.workers} worker processes, one SIGKILLed mid-job"
+        title=f"Job queue: {first.audit.jobs:,} jobs, {first.workers} worker processes, one SIGKILLed mid-job"
     )
     table.add_column("")
-    table.add_column("lockkit SKIP LOCKED claims", justify="right")
-    table.add_row("operations (claims)", f"{totals.operations:,}")
-    table.add_row("successes (completions)", f"{totals.successes:,}")
-    table.add_row("jobs done", f"{audit.done:,} of {audit.jobs:,}")
-    table.add_row("refusals (stale completions fenced off)", f"{totals.stale:,}")
-    table.add_row("retries", f"{totals.retries:,}")
-    table.add_row("lock timeouts", f"{totals.lock_timeouts:,}")
-    table.add_row("worker killed holding a claim", "yes" if result.killed else "[red]no[/red]")
-    table.add_row(f"claims reclaimed after the {result.lease:g}s lease", f"{totals.reclaimed:,}")
-    table.add_row("p50 claim latency", _ms(totals.p50_ms))
-    table.add_row("p99 claim latency", _ms(totals.p99_ms))
-    table.add_row("throughput", _rate(audit.done / totals.seconds if totals.seconds > 0 else math.nan))
-    table.add_row("units oversold", "n/a")
-    table.add_row("jobs run twice", _bad(audit.run_twice, must_be_zero=True))
-    table.add_row("jobs lost", _bad(audit.lost, must_be_zero=True))
+    for result in results:
+        table.add_column(QUEUE_LABELS[result.implementation], justify="right")
+
+    def row(name: str, cells: list[str]) -> None:
+        table.add_row(name, *cells)
+
+    def must(result: QueueResult) -> bool:
+        return result.implementation != "naive"
+
+    row("operations (claims)", [f"{r.totals.operations:,}" for r in results])
+    row("successes (completions)", [f"{r.totals.successes:,}" for r in results])
+    row("jobs done", [f"{r.audit.done:,} of {r.audit.jobs:,}" for r in results])
+    row("refusals (stale completions fenced)", [f"{r.totals.stale:,}" for r in results])
+    row("retries", [f"{r.totals.retries:,}" for r in results])
+    row("lock timeouts", [f"{r.totals.lock_timeouts:,}" for r in results])
+    row("worker killed holding a claim", ["yes" if r.killed else "[red]no[/red]" for r in results])
+    row(
+        f"reclaimed after the {first.lease:g}s lease",
+        [f"{r.totals.reclaimed:,}" if must(r) else "n/a (no lease)" for r in results],
+    )
+    row("p50 claim latency", [_ms(r.totals.p50_ms) for r in results])
+    row("p99 claim latency", [_ms(r.totals.p99_ms) for r in results])
+    row("throughput (jobs done)", [_rate(_per_second(r.audit.done, r.totals.seconds)) for r in results])
+    row("units oversold", ["n/a" for _ in results])
+    row("jobs run twice", [_bad(r.audit.run_twice, must_be_zero=must(r)) for r in results])
+    row("jobs lost", [_bad(r.audit.lost, must_be_zero=must(r)) for r in results])
     return table
+
+
+def _per_second(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else math.nan

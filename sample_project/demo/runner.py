@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from sample_project.demo.flash_sale import LABELS, SaleResult, run_sale
+from sample_project.demo.job_queue import LABELS as QUEUE_LABELS
 from sample_project.demo.job_queue import QueueResult, run_queue
 from sample_project.demo.orders import load_orders, starting_stock
 
@@ -26,6 +27,7 @@ class DemoOptions:
     stock_ratio: float = 0.6
     implementations: tuple[str, ...] = ("naive", "lockkit")
     lease: float = 1.5
+    queue_implementations: tuple[str, ...] = ("naive", "lockkit")
 
 
 @dataclass
@@ -33,7 +35,7 @@ class DemoResult:
     orders: int
     skus: int
     sales: list[SaleResult] = field(default_factory=list)
-    queue: QueueResult | None = None
+    queues: list[QueueResult] = field(default_factory=list)
 
 
 def broken_invariants(result: DemoResult) -> list[str]:
@@ -54,15 +56,17 @@ def broken_invariants(result: DemoResult) -> list[str]:
             )
         if sale.totals.errors:
             broken.append(f"{name}: {sale.totals.errors} errors, first: {sale.totals.first_error}")
-    if result.queue is not None:
-        audit = result.queue.audit
+    for queue in result.queues:
+        if queue.implementation == "naive":
+            continue
+        audit = queue.audit
         if audit.run_twice:
             broken.append(f"job queue: {audit.run_twice} jobs ran twice")
         if audit.lost:
             broken.append(f"job queue: {audit.lost} jobs lost")
-        if not result.queue.killed:
+        if not queue.killed:
             broken.append("job queue: the victim worker was never killed holding a claim")
-        elif result.queue.totals.reclaimed < 1:
+        elif queue.totals.reclaimed < 1:
             broken.append("job queue: the killed worker's claim was never reclaimed")
     return broken
 
@@ -92,13 +96,16 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoResult
                     progress=functools.partial(_advance, progress, task),
                 )
             )
-        if options.jobs:
-            task = progress.add_task("job queue (one worker killed)", total=options.jobs)
-            result.queue = run_queue(
-                options.url,
-                options.jobs,
-                workers=options.workers,
-                lease=options.lease,
-                progress=functools.partial(_advance, progress, task),
+        for implementation in options.queue_implementations if options.jobs else ():
+            task = progress.add_task(f"job queue: {QUEUE_LABELS[implementation]}", total=options.jobs)
+            result.queues.append(
+                run_queue(
+                    options.url,
+                    implementation,
+                    options.jobs,
+                    workers=options.workers,
+                    lease=options.lease,
+                    progress=functools.partial(_advance, progress, task),
+                )
             )
     return result

@@ -87,13 +87,24 @@ def sale_worker(
 
 
 def job_worker(
-    channels: Channels, url: str, worker_id: str, lease: float, work: float, victim_after: int | None
+    channels: Channels,
+    url: str,
+    implementation: str,
+    worker_id: str,
+    lease: float,
+    work: float,
+    victim_after: int | None,
 ) -> None:
-    """Claim jobs until none is pending or running; a victim stops mid-job after ``victim_after`` claims."""
+    """Claim jobs until none is left; a victim stops mid-job after ``victim_after`` claims.
+
+    ``lockkit`` workers run until no job is pending or running (an abandoned one is reclaimed after its lease);
+    ``naive`` workers until none is pending (they cannot tell an abandoned job from a running one).
+    """
     bootstrap(url)
     from django.db import connections
 
     from sample_project.jobs.models import Job
+    from sample_project.jobs.naive import naive_claim_next, naive_complete
     from sample_project.jobs.services import claim_next_job, complete_job, reclaim_expired_jobs
 
     stats = WorkerStats()
@@ -101,11 +112,12 @@ def job_worker(
     channels.barrier.wait(BARRIER_TIMEOUT)
     stats.started = time.monotonic()
     unfinished = Job.objects.filter(state__in=[Job.State.PENDING, Job.State.RUNNING])
+    naive = implementation == "naive"
     while True:
         began = time.perf_counter()
-        claim = claim_next_job(worker_id, lease=lease)
+        claim = naive_claim_next(worker_id) if naive else claim_next_job(worker_id, lease=lease)
         if claim is None:
-            if not unfinished.exists():
+            if naive or not unfinished.exists():
                 break
             # Nothing pending, but a job is still running somewhere: perhaps abandoned. Reclaim what expired.
             stats.reclaimed += reclaim_expired_jobs()
@@ -117,7 +129,11 @@ def job_worker(
             channels.victim_ready.set()
             time.sleep(3600)  # "working" when the parent SIGKILLs this process
         time.sleep(work)  # the job itself: I/O-bound work, done after the claim committed
-        if complete_job(claim, result={"worker": worker_id}):
+        if isinstance(claim, int):
+            naive_complete(claim, worker_id)
+            stats.successes += 1
+            channels.tick(1)
+        elif complete_job(claim, result={"worker": worker_id}):
             stats.successes += 1
             channels.tick(1)
         else:
