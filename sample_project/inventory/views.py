@@ -15,7 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from lockkit import LockError
-from sample_project.http import BadRequest, error_response, json_body, json_errors
+from sample_project.api import BadRequest, error_response, json_body, json_errors
 from sample_project.inventory.guarded import reserve_stock_guarded
 from sample_project.inventory.models import Stock
 from sample_project.inventory.naive import reserve_stock_naive

@@ -23,7 +23,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
-from lockkit import current_scope, locked
+from lockkit import locked
 from sample_project.jobs.models import Job, JobRun
 
 
@@ -72,7 +72,7 @@ def claim_next(owner: str, lease: timedelta) -> Claim | None:
         job = scope.lock(pending).first()
         if job is None:
             return None
-        return _take(current_scope().alias, job, owner, lease)
+        return _take(scope.alias, job, owner, lease)
 
 
 def _current(claim: Claim) -> Any:

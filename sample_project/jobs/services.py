@@ -54,8 +54,12 @@ def _check_claim(claim: object) -> Claim:
 
 def enqueue(name: str, payload: dict[str, Any] | None = None) -> Job:
     """Create a pending job."""
-    if not isinstance(name, str) or not name:
-        raise TypeError("name must be a non-empty str")
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("name must not be empty")
+    if payload is not None and not isinstance(payload, dict):
+        raise TypeError(f"payload must be a dict or None, not {type(payload).__name__}")
     return Job.objects.create(name=name, payload=payload or {})
 
 

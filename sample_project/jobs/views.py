@@ -6,7 +6,7 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
-from sample_project.http import json_body, json_errors
+from sample_project.api import json_body, json_errors
 from sample_project.jobs.claiming import Claim
 from sample_project.jobs.models import Job
 from sample_project.jobs.services import claim_job, claim_next_job, complete_job, enqueue

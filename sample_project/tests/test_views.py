@@ -150,3 +150,6 @@ def test_job_queue_endpoints() -> None:
     assert post("/jobs/claim-next", {"worker": 7})[0] == 400
     assert post(f"/jobs/{body['id']}/complete", {"worker": "w1", "token": "1"})[0] == 400
     assert Client().get("/jobs/999999").status_code == 404
+    assert post("/jobs/", {"name": ""})[0] == 400
+    assert post("/jobs/", {"name": "email", "payload": [1]})[0] == 400
+    assert Job.objects.count() == 1
