@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connections
+
+from lockkit_tests import topology
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +30,18 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
                     f"ALTER DATABASE {connection.ops.quote_name(name)} SET deadlock_timeout = '100ms'"
                 )
             connection.close()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    """Make the SQLite test directory, and start the primary/standby/PgBouncer servers if a test needs them,
+    before the test databases are made; remove both after."""
+    sqlite_dir = os.path.dirname(settings.DATABASES["sqlite"]["TEST"]["NAME"])
+    os.makedirs(sqlite_dir, exist_ok=True)
+    try:
+        with topology.servers_for(request.session.items):
+            yield
+    finally:
+        shutil.rmtree(sqlite_dir, ignore_errors=True)

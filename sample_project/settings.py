@@ -20,7 +20,7 @@ DATABASE_URL_ENV = "SAMPLE_DATABASE_URL"
 SECRET_KEY = os.environ.get("SAMPLE_SECRET_KEY", "sample-project-not-secret")
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
-INSTALLED_APPS = ["sample_project.inventory", "sample_project.jobs"]
+INSTALLED_APPS = ["lockkit", "sample_project.inventory", "sample_project.jobs"]
 # A JSON API for a demo: no sessions, no CSRF middleware. A real project keeps its usual middleware.
 MIDDLEWARE: list[str] = []
 ROOT_URLCONF = "sample_project.urls"
