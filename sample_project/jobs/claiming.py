@@ -2,9 +2,9 @@
 
 Every step is a short transaction of its own: the work happens after the claim has committed, never inside it.
 - ``claim``/``claim_next`` lock a pending row (``claim_next`` with ``SKIP LOCKED``, so workers never wait
-  on each other), mark it running with an owner, a lease (database time) and the next token, and commit.
+  on each other), mark it running with the worker, a lease (database time) and the next token, and commit.
 - ``complete``/``fail``/``heartbeat`` are single guarded ``UPDATE``s that match only the current claim (state,
-  owner and token): a worker whose job was reclaimed and claimed again cannot overwrite the new owner
+  worker and token): a worker whose job was reclaimed and claimed again cannot overwrite the new owner
   (fencing).
 - ``reclaim_expired`` returns running jobs whose lease has passed to ``pending`` (or ``failed`` after
   ``max_attempts``).
@@ -29,10 +29,10 @@ from sample_project.jobs.models import Job, JobRun
 
 @dataclass(frozen=True)
 class Claim:
-    """A worker's hold on one job: valid while the job is running with this owner and token."""
+    """A worker's hold on one job: valid while the job is running, claimed by ``worker`` with ``token``."""
 
-    job_id: int
-    owner: str
+    pk: int
+    worker: str
     token: int
 
 
@@ -41,43 +41,44 @@ def _lease_end(lease: timedelta) -> ExpressionWrapper[CombinedExpression]:
     return ExpressionWrapper(Now() + Value(lease), output_field=DateTimeField())
 
 
-def _take(alias: str, job: Job, owner: str, lease: timedelta) -> Claim:
+def _take(alias: str, job: Job, worker: str, lease: timedelta) -> Claim:
     Job.objects.using(alias).filter(pk=job.pk).update(
         state=Job.State.RUNNING,
-        owner=owner,
-        token=F("token") + 1,
+        claimed_by=worker,
+        claim_token=F("claim_token") + 1,
+        claimed_at=Now(),
         lease_expires_at=_lease_end(lease),
         attempts=F("attempts") + 1,
     )
-    return Claim(job.pk, owner, job.token + 1)  # exact: the row is locked by this transaction
+    return Claim(job.pk, worker, job.claim_token + 1)  # exact: the row is locked by this transaction
 
 
-def claim(job_id: int, owner: str, lease: timedelta) -> Claim | None:
+def claim(job_id: int, worker: str, lease: timedelta) -> Claim | None:
     """Claim one given job if it is pending, waiting (up to the lock timeout) for a concurrent claimer.
 
     Raises:
         Job.DoesNotExist: no such job.
     """
     with locked(model=Job) as scope:
-        job = scope.get(Job.objects.only("pk", "state", "token"), pk=job_id)
+        job = scope.get(Job.objects.only("pk", "state", "claim_token"), pk=job_id)
         if job.state != Job.State.PENDING:
             return None
-        return _take(scope.alias, job, owner, lease)
+        return _take(scope.alias, job, worker, lease)
 
 
-def claim_next(owner: str, lease: timedelta) -> Claim | None:
+def claim_next(worker: str, lease: timedelta) -> Claim | None:
     """Claim the oldest pending job nobody else is claiming right now, or return ``None``."""
     with locked(model=Job, skip_locked=True) as scope:
-        pending = Job.objects.filter(state=Job.State.PENDING).only("pk", "token").order_by("pk")
+        pending = Job.objects.filter(state=Job.State.PENDING).only("pk", "claim_token").order_by("pk")
         job = scope.lock(pending).first()
         if job is None:
             return None
-        return _take(scope.alias, job, owner, lease)
+        return _take(scope.alias, job, worker, lease)
 
 
 def _current(claim: Claim) -> Any:
     return Job.objects.using(router.db_for_write(Job)).filter(
-        pk=claim.job_id, state=Job.State.RUNNING, owner=claim.owner, token=claim.token
+        pk=claim.pk, state=Job.State.RUNNING, claimed_by=claim.worker, claim_token=claim.token
     )
 
 
@@ -89,7 +90,7 @@ def complete(claim: Claim, result: Any = None) -> bool:
             state=Job.State.DONE, result=result, finished_at=Now(), lease_expires_at=None
         )
         if updated:
-            JobRun.objects.using(alias).create(job_id=claim.job_id, worker=claim.owner, token=claim.token)
+            JobRun.objects.using(alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
     return bool(updated)
 
 
@@ -115,9 +116,7 @@ def reclaim_expired(max_attempts: int) -> int:
             return 0
         jobs = Job.objects.using(scope.alias).filter(pk__in=ids)
         jobs.filter(attempts__gte=max_attempts).update(
-            state=Job.State.FAILED, owner="", lease_expires_at=None, result={"error": "lease expired"}
+            state=Job.State.FAILED, lease_expires_at=None, result={"error": "lease expired"}
         )
-        jobs.filter(attempts__lt=max_attempts).update(
-            state=Job.State.PENDING, owner="", lease_expires_at=None
-        )
+        jobs.filter(attempts__lt=max_attempts).update(state=Job.State.PENDING, lease_expires_at=None)
         return len(ids)

@@ -1,4 +1,8 @@
-"""Jobs with a claim (owner, token, lease), and the log of completed runs that the demo audits."""
+"""Jobs with a claim (worker, token, lease), and the log of completed runs that the demo audits.
+
+The claim columns have the names and types of ``lockkit.claims.Claimable``'s, so the model can move to that mixin
+without a schema change.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,10 @@ from django.db import models
 
 
 class Job(models.Model):
-    """A unit of work. ``token`` grows by one on every claim; a write from an older claim cannot match."""
+    """A unit of work. ``claim_token`` grows by one on every claim; a write from an older claim cannot match.
+
+    A job is claimed exactly when ``lease_expires_at`` is set.
+    """
 
     class State(models.TextChoices):
         PENDING = "pending"
@@ -17,9 +24,10 @@ class Job(models.Model):
     name = models.CharField(max_length=100)
     payload = models.JSONField(default=dict)
     state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
-    owner = models.CharField(max_length=100, blank=True, default="")
-    token = models.BigIntegerField(default=0)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=255, blank=True, default="")
+    claim_token = models.BigIntegerField(default=0)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

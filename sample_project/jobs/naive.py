@@ -17,8 +17,8 @@ def naive_claim_next(worker_id: str) -> int | None:
     if job is None:
         return None
     job.state = Job.State.RUNNING
-    job.owner = worker_id
-    job.save(update_fields=["state", "owner"])
+    job.claimed_by = worker_id
+    job.save(update_fields=["state", "claimed_by"])
     return job.pk
 
 

@@ -71,7 +71,7 @@ def claim_job(job_id: int, worker_id: str, *, lease: float | timedelta = DEFAULT
 
     Args:
         job_id: The job's primary key.
-        worker_id: Who claims it (stored as the owner).
+        worker_id: Who claims it (stored in ``claimed_by``).
         lease: Seconds or a ``timedelta`` after which an unfinished claim may be reclaimed.
 
     Returns:

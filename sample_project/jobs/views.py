@@ -26,9 +26,11 @@ def create(request: HttpRequest) -> JsonResponse:
 @transaction.non_atomic_requests
 @json_errors
 def detail(request: HttpRequest, job_id: int) -> JsonResponse:
-    """``GET /jobs/<id>``: the job's state, owner and token."""
+    """``GET /jobs/<id>``: the job's state, worker and claim token."""
     job = Job.objects.get(pk=job_id)
-    return JsonResponse({"id": job.pk, "state": job.state, "owner": job.owner, "token": job.token})
+    return JsonResponse(
+        {"id": job.pk, "state": job.state, "worker": job.claimed_by, "token": job.claim_token}
+    )
 
 
 @require_POST
@@ -48,7 +50,7 @@ def claim_next(request: HttpRequest) -> HttpResponse:
     found = claim_next_job(json_body(request).get("worker"))  # type: ignore[arg-type]
     if found is None:
         return HttpResponse(status=204)
-    return JsonResponse({"id": found.job_id, "token": found.token})
+    return JsonResponse({"id": found.pk, "token": found.token})
 
 
 @require_POST

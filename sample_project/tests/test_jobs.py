@@ -40,7 +40,8 @@ def test_claim_job_claims_a_pending_job_once() -> None:
     assert claim_job(job.pk, "w1") is True
     assert claim_job(job.pk, "w2") is False
     job.refresh_from_db()
-    assert (job.state, job.owner, job.token, job.attempts) == ("running", "w1", 1, 1)
+    assert (job.state, job.claimed_by, job.claim_token, job.attempts) == ("running", "w1", 1, 1)
+    assert job.claimed_at is not None
     assert job.lease_expires_at is not None
 
 
@@ -81,7 +82,7 @@ def test_exactly_one_of_many_concurrent_claimers_wins() -> None:
     winners = [o.index for o in outcomes if o.result is True]
     assert len(winners) == 1
     job.refresh_from_db()
-    assert (job.owner, job.token) == (f"w{winners[0]}", 1)
+    assert (job.claimed_by, job.claim_token) == (f"w{winners[0]}", 1)
 
 
 @pytest.mark.contention
@@ -93,7 +94,7 @@ def test_claimers_queued_on_a_held_job_get_exactly_one_true() -> None:
         wait_until_queued(holder.pid, 2)
     assert sorted([finish(*first), finish(*second)], key=str) == [False, True]
     job.refresh_from_db()
-    assert job.token == 1
+    assert job.claim_token == 1
 
 
 @pytest.mark.contention
@@ -102,7 +103,7 @@ def test_claim_next_skips_a_job_another_worker_is_claiming() -> None:
     with hold_lock(Job.objects.filter(pk=first.pk)):
         claim = claim_next_job("w1")  # does not wait for the held row
         assert claim is not None
-        assert claim.job_id == second.pk
+        assert claim.pk == second.pk
     assert Job.objects.get(pk=first.pk).state == "pending"
 
 
@@ -113,7 +114,7 @@ def test_concurrent_workers_claim_every_job_exactly_once() -> None:
     def drain(worker: str) -> list[int]:
         claimed = []
         while (claim := claim_next_job(worker)) is not None:
-            claimed.append(claim.job_id)
+            claimed.append(claim.pk)
         return claimed
 
     outcomes = run_concurrently(drain, 5, args=[(f"w{i}",) for i in range(5)], timeout=60)
@@ -138,7 +139,8 @@ def test_completion_is_fenced_by_the_claim_token() -> None:
     assert complete_job(fresh, {"ok": True}) is True
     assert complete_job(fresh) is False  # already done
     job.refresh_from_db()
-    assert (job.state, job.owner, job.result) == ("done", "w2", {"ok": True})
+    assert (job.state, job.claimed_by, job.result) == ("done", "w2", {"ok": True})
+    assert job.lease_expires_at is None
     assert list(JobRun.objects.values_list("worker", "token")) == [("w2", fresh.token)]
 
 
@@ -175,12 +177,12 @@ def test_a_killed_workers_job_is_reclaimed_after_its_lease_and_finished_once() -
     finally:
         if worker.is_alive():
             worker.kill()
-    assert Job.objects.get(pk=job.pk).owner == "doomed"
+    assert Job.objects.get(pk=job.pk).claimed_by == "doomed"
     assert claim_next_job("w2") is None  # still running: its lease has not expired
     expire(job.pk)  # instead of waiting out the lease
     assert reclaim_expired_jobs() == 1
     claim = claim_next_job("w2")
     assert claim is not None
-    assert (claim.job_id, claim.token) == (job.pk, 2)
+    assert (claim.pk, claim.token) == (job.pk, 2)
     assert complete_job(claim) is True
     assert list(JobRun.objects.values_list("job_id", "worker")) == [(job.pk, "w2")]

@@ -132,7 +132,7 @@ def test_job_endpoints_claim_once_and_fence_completion() -> None:
     )
     statuses = sorted(o.result[0] for o in outcomes if o.result is not None)
     assert statuses == [200] + [409] * 5
-    owner = Job.objects.get(pk=job.pk).owner
+    owner = Job.objects.get(pk=job.pk).claimed_by
     assert post(f"/jobs/{job.pk}/complete", {"worker": "someone-else", "token": 1}) == (
         409,
         {"completed": False, "error": "stale_claim"},
