@@ -36,6 +36,11 @@ class Claim:
     token: int
 
 
+def claim_of(job_id: int, worker: str, token: int) -> Claim:
+    """The claim a client reports (over HTTP): job, worker and token. Completing it checks it is current."""
+    return Claim(job_id, worker, token)
+
+
 def _lease_end(lease: timedelta) -> ExpressionWrapper[CombinedExpression]:
     # Database time on both sides of every comparison: worker clocks may disagree.
     return ExpressionWrapper(Now() + Value(lease), output_field=DateTimeField())

@@ -7,9 +7,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from sample_project.api import json_body, json_errors
-from sample_project.jobs.claiming import Claim
 from sample_project.jobs.models import Job
-from sample_project.jobs.services import claim_job, claim_next_job, complete_job, enqueue
+from sample_project.jobs.services import claim_job, claim_next_job, claim_reported, complete_job, enqueue
 
 
 @require_POST
@@ -59,9 +58,7 @@ def claim_next(request: HttpRequest) -> HttpResponse:
 def complete(request: HttpRequest, job_id: int) -> JsonResponse:
     """``POST /jobs/<id>/complete`` ``{"worker", "token", "result"?}``: 200, or 409 ``stale_claim``."""
     data = json_body(request)
-    worker, token = data.get("worker"), data.get("token")
-    if not isinstance(worker, str) or isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError("worker must be a string and token an integer")
-    if complete_job(Claim(job_id, worker, token), data.get("result")):
+    claim = claim_reported(job_id, data.get("worker"), data.get("token"))  # type: ignore[arg-type]
+    if complete_job(claim, data.get("result")):
         return JsonResponse({"completed": True})
     return JsonResponse({"completed": False, "error": "stale_claim"}, status=409)

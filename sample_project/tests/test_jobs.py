@@ -13,12 +13,12 @@ from django.db.models.functions import Now
 
 from lockkit.testing import hold_lock, run_concurrently
 from sample_project.demo.bootstrap import url_of
-from sample_project.jobs.claiming import Claim
 from sample_project.jobs.models import Job, JobRun
 from sample_project.jobs.services import (
     claim_job,
     claim_job_for,
     claim_next_job,
+    claim_reported,
     complete_job,
     enqueue,
     fail_job,
@@ -158,7 +158,8 @@ def test_reclaim_leaves_live_claims_and_fails_exhausted_jobs() -> None:
 def test_complete_refuses_something_that_is_not_a_claim() -> None:
     with pytest.raises(TypeError, match="claim"):
         complete_job((1, "w", 1))  # type: ignore[arg-type]
-    assert isinstance(Claim(1, "w", 1), Claim)
+    with pytest.raises(TypeError, match="token"):
+        claim_reported(1, "w", "1")  # type: ignore[arg-type]
 
 
 @pytest.mark.contention
