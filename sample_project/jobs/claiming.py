@@ -36,8 +36,11 @@ class Claim:
     token: int
 
 
-def claim_of(job_id: int, worker: str, token: int) -> Claim:
-    """The claim a client reports (over HTTP): job, worker and token. Completing it checks it is current."""
+def claim_of(job_id: int, worker: str, token: int) -> Claim | None:
+    """The claim a client reports (over HTTP): job, worker and token; completing it checks it is current.
+
+    (``None`` would mean "not that worker's"; here ``complete`` checks the worker itself.)
+    """
     return Claim(job_id, worker, token)
 
 

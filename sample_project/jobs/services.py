@@ -95,8 +95,9 @@ def claim_next_job(worker_id: str, *, lease: float | timedelta = DEFAULT_LEASE) 
     return claiming.claim_next(_check_worker(worker_id), _check_lease(lease))
 
 
-def claim_reported(job_id: int, worker_id: str, token: int) -> Claim:
-    """Rebuild a claim a client holds (e.g. from a request) to complete it; stale ones are refused then."""
+def claim_reported(job_id: int, worker_id: str, token: int) -> Claim | None:
+    """Rebuild a claim a client holds (e.g. from a request) to complete it; ``None`` or a stale claim (refused
+    by ``complete_job``) when it is not current."""
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError(f"token must be an int, not {type(token).__name__}")
     return claiming.claim_of(_check_job_id(job_id), _check_worker(worker_id), token)

@@ -59,6 +59,6 @@ def complete(request: HttpRequest, job_id: int) -> JsonResponse:
     """``POST /jobs/<id>/complete`` ``{"worker", "token", "result"?}``: 200, or 409 ``stale_claim``."""
     data = json_body(request)
     claim = claim_reported(job_id, data.get("worker"), data.get("token"))  # type: ignore[arg-type]
-    if complete_job(claim, data.get("result")):
+    if claim is not None and complete_job(claim, data.get("result")):
         return JsonResponse({"completed": True})
     return JsonResponse({"completed": False, "error": "stale_claim"}, status=409)
