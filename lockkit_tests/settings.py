@@ -54,6 +54,8 @@ DATABASES["sqlite"] = {
 # themselves (lockkit_tests/topology.py) when a collected test uses these aliases; absent without the binaries.
 DATABASES.update(topology.database_settings())
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
+# The names before pytest-django switches each alias it sets up to its test database (conftest.py compares).
+ORIGINAL_DB_NAMES: dict[str, str] = {alias: str(db["NAME"]) for alias, db in DATABASES.items()}
 
 LOCKKIT: dict[str, Any] = {}
 
