@@ -25,6 +25,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _check_demo_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad demo options before a database is started (argparse exits with status 2)."""
+    from sample_project.demo.orders import load_orders
+    from sample_project.demo.runner import ORDERS_FILE
+
+    if args.workers < 2:
+        parser.error("--workers must be at least 2")
+    if args.jobs < 0:
+        parser.error("--jobs must be 0 or more")
+    try:
+        load_orders(args.orders or ORDERS_FILE, args.limit)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--orders: {exc}")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -46,7 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--limit", type=_positive_int, help="use only the first N orders")
     demo.add_argument("--jobs", type=int, default=400, help="jobs in the job queue (default 400; 0 skips it)")
     demo.add_argument(
-        "--stock-ratio", type=float, default=0.6, help="starting stock as a share of the units ordered (0.6)"
+        "--stock-ratio",
+        type=_positive_float,
+        default=0.6,
+        help="starting stock as a share of the units ordered (0.6)",
     )
     demo.add_argument(
         "--guarded", action="store_true", help="also run the sale with the guarded single-statement UPDATE"
@@ -83,10 +108,6 @@ def _demo(args: argparse.Namespace, url: str) -> int:
     from sample_project.demo.report import queue_table, sale_table
     from sample_project.demo.runner import ORDERS_FILE, DemoOptions, broken_invariants, run_demo
 
-    if args.workers < 2:
-        raise SystemExit("--workers must be at least 2")
-    if args.jobs < 0:
-        raise SystemExit("--jobs must be 0 or more")
     options = DemoOptions(
         url=url,
         workers=args.workers,
@@ -127,7 +148,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        _check_demo_args(parser, args)
     url = _setup(args.database_url)
     if args.command == "demo":
         return _demo(args, url)

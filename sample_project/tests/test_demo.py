@@ -9,13 +9,10 @@ import pytest
 from django.db import connections
 from rich.console import Console
 
-from sample_project.cli import main
 from sample_project.demo.bootstrap import url_of
-from sample_project.demo.flash_sale import SaleAudit, SaleResult
 from sample_project.demo.orders import load_orders, starting_stock
 from sample_project.demo.report import queue_table, sale_table
-from sample_project.demo.runner import ORDERS_FILE, DemoOptions, DemoResult, broken_invariants, run_demo
-from sample_project.demo.stats import Totals
+from sample_project.demo.runner import ORDERS_FILE, DemoOptions, broken_invariants, run_demo
 from sample_project.inventory.models import Stock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
@@ -83,28 +80,3 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
     output = console.file.getvalue()  # type: ignore[attr-defined]
     assert "units oversold" in output
     assert "jobs lost" in output
-
-
-def _sale(implementation: str, *, oversold: int, lost: int, units: int) -> SaleResult:
-    audit = SaleAudit(
-        initial=10, remaining=10 - units + lost, reserved=units, oversold=oversold, lost_updates=lost
-    )
-    return SaleResult(implementation, Totals(operations=5, successes=5, units=units), audit)
-
-
-def test_a_broken_lockkit_invariant_is_reported_and_a_naive_one_is_not() -> None:
-    """What makes ``python -m sample_project demo`` exit with status 1."""
-    honest = DemoResult(orders=5, skus=1, sales=[_sale("naive", oversold=2, lost=2, units=12)])
-    assert broken_invariants(honest) == []
-    broken = DemoResult(orders=5, skus=1, sales=[_sale("lockkit", oversold=1, lost=1, units=11)])
-    problems = broken_invariants(broken)
-    assert any("1 units oversold" in p for p in problems)
-    assert any("remaining stock" in p for p in problems)
-
-
-def test_the_command_line_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["demo", "--workers", "0"], ["demo", "--limit", "-3"], ["nonsense"]):
-        with pytest.raises(SystemExit) as info:
-            main(argv)
-        assert info.value.code == 2
-    assert "must be a positive integer" in capsys.readouterr().err
