@@ -34,8 +34,7 @@ def _positive_float(text: str) -> float:
 
 def _check_demo_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse bad demo options before a database is started (argparse exits with status 2)."""
-    from sample_project.demo.orders import load_orders
-    from sample_project.demo.runner import ORDERS_FILE
+    from sample_project.demo.orders import ORDERS_FILE, load_orders  # no models: Django is not set up yet
 
     if args.workers < 2:
         parser.error("--workers must be at least 2")
@@ -105,8 +104,9 @@ def _setup(database_url: str | None) -> str:
 def _demo(args: argparse.Namespace, url: str) -> int:
     from rich.console import Console
 
+    from sample_project.demo.orders import ORDERS_FILE
     from sample_project.demo.report import queue_table, sale_table
-    from sample_project.demo.runner import ORDERS_FILE, DemoOptions, broken_invariants, run_demo
+    from sample_project.demo.runner import DemoOptions, broken_invariants, run_demo
 
     options = DemoOptions(
         url=url,

@@ -11,6 +11,8 @@ from sample_project.inventory.validation import check_quantity, check_sku
 
 Order = tuple[str, int]
 
+ORDERS_FILE = Path(__file__).with_name("orders.csv")
+
 
 def load_orders(path: Path, limit: int | None = None) -> list[Order]:
     """Read ``path``; return its orders (the first ``limit`` when given).

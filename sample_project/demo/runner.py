@@ -12,9 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from sample_project.demo.flash_sale import LABELS, SaleResult, run_sale
 from sample_project.demo.job_queue import LABELS as QUEUE_LABELS
 from sample_project.demo.job_queue import QueueResult, run_queue
-from sample_project.demo.orders import load_orders, starting_stock
-
-ORDERS_FILE = Path(__file__).with_name("orders.csv")
+from sample_project.demo.orders import ORDERS_FILE, load_orders, starting_stock
 
 
 @dataclass(frozen=True)

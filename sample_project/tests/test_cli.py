@@ -1,12 +1,17 @@
-"""The demo's command line and its invariant check (no database: the options are refused before one starts)."""
+"""The demo's command line: options refused before a database starts, the invariant check, and a real run."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from sample_project.cli import main
+from sample_project.demo.bootstrap import url_of
 from sample_project.demo.flash_sale import SaleAudit, SaleResult
 from sample_project.demo.runner import DemoResult, broken_invariants
 from sample_project.demo.stats import Totals
@@ -48,3 +53,38 @@ def test_the_command_line_refuses_bad_options_before_starting_a_database(
             main(argv)
         assert info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m sample_project ...`` in a fresh interpreter, as a user runs it (no Django set up yet)."""
+    clean = {
+        k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "SAMPLE_DATABASE_URL"}
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "sample_project", *args],
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_python_m_sample_project_refuses_bad_options_with_status_2() -> None:
+    result = _run_cli("demo", "--workers", "1")
+    assert result.returncode == 2, result.stderr
+    assert "at least 2" in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.contention
+def test_python_m_sample_project_demo_runs_and_exits_0() -> None:
+    """The command line end to end, on the test database: tables printed, invariants hold, status 0."""
+    url = url_of(connections["default"].settings_dict)
+    result = _run_cli(
+        "demo", "--workers", "2", "--limit", "200", "--jobs", "20", env={"SAMPLE_DATABASE_URL": url}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "units oversold" in result.stdout
+    assert "jobs lost" in result.stdout
+    assert "lockkit invariants hold" in result.stdout

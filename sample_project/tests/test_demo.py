@@ -10,9 +10,9 @@ from django.db import connections
 from rich.console import Console
 
 from sample_project.demo.bootstrap import url_of
-from sample_project.demo.orders import load_orders, starting_stock
+from sample_project.demo.orders import ORDERS_FILE, load_orders, starting_stock
 from sample_project.demo.report import queue_table, sale_table
-from sample_project.demo.runner import ORDERS_FILE, DemoOptions, broken_invariants, run_demo
+from sample_project.demo.runner import DemoOptions, broken_invariants, run_demo
 from sample_project.inventory.models import Stock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]

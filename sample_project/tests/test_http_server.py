@@ -7,8 +7,7 @@ from django.db import connections
 
 from sample_project.demo.bootstrap import url_of
 from sample_project.demo.http_sale import gunicorn, run_http_sale
-from sample_project.demo.orders import load_orders, starting_stock
-from sample_project.demo.runner import ORDERS_FILE
+from sample_project.demo.orders import ORDERS_FILE, load_orders, starting_stock
 from sample_project.inventory.models import Stock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
