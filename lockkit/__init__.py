@@ -6,6 +6,8 @@ the outermost atomic block. Start with ``locked()`` and ``locked_operation()``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from lockkit.errors import (
     AliasMismatch,
     DeadlockDetected,
@@ -16,12 +18,27 @@ from lockkit.errors import (
     NotInLockedScope,
     ReadOnlyDatabase,
     SerializationFailure,
+    StaleClaim,
     StatementTimeout,
     TransientLockError,
     classify,
 )
 from lockkit.retry import RetryEvent, RetryPolicy
 from lockkit.scope import LockScope, current_scope, lock, locked, locked_operation
+
+if TYPE_CHECKING:
+    from lockkit.claims import (
+        Claim,
+        Claimable,
+        claim,
+        claim_next,
+        complete,
+        complete_many,
+        heartbeat,
+        reclaim_expired,
+        release,
+        release_many,
+    )
 
 __version__ = "0.1.0.dev0"
 
@@ -38,6 +55,7 @@ __all__ = [
     "RetryEvent",
     "RetryPolicy",
     "SerializationFailure",
+    "StaleClaim",
     "StatementTimeout",
     "TransientLockError",
     "__version__",
@@ -47,3 +65,29 @@ __all__ = [
     "locked",
     "locked_operation",
 ]
+
+# lockkit.claims defines a model mixin, which needs Django's app registry: its names are imported on first use
+# (``lockkit.claim_next``), not when lockkit is imported (e.g. from settings). They stay out of ``__all__`` so that
+# ``from lockkit import *`` never triggers that import.
+_CLAIM_NAMES = frozenset(
+    {
+        "Claim",
+        "Claimable",
+        "claim",
+        "claim_next",
+        "complete",
+        "complete_many",
+        "heartbeat",
+        "reclaim_expired",
+        "release",
+        "release_many",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLAIM_NAMES:
+        from lockkit import claims
+
+        return getattr(claims, name)
+    raise AttributeError(f"module 'lockkit' has no attribute {name!r}")
