@@ -72,3 +72,4 @@ class NotClaimable(models.Model):
     """A model without the mixin, which claims must refuse."""
 
     state = models.CharField(max_length=20, default="pending")
+

@@ -96,7 +96,7 @@ def claim(
     if condition is not None:
         candidates = candidates.filter(condition)
     statement = f"{prefix} WHERE {sql.pk_column(model, alias)} = %s RETURNING {_returning(model, alias)}"
-    with locked(alias) as scope:
+    with locked(alias, no_key=True) as scope:
         rows = list(scope.lock(candidates).only("pk").order_by()[:2])
         if not rows:
             return None
