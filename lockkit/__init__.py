@@ -6,7 +6,7 @@ the outermost atomic block. Start with ``locked()`` and ``locked_operation()``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lockkit.errors import (
     AliasMismatch,
@@ -25,20 +25,6 @@ from lockkit.errors import (
 )
 from lockkit.retry import RetryEvent, RetryPolicy
 from lockkit.scope import LockScope, current_scope, lock, locked, locked_operation
-
-if TYPE_CHECKING:
-    from lockkit.claims import (
-        Claim,
-        Claimable,
-        claim,
-        claim_next,
-        complete,
-        complete_many,
-        heartbeat,
-        reclaim_expired,
-        release,
-        release_many,
-    )
 
 __version__ = "0.1.0.dev0"
 
@@ -66,9 +52,10 @@ __all__ = [
     "locked_operation",
 ]
 
-# lockkit.claims defines a model mixin, which needs Django's app registry: its names are imported on first use
-# (``lockkit.claim_next``), not when lockkit is imported (e.g. from settings). They stay out of ``__all__`` so that
-# ``from lockkit import *`` never triggers that import.
+# lockkit.claims defines a model mixin, which needs Django's app registry: its names are imported on
+# first use (``lockkit.claim_next``), not when lockkit is imported (e.g. from settings). They stay out of
+# ``__all__`` so that ``from lockkit import *`` never triggers that import. For precise types, import them
+# from ``lockkit.claims``.
 _CLAIM_NAMES = frozenset(
     {
         "Claim",

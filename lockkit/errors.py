@@ -100,9 +100,9 @@ class NotInLockedScope(LockError, TransactionManagementError):
 class StaleClaim(LockError):
     """A job claim was used after it stopped holding its row; nothing was written. Never retried.
 
-    The row no longer carries the claim's token, or is no longer claimed: ``reclaim_expired`` handed it back (and
-    perhaps another worker claimed it), or the claim was already completed or released. The worker must stop
-    working on the job: its result would overwrite the new owner's.
+    The row no longer carries the claim's token, or is no longer claimed: ``reclaim_expired`` handed it back
+    (and perhaps another worker claimed it), or the claim was already completed or released. The worker must
+    stop working on the job: its result would overwrite the new owner's.
 
     Attributes:
         claims: The stale ``lockkit.claims.Claim`` objects.

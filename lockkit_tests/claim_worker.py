@@ -10,7 +10,7 @@ from multiprocessing.connection import Connection
 
 
 def setup_django(database_names: dict[str, str]) -> None:
-    """Set Django up in a child process, on the parent's test databases (the parent switched NAME only for itself)."""
+    """Set Django up in a child process, on the parent's test databases (whose NAME the parent switched)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lockkit_tests.settings")
     import django
     from django.conf import settings
@@ -26,6 +26,8 @@ def claim_then_hang(database_names: dict[str, str], pipe: Connection, lease: flo
     from lockkit.claims import claim_next
     from lockkit_tests.models import Job
 
-    claims = claim_next(Job.objects.filter(state="pending"), worker="doomed", lease=lease, set={"state": "running"})
+    claims = claim_next(
+        Job.objects.filter(state="pending"), worker="doomed", lease=lease, set={"state": "running"}
+    )
     pipe.send(claims)
     pipe.poll(120)  # the parent kills this process with SIGKILL long before

@@ -30,7 +30,9 @@ def wait_for_db_clock(moment: datetime, *, timeout: float = 10.0, poll: float = 
         if now > moment:
             return now
         if time.monotonic() > deadline:
-            raise AssertionError(f"the database clock did not pass {moment} within {timeout}s (it says {now})")
+            raise AssertionError(
+                f"the database clock did not pass {moment} within {timeout}s (it says {now})"
+            )
         time.sleep(poll)
 
 

@@ -72,4 +72,3 @@ class NotClaimable(models.Model):
     """A model without the mixin, which claims must refuse."""
 
     state = models.CharField(max_length=20, default="pending")
-

@@ -13,6 +13,7 @@ from django.db.models import F, Q
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
+import lockkit.claims
 from lockkit.claims import (
     Claim,
     StaleClaim,
@@ -38,7 +39,7 @@ def make_jobs(n: int, **fields: Any) -> list[Job]:
     return Job.objects.bulk_create([Job(name=f"job-{i}", **fields) for i in range(n)])
 
 
-# -- claim_next ------------------------------------------------------------------------------------------------------
+# -- claim_next ----------------------------------------------------------------------------------------------
 
 
 def test_claim_next_claims_in_order_and_writes_claim_fields_in_one_statement() -> None:
@@ -49,15 +50,18 @@ def test_claim_next_claims_in_order_and_writes_claim_fields_in_one_statement() -
     assert len(queries) == 1
     statement = queries[0]["sql"]
     assert "AS MATERIALIZED" in statement
-    assert "FOR NO KEY UPDATE OF" in statement and "SKIP LOCKED" in statement
-    assert "RETURNING" in statement and " IN (SELECT" not in statement
+    assert "FOR NO KEY UPDATE OF" in statement
+    assert "SKIP LOCKED" in statement
+    assert "RETURNING" in statement
+    assert " IN (SELECT" not in statement
     assert [c.pk for c in claims] == [j.pk for j in jobs[:3]]
     for c in claims:
         assert (c.model, c.worker, c.token, c.attempt, c.alias, c.lease) == (Job, "w1", 1, 1, "default", 30.0)
         row = Job.objects.get(pk=c.pk)
         assert (row.state, row.claimed_by, row.claim_token, row.attempts) == ("running", "w1", 1, 1)
         assert row.lease_expires_at == c.lease_expires_at
-        assert row.claimed_at is not None and row.claimed_at >= before
+        assert row.claimed_at is not None
+        assert row.claimed_at >= before
         assert row.lease_expires_at - row.claimed_at == timedelta(seconds=30)
     assert Job.objects.filter(lease_expires_at__isnull=True).count() == 2
 
@@ -113,7 +117,7 @@ def test_claim_next_on_the_routed_alias() -> None:
     assert Job.objects.using("other").get(pk=c.pk).state == "done"
 
 
-# -- claim -------------------------------------------------------------------------------------------------------
+# -- claim ---------------------------------------------------------------------------------------------------
 
 
 def test_claim_one_instance_and_when_condition() -> None:
@@ -127,7 +131,8 @@ def test_claim_one_instance_and_when_condition() -> None:
     assert claim(job, worker="x", lease=10) is None  # already claimed
     assert Job.objects.get(pk=other.pk).claim_token == 0
     c2 = claim(Job.objects.filter(pk=other.pk), worker="x", lease=10)
-    assert c2 is not None and c2.pk == other.pk
+    assert c2 is not None
+    assert c2.pk == other.pk
 
 
 def test_claim_queryset_matching_several_rows_claims_nothing() -> None:
@@ -143,14 +148,15 @@ def test_claim_a_missing_row_returns_none() -> None:
     assert claim(job, worker="w", lease=10) is None
 
 
-# -- fencing -------------------------------------------------------------------------------------------------------
+# -- fencing -------------------------------------------------------------------------------------------------
 
 
 def test_complete_release_heartbeat_are_fenced_by_the_token() -> None:
     (job,) = make_jobs(1)
     (c,) = claim_next(PENDING, worker="w", lease=30, set={"state": "running"})
     beat = heartbeat(c, lease=60)
-    assert beat.token == c.token and beat.lease == 60.0
+    assert beat.token == c.token
+    assert beat.lease == 60.0
     assert beat.lease_expires_at > c.lease_expires_at
     assert Job.objects.get(pk=job.pk).lease_expires_at == beat.lease_expires_at
     release(beat, set={"state": "pending"})
@@ -164,7 +170,8 @@ def test_complete_release_heartbeat_are_fenced_by_the_token() -> None:
         with pytest.raises(StaleClaim) as info:
             stale_call()
         assert info.value.claims == (c,)
-        assert isinstance(info.value, LockError) and lockkit.classify(info.value) is None
+        assert isinstance(info.value, LockError)
+        assert lockkit.classify(info.value) is None
         assert snapshot(job.pk) == row
     (c2,) = claim_next(PENDING, worker="w2", lease=30)
     assert (c2.token, c2.attempt) == (2, 2)
@@ -203,22 +210,29 @@ def test_release_many_frees_rows() -> None:
 def test_complete_inside_the_callers_transaction_rolls_back_with_it() -> None:
     (job,) = make_jobs(1)
     (c,) = claim_next(PENDING, worker="w", lease=30)
-    with pytest.raises(RuntimeError), transaction.atomic():
-        complete(c, set={"state": "done"})
-        raise RuntimeError("the result write failed")
-    assert snapshot(job.pk)["state"] == "pending" and snapshot(job.pk)["lease_expires_at"] is not None
+
+    def complete_then_fail() -> None:
+        with transaction.atomic():
+            complete(c, set={"state": "done"})
+            raise RuntimeError("the result write failed")
+
+    with pytest.raises(RuntimeError):
+        complete_then_fail()
+    assert snapshot(job.pk)["state"] == "pending"
+    assert snapshot(job.pk)["lease_expires_at"] is not None
     complete(c, set={"state": "done"})
     assert snapshot(job.pk)["state"] == "done"
 
 
-# -- reclaim_expired -----------------------------------------------------------------------------------------------
+# -- reclaim_expired -----------------------------------------------------------------------------------------
 
 
 def test_reclaim_expired_leaves_live_claims_alone_and_uses_the_db_clock() -> None:
     jobs = make_jobs(3)
     short = claim(jobs[0], worker="short", lease=0.3, set={"state": "running"})
     long = claim(jobs[1], worker="long", lease=60, set={"state": "running"})
-    assert short is not None and long is not None
+    assert short is not None
+    assert long is not None
     wait_for_db_clock(short.lease_expires_at)
     assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 1
     rows = {j.pk: snapshot(j.pk) for j in jobs}
@@ -232,7 +246,7 @@ def test_reclaim_expired_leaves_live_claims_alone_and_uses_the_db_clock() -> Non
 
 def test_reclaim_expired_only_within_the_queryset() -> None:
     a, b = make_jobs(2)
-    ca, cb = claim_next(Job.objects.all(), worker="w", lease=30, limit=2)
+    _ca, _cb = claim_next(Job.objects.all(), worker="w", lease=30, limit=2)
     expire(a.pk)
     expire(b.pk)
     assert reclaim_expired(Job.objects.filter(pk=a.pk)) == 1
@@ -275,7 +289,7 @@ def test_heartbeat_extends_the_lease_past_reclaim() -> None:
         heartbeat(stopped)
 
 
-# -- validation, before any SQL ------------------------------------------------------------------------------------
+# -- validation, before any SQL ------------------------------------------------------------------------------
 
 
 def _claim_of(pk: Any = 1, **changes: Any) -> Claim:
@@ -293,53 +307,133 @@ def _claim_of(pk: Any = 1, **changes: Any) -> Claim:
     return Claim(**values)
 
 
+# The calls below break the annotations on purpose: reach the functions through an untyped namespace.
+_loose: Any = lockkit.claims
+
 BAD_CALLS: list[tuple[str, Any, type[Exception], str]] = [
-    ("lease zero", lambda: claim_next(PENDING, worker="w", lease=0), ValueError, "lease"),
-    ("lease negative", lambda: claim_next(PENDING, worker="w", lease=-1), ValueError, "lease"),
-    ("lease nan", lambda: claim_next(PENDING, worker="w", lease=float("nan")), ValueError, "lease"),
-    ("lease inf", lambda: claim_next(PENDING, worker="w", lease=float("inf")), ValueError, "lease"),
-    ("lease bool", lambda: claim_next(PENDING, worker="w", lease=True), TypeError, "lease"),
-    ("lease str", lambda: claim_next(PENDING, worker="w", lease="5"), TypeError, "lease"),
-    ("lease None", lambda: claim_next(PENDING, worker="w", lease=None), TypeError, "lease"),
-    ("negative timedelta", lambda: claim_next(PENDING, worker="w", lease=timedelta(-1)), ValueError, "lease"),
-    ("limit zero", lambda: claim_next(PENDING, worker="w", lease=1, limit=0), ValueError, "limit"),
-    ("limit bool", lambda: claim_next(PENDING, worker="w", lease=1, limit=True), TypeError, "limit"),
-    ("limit float", lambda: claim_next(PENDING, worker="w", lease=1, limit=2.0), TypeError, "limit"),
-    ("worker empty", lambda: claim_next(PENDING, worker=" ", lease=1), ValueError, "worker"),
-    ("worker int", lambda: claim_next(PENDING, worker=3, lease=1), TypeError, "worker"),
-    ("worker long", lambda: claim_next(PENDING, worker="w" * 256, lease=1), ValueError, "worker"),
-    ("no mixin", lambda: claim_next(NotClaimable.objects.all(), worker="w", lease=1), TypeError, "Claimable"),
-    ("no mixin row", lambda: claim(NotClaimable(pk=1), worker="w", lease=1), TypeError, "Claimable"),
-    ("unsaved", lambda: claim(Job(), worker="w", lease=1), ValueError, "unsaved"),
-    ("claim list", lambda: claim([1], worker="w", lease=1), TypeError, "target"),
-    ("queryset list", lambda: claim_next([1], worker="w", lease=1), TypeError, "queryset"),
-    ("sliced", lambda: claim_next(PENDING[:3], worker="w", lease=1), ValueError, "sliced"),
-    ("distinct", lambda: claim_next(PENDING.distinct(), worker="w", lease=1), ValueError, "distinct"),
-    ("order_by str", lambda: claim_next(PENDING, worker="w", lease=1, order_by="pk"), TypeError, "order_by"),
-    ("when dict", lambda: claim(Job(pk=1), worker="w", lease=1, when={"state": "x"}), TypeError, "when"),
-    ("set unknown", lambda: claim_next(PENDING, worker="w", lease=1, set={"nope": 1}), ValueError, "nope"),
-    ("set claim field", lambda: claim_next(PENDING, worker="w", lease=1, set={"claim_token": 9}), ValueError, "set"),
-    ("set pk", lambda: claim_next(PENDING, worker="w", lease=1, set={"id": 9}), ValueError, "primary key"),
-    ("set list", lambda: claim_next(PENDING, worker="w", lease=1, set=[("state", "x")]), TypeError, "set"),
-    ("bad alias", lambda: claim_next(PENDING, worker="w", lease=1, using="nope"), ValueError, "using"),
-    ("mismatch", lambda: claim_next(PENDING.using("other"), worker="w", lease=1, using="default"), AliasMismatch, ""),
-    ("heartbeat str", lambda: heartbeat("token"), TypeError, "claim"),
-    ("heartbeat lease", lambda: heartbeat(_claim_of(), lease=0), ValueError, "lease"),
-    ("complete int", lambda: complete(7), TypeError, "claim"),
-    ("complete_many one", lambda: complete_many(_claim_of()), TypeError, "claims"),
-    ("complete_many mixed", lambda: complete_many([_claim_of(1), _claim_of(2, alias="other")]), ValueError, "one"),
-    ("complete_many dup", lambda: complete_many([_claim_of(1), _claim_of(1)]), ValueError, "more than once"),
-    ("complete set", lambda: complete(_claim_of(), set={"attempts": 0}), ValueError, "set"),
-    ("reclaim max zero", lambda: reclaim_expired(PENDING, max_attempts=0, exhausted_set={}), ValueError, "max_att"),
-    ("reclaim max alone", lambda: reclaim_expired(PENDING, max_attempts=3), ValueError, "exhausted_set"),
-    ("reclaim exhausted", lambda: reclaim_expired(PENDING, max_attempts=2, exhausted_set={"x": 1}), ValueError, "x"),
-    ("reclaim no mixin", lambda: reclaim_expired(NotClaimable), TypeError, "Claimable"),
-    ("routed mismatch", lambda: claim_next(RemoteItem.objects.all(), worker="w", lease=1), TypeError, "Claimable"),
+    ("lease zero", lambda: _loose.claim_next(PENDING, worker="w", lease=0), ValueError, "lease"),
+    ("lease negative", lambda: _loose.claim_next(PENDING, worker="w", lease=-1), ValueError, "lease"),
+    ("lease nan", lambda: _loose.claim_next(PENDING, worker="w", lease=float("nan")), ValueError, "lease"),
+    ("lease inf", lambda: _loose.claim_next(PENDING, worker="w", lease=float("inf")), ValueError, "lease"),
+    ("lease bool", lambda: _loose.claim_next(PENDING, worker="w", lease=True), TypeError, "lease"),
+    ("lease str", lambda: _loose.claim_next(PENDING, worker="w", lease="5"), TypeError, "lease"),
+    ("lease None", lambda: _loose.claim_next(PENDING, worker="w", lease=None), TypeError, "lease"),
+    (
+        "negative timedelta",
+        lambda: _loose.claim_next(PENDING, worker="w", lease=timedelta(-1)),
+        ValueError,
+        "lease",
+    ),
+    ("limit zero", lambda: _loose.claim_next(PENDING, worker="w", lease=1, limit=0), ValueError, "limit"),
+    ("limit bool", lambda: _loose.claim_next(PENDING, worker="w", lease=1, limit=True), TypeError, "limit"),
+    ("limit float", lambda: _loose.claim_next(PENDING, worker="w", lease=1, limit=2.0), TypeError, "limit"),
+    ("worker empty", lambda: _loose.claim_next(PENDING, worker=" ", lease=1), ValueError, "worker"),
+    ("worker int", lambda: _loose.claim_next(PENDING, worker=3, lease=1), TypeError, "worker"),
+    ("worker long", lambda: _loose.claim_next(PENDING, worker="w" * 256, lease=1), ValueError, "worker"),
+    (
+        "no mixin",
+        lambda: _loose.claim_next(NotClaimable.objects.all(), worker="w", lease=1),
+        TypeError,
+        "Claimable",
+    ),
+    ("no mixin row", lambda: _loose.claim(NotClaimable(pk=1), worker="w", lease=1), TypeError, "Claimable"),
+    ("unsaved", lambda: _loose.claim(Job(), worker="w", lease=1), ValueError, "unsaved"),
+    ("claim list", lambda: _loose.claim([1], worker="w", lease=1), TypeError, "target"),
+    ("queryset list", lambda: _loose.claim_next([1], worker="w", lease=1), TypeError, "queryset"),
+    ("sliced", lambda: _loose.claim_next(PENDING[:3], worker="w", lease=1), ValueError, "sliced"),
+    ("distinct", lambda: _loose.claim_next(PENDING.distinct(), worker="w", lease=1), ValueError, "distinct"),
+    (
+        "order_by str",
+        lambda: _loose.claim_next(PENDING, worker="w", lease=1, order_by="pk"),
+        TypeError,
+        "order_by",
+    ),
+    (
+        "when dict",
+        lambda: _loose.claim(Job(pk=1), worker="w", lease=1, when={"state": "x"}),
+        TypeError,
+        "when",
+    ),
+    (
+        "set unknown",
+        lambda: _loose.claim_next(PENDING, worker="w", lease=1, set={"nope": 1}),
+        ValueError,
+        "nope",
+    ),
+    (
+        "set claim field",
+        lambda: _loose.claim_next(PENDING, worker="w", lease=1, set={"claim_token": 9}),
+        ValueError,
+        "set",
+    ),
+    (
+        "set pk",
+        lambda: _loose.claim_next(PENDING, worker="w", lease=1, set={"id": 9}),
+        ValueError,
+        "primary key",
+    ),
+    (
+        "set list",
+        lambda: _loose.claim_next(PENDING, worker="w", lease=1, set=[("state", "x")]),
+        TypeError,
+        "set",
+    ),
+    ("bad alias", lambda: _loose.claim_next(PENDING, worker="w", lease=1, using="nope"), ValueError, "using"),
+    (
+        "mismatch",
+        lambda: _loose.claim_next(PENDING.using("other"), worker="w", lease=1, using="default"),
+        AliasMismatch,
+        "",
+    ),
+    ("heartbeat str", lambda: _loose.heartbeat("token"), TypeError, "claim"),
+    ("heartbeat lease", lambda: _loose.heartbeat(_claim_of(), lease=0), ValueError, "lease"),
+    ("complete int", lambda: _loose.complete(7), TypeError, "claim"),
+    ("complete_many one", lambda: _loose.complete_many(_claim_of()), TypeError, "claims"),
+    (
+        "complete_many mixed",
+        lambda: _loose.complete_many([_claim_of(1), _claim_of(2, alias="other")]),
+        ValueError,
+        "one",
+    ),
+    (
+        "complete_many dup",
+        lambda: _loose.complete_many([_claim_of(1), _claim_of(1)]),
+        ValueError,
+        "more than once",
+    ),
+    ("complete set", lambda: _loose.complete(_claim_of(), set={"attempts": 0}), ValueError, "set"),
+    (
+        "reclaim max zero",
+        lambda: _loose.reclaim_expired(PENDING, max_attempts=0, exhausted_set={}),
+        ValueError,
+        "max_att",
+    ),
+    (
+        "reclaim max alone",
+        lambda: _loose.reclaim_expired(PENDING, max_attempts=3),
+        ValueError,
+        "exhausted_set",
+    ),
+    (
+        "reclaim exhausted",
+        lambda: _loose.reclaim_expired(PENDING, max_attempts=2, exhausted_set={"x": 1}),
+        ValueError,
+        "x",
+    ),
+    ("reclaim no mixin", lambda: _loose.reclaim_expired(NotClaimable), TypeError, "Claimable"),
+    (
+        "routed model without the mixin",
+        lambda: _loose.claim_next(RemoteItem.objects.all(), worker="w", lease=1),
+        TypeError,
+        "Claimable",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("label", "call", "error", "words"), BAD_CALLS, ids=[b[0] for b in BAD_CALLS])
-def test_bad_input_is_refused_before_any_sql(label: str, call: Any, error: type[Exception], words: str) -> None:
+def test_bad_input_is_refused_before_any_sql(
+    label: str, call: Any, error: type[Exception], words: str
+) -> None:
     captured = [CaptureQueriesContext(connections[alias]) for alias in ("default", "other")]
     for context in captured:
         context.__enter__()
@@ -366,6 +460,10 @@ def test_lockkit_imports_without_the_app_registry_and_reexports_lazily() -> None
     import os
 
     result = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, **env_settings}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        env={**os.environ, **env_settings},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr

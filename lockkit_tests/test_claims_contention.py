@@ -1,4 +1,4 @@
-"""lockkit.claims under real concurrency on PostgreSQL: worker threads, a killed worker process, a lock monitor."""
+"""lockkit.claims under real concurrency on PostgreSQL: worker threads, a killed process, a lock monitor."""
 
 from __future__ import annotations
 
@@ -19,7 +19,16 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from lockkit.claims import Claim, StaleClaim, claim, claim_next, complete, complete_many, heartbeat, reclaim_expired
+from lockkit.claims import (
+    Claim,
+    StaleClaim,
+    claim,
+    claim_next,
+    complete,
+    complete_many,
+    heartbeat,
+    reclaim_expired,
+)
 from lockkit.testing import backend_pid, blocked_by, hold_lock, run_concurrently, wait_until_blocked
 from lockkit_tests.claim_worker import claim_then_hang
 from lockkit_tests.claims_helpers import db_now, snapshot, wait_for_db_clock
@@ -58,7 +67,7 @@ WHERE NOT w.granted
 
 @contextmanager
 def lock_wait_monitor() -> Iterator[LockWaits]:
-    """Poll pg_locks from its own session until the block ends; record every lock wait in the test database."""
+    """Poll pg_locks from its own session until the block ends; record each lock wait in the test database."""
     waits = LockWaits()
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -90,8 +99,8 @@ def lock_wait_monitor() -> Iterator[LockWaits]:
 
 @pytest.mark.parametrize("limit", [1, 20])
 def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: int) -> None:
-    """Each worker is a claiming session feeding a completing session (two threads, two connections), so that the
-    monitor can tell from the pid alone which kind of statement waited."""
+    """Each worker is a claiming session feeding a completing session (two threads, two connections), so
+    that the monitor can tell from the pid alone which kind of statement waited."""
     total, workers = 2000, 8
     Job.objects.bulk_create([Job(name=f"job-{i}") for i in range(total)])
     feeds: list[queue.Queue[list[Claim] | None]] = [queue.Queue(maxsize=2) for _ in range(workers)]
@@ -102,7 +111,9 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
         claimer_pids.add(backend_pid())
         claimed = 0
         try:
-            while claims := claim_next(PENDING, worker=f"w{i}", lease=60, limit=limit, set={"state": "running"}):
+            while claims := claim_next(
+                PENDING, worker=f"w{i}", lease=60, limit=limit, set={"state": "running"}
+            ):
                 assert len(claims) <= limit
                 claimed += len(claims)
                 feeds[i].put(claims, timeout=60)
@@ -115,7 +126,9 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
         completed = 0
         while (claims := feeds[i].get(timeout=60)) is not None:
             with transaction.atomic():  # the side effect and the completion commit together
-                JobLog.objects.bulk_create([JobLog(job_id=c.pk, worker=f"w{i}", token=c.token) for c in claims])
+                JobLog.objects.bulk_create(
+                    [JobLog(job_id=c.pk, worker=f"w{i}", token=c.token) for c in claims]
+                )
                 complete_many(claims, set={"state": "done"})
             completed += len(claims)
         return completed
@@ -134,8 +147,12 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
     assert sum(claimed) == total
     assert sum(1 for n in claimed if n) >= 2, claimed  # the work really was shared
     assert JobLog.objects.count() == total
-    assert set(JobLog.objects.values_list("job_id", flat=True)) == set(Job.objects.values_list("pk", flat=True))
-    assert Counter(Job.objects.values_list("state", "claim_token", "attempts")) == Counter({("done", 1, 1): total})
+    assert set(JobLog.objects.values_list("job_id", flat=True)) == set(
+        Job.objects.values_list("pk", flat=True)
+    )
+    assert Counter(Job.objects.values_list("state", "claim_token", "attempts")) == Counter(
+        {("done", 1, 1): total}
+    )
     assert Job.objects.filter(lease_expires_at__isnull=False).count() == 0
 
     assert waits.polls >= 20, f"the monitor looked only {waits.polls} times in {elapsed:.1f}s"
@@ -147,20 +164,21 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
     claim_waits = [seen for seen in row_waits if seen[0] in claimer_pids]
     # SKIP LOCKED: a claim never queues behind a row another session holds (that wait is a "tuple" lock).
     assert [seen for seen in claim_waits if seen[1] != "transactionid"] == [], claim_waits[:5]
-    # What PostgreSQL can still do, rarely (0 to a few observations per run here), is make a claim statement wait
-    # for a transaction while it follows the update chain of a row its snapshot saw as free, right as that row's
-    # claim commits: heap_lock_updated_tuple() does not honour SKIP LOCKED (the server log says "while locking
-    # updated version ... of tuple"). Such a wait lasts until that other worker's short transaction ends; it is
-    # reported here, not hidden. See docs/claims.md, "Lock waits".
+    # What PostgreSQL can still do, rarely (0 to a few observations per run here), is make a claim statement
+    # wait for a transaction while it follows the update chain of a row its snapshot saw as free, right as
+    # that row's claim commits: heap_lock_updated_tuple() does not honour SKIP LOCKED (the server log says
+    # "while locking updated version ... of tuple"). Such a wait lasts until that other worker's short
+    # transaction ends; it is reported here, not hidden. See docs/claims.md, "Lock waits".
     assert {holder for _, _, holder in claim_waits} <= workers_pids | {None}, claim_waits[:5]
     completion_waits = [seen for seen in row_waits if seen[0] in completer_pids]
-    # A completion never waits for another worker's work or completion; it can meet, for the length of one claim
-    # statement, that statement's recheck lock on the row (see docs/claims.md).
+    # A completion never waits for another worker's work or completion; it can meet, for the length of one
+    # claim statement, that statement's recheck lock on the row (see docs/claims.md).
     assert {holder for _, _, holder in completion_waits} <= claimer_pids | {None}, completion_waits[:5]
     print(
         f"\nlimit={limit}: {total} jobs by {workers} workers in {elapsed:.2f}s; {waits.polls} monitor polls; "
-        f"claim statements seen waiting: {len(claim_waits)}; completions seen waiting on a claim's recheck lock: "
-        f"{len(completion_waits)}; table-extension waits: {len(waits.seen) - len(row_waits)}; per worker {claimed}"
+        f"claim statements seen waiting: {len(claim_waits)}; completions seen waiting on a claim's "
+        f"recheck lock: {len(completion_waits)}; table-extension waits: {len(waits.seen) - len(row_waits)}; "
+        f"per worker {claimed}"
     )
 
 
@@ -218,8 +236,8 @@ def test_claim_by_concurrent_callers_gives_exactly_one_claim() -> None:
     runner = threading.Thread(target=contend, daemon=True)
     with hold_lock(job) as holder:
         runner.start()
-        # The first caller waits for the holder; the others queue behind it for the row (their blocking pid is the
-        # first caller's, not the holder's), so count every session waiting for a lock.
+        # The first caller waits for the holder; the others queue behind it for the row (their blocking pid is
+        # the first caller's, not the holder's), so count every session waiting for a lock.
         wait_until_blocked(holder, count=1, timeout=20)
         assert wait_for_lock_waiters(callers) == callers
     runner.join(60)
@@ -228,12 +246,19 @@ def test_claim_by_concurrent_callers_gives_exactly_one_claim() -> None:
     claims = [o.result for o in results if o.result is not None]
     assert len(claims) == 1
     row = snapshot(job.pk)
-    assert (row["claim_token"], row["attempts"], row["claimed_by"], row["state"]) == (1, 1, claims[0].worker, "running")
+    assert (row["claim_token"], row["attempts"], row["claimed_by"], row["state"]) == (
+        1,
+        1,
+        claims[0].worker,
+        "running",
+    )
 
 
 def test_claim_at_a_barrier_without_a_holder_gives_exactly_one_claim() -> None:
     (job,) = Job.objects.bulk_create([Job(name="contested")])
-    outcomes = run_concurrently(lambda i: claim(job, worker=f"c{i}", lease=30), 8, args=[(i,) for i in range(8)])
+    outcomes = run_concurrently(
+        lambda i: claim(job, worker=f"c{i}", lease=30), 8, args=[(i,) for i in range(8)]
+    )
     assert [o.error for o in outcomes] == [None] * 8
     assert sum(o.result is not None for o in outcomes) == 1
     assert snapshot(job.pk)["claim_token"] == 1
@@ -245,8 +270,8 @@ def test_limit_is_never_exceeded_under_plans_that_could_over_claim() -> None:
 
     def claim_rounds(i: int) -> list[int]:
         with connection.cursor() as cursor:
-            # Nested loops with re-scans: the plans under which "UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR
-            # UPDATE SKIP LOCKED)" re-evaluates its subquery and updates more than n rows.
+            # Nested loops with re-scans: the plans under which "UPDATE ... WHERE id IN (SELECT ... LIMIT n
+            # FOR UPDATE SKIP LOCKED)" re-evaluates its subquery and updates more than n rows.
             cursor.execute("SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off")
         sizes = []
         for r in range(rounds):
@@ -261,7 +286,9 @@ def test_limit_is_never_exceeded_under_plans_that_could_over_claim() -> None:
     assert max(sizes) <= limit
     marked = Counter(Job.objects.filter(lease_expires_at__isnull=False).values_list("claimed_by", flat=True))
     assert max(marked.values()) <= limit
-    assert sum(marked.values()) == sum(sizes) == 300  # 6 x 8 x 7 = 336 asked for: the last calls came up short
+    assert (
+        sum(marked.values()) == sum(sizes) == 300
+    )  # 6 x 8 x 7 = 336 asked for: the last calls came up short
     assert Job.objects.exclude(claim_token__in=[0, 1]).count() == 0
 
 
@@ -316,12 +343,18 @@ def test_heartbeating_worker_keeps_its_job_and_a_silent_one_loses_it() -> None:
     finally:
         stop.set()
         beater.join(10)
-    assert not beater.is_alive() and errors == []
-    assert len(reclaimed) >= 10 and set(reclaimed) == {0}
+    assert not beater.is_alive()
+    assert errors == []
+    assert len(reclaimed) >= 10
+    assert set(reclaimed) == {0}
     assert len(beats) >= 10
     last = beats[-1]
     row = snapshot(job.pk)
-    assert (row["claim_token"], row["state"], row["lease_expires_at"]) == (1, "running", last.lease_expires_at)
+    assert (row["claim_token"], row["state"], row["lease_expires_at"]) == (
+        1,
+        "running",
+        last.lease_expires_at,
+    )
     # The heartbeat stopped: after the lease, the job is handed back and the worker's claim is stale.
     wait_for_db_clock(last.lease_expires_at)
     assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 1
@@ -362,7 +395,10 @@ def test_killed_worker_job_is_reclaimed_and_its_token_is_fenced() -> None:
     row = snapshot(job.pk)
     assert (row["attempts"], row["claim_token"], row["state"], row["result"]) == (2, 2, "done", "by survivor")
 
-    for late in (lambda: complete(dead, set={"state": "done", "result": "by the dead"}), lambda: heartbeat(dead)):
+    for late in (
+        lambda: complete(dead, set={"state": "done", "result": "by the dead"}),
+        lambda: heartbeat(dead),
+    ):
         with pytest.raises(StaleClaim):
             late()
         assert snapshot(job.pk) == row

@@ -1,7 +1,7 @@
 """Job claims: ``SKIP LOCKED`` claiming in short transactions, leases on the database clock, fencing tokens.
 
-Import from here (``from lockkit.claims import claim_next``) once Django's app registry is ready (in models, views,
-management commands, tasks): defining the ``Claimable`` model mixin needs it. See docs/claims.md.
+Import from here (``from lockkit.claims import claim_next``) once Django's app registry is ready (in models,
+views, management commands, tasks): defining the ``Claimable`` model mixin needs it. See docs/claims.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.db import models
-from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 
 from lockkit.claims import checks, sql
 from lockkit.claims.mixin import Claimable
@@ -40,32 +40,37 @@ def claim(
     worker: str,
     lease: float | Any,
     when: Q | None = None,
-    set: dict[str, Any] | None = None,  # noqa: A002 - the documented parameter name
+    set: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> Claim | None:
-    """Claim one specific row, waiting for its row lock within the lock timeout, if it is free and ``when`` holds.
+    """Claim one specific row if it is free and ``when`` holds, waiting for its lock within the lock timeout.
 
-    Runs in ``lockkit.locked(alias)`` (so ``settings.LOCKKIT["LOCK_TIMEOUT"]`` bounds the wait and failures are
-    classified): the row is locked with ``SELECT ... FOR NO KEY UPDATE``, which re-checks the filters, "not claimed"
-    and ``when`` on the row's latest version after any wait, then updated. The transaction commits before this
-    returns (unless the caller's own ``atomic()`` is open on the alias; then the claim commits with it). See
+    Runs in ``lockkit.locked(alias, no_key=True)`` (so ``settings.LOCKKIT["LOCK_TIMEOUT"]`` bounds the wait
+    and failures are classified): the row is locked with ``SELECT ... FOR NO KEY UPDATE``, which re-checks the
+    filters, "not claimed" and ``when`` on the row's latest version after any wait, then updated. The
+    transaction commits before this returns (unless the caller's own ``atomic()`` is open on the alias; then
+    the claim commits with it). See
     https://www.postgresql.org/docs/current/transaction-iso.html#XACT-READ-COMMITTED.
 
     Args:
-        target: A saved instance of a ``Claimable`` model, or a queryset of one matching at most one claimable row.
+        target: A saved instance of a ``Claimable`` model, or a queryset of one matching at most one claimable
+            row.
         worker: The worker's name, stored in ``claimed_by`` (at most 255 characters).
-        lease: Seconds (``int``/``float``) or a ``timedelta`` the claim lasts before ``reclaim_expired`` may hand
-            the row back, counted on the database clock.
-        when: A ``Q`` the locked row must still satisfy (e.g. ``Q(state="pending")``); ``None`` for no condition.
+        lease: Seconds (``int``/``float``) or a ``timedelta`` the claim lasts before ``reclaim_expired`` may
+            hand the row back, counted on the database clock.
+        when: A ``Q`` the locked row must still satisfy (e.g. ``Q(state="pending")``); ``None`` for no
+            condition.
         set: Fields to write with the claim, e.g. ``{"state": "running"}`` (values or expressions).
-        using: The database alias; default the queryset's or instance's database, else ``router.db_for_write``.
+        using: The database alias; default the queryset's or instance's database, else
+            ``router.db_for_write``.
 
     Returns:
         The ``Claim``, or ``None`` when the row does not exist, is already claimed, or ``when`` does not hold.
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: an unsaved instance, a non-positive lease, an empty worker name, an unknown field in ``set``.
+        ValueError: an unsaved instance, a non-positive lease, an empty worker name, an unknown field in
+            ``set``.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
         MultipleObjectsReturned: the queryset matches more than one claimable row (nothing is claimed).
@@ -84,14 +89,16 @@ def claim(
         queryset = checks.queryset(target, "target")
         model = checks.claimable_model(queryset.model, "target")
     else:
-        raise TypeError(f"target must be a saved Claimable instance or a QuerySet, not {type(target).__name__}")
+        raise TypeError(
+            f"target must be a saved Claimable instance or a QuerySet, not {type(target).__name__}"
+        )
     name = checks.worker(worker)
     seconds = checks.lease(lease)
     condition = checks.condition(when)
     alias = checks.alias_for(using, queryset, hint)
-    prefix, set_params = sql.update_prefix(model, alias, sql.claim_assignments(name, seconds, checks.assignments(
-        model, set, "set"
-    )))
+    prefix, set_params = sql.update_prefix(
+        model, alias, sql.claim_assignments(name, seconds, checks.assignments(model, set, "set"))
+    )
     candidates = queryset.using(alias).filter(lease_expires_at__isnull=True)
     if condition is not None:
         candidates = candidates.filter(condition)
@@ -102,7 +109,7 @@ def claim(
             return None
         if len(rows) > 1:
             raise model.MultipleObjectsReturned(
-                f"target matches more than one claimable {model.__name__} row; claim one row, or use claim_next()"
+                f"target matches more than one claimable {model.__name__} row; claim one, or use claim_next()"
             )
         pk_value = sql.prepare_pks(model, alias, [rows[0].pk])[0][0]
         (row,), _ = sql.run(alias, statement, [*set_params, pk_value])
@@ -115,18 +122,18 @@ def claim_next(
     worker: str,
     lease: float | Any,
     limit: int = 1,
-    set: dict[str, Any] | None = None,  # noqa: A002 - the documented parameter name
+    set: dict[str, Any] | None = None,
     order_by: list[str] | tuple[str, ...] | None = None,
     using: str | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
 
     One statement, one round trip: a ``MATERIALIZED`` CTE selects the free rows in order with ``LIMIT`` and
-    ``FOR NO KEY UPDATE ... SKIP LOCKED`` (evaluated exactly once), and an ``UPDATE`` joined to it on the primary key
-    writes the claims and returns them. The update is never ``WHERE pk IN (subquery with LIMIT)``, which a plan may
-    re-evaluate and so claim more than ``limit`` rows. Outside a transaction the statement commits on its own before
-    this returns. ``FOR NO KEY UPDATE`` leaves inserts of rows referencing the job unblocked. See
-    https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE.
+    ``FOR NO KEY UPDATE ... SKIP LOCKED`` (evaluated exactly once), and an ``UPDATE`` joined to it on the
+    primary key writes the claims and returns them. The update is never ``WHERE pk IN (subquery with LIMIT)``,
+    which a plan may re-evaluate and so claim more than ``limit`` rows. Outside a transaction the statement
+    commits on its own before this returns. ``FOR NO KEY UPDATE`` leaves inserts of rows referencing the job
+    unblocked. See https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE.
 
     Free means not claimed (``lease_expires_at IS NULL``); expired claims become free through
     ``reclaim_expired()``.
@@ -138,8 +145,8 @@ def claim_next(
         lease: Seconds (``int``/``float``) or a ``timedelta``, counted on the database clock.
         limit: The most rows to claim (at least 1).
         set: Fields to write with each claim, e.g. ``{"state": "running"}``.
-        order_by: Field names or expressions deciding which rows are claimed first; default the queryset's ordering,
-            else the primary key.
+        order_by: Field names or expressions deciding which rows are claimed first; default the queryset's
+            ordering, else the primary key.
         using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
 
     Returns:
@@ -183,11 +190,12 @@ def claim_next(
 
 
 def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[Any, Any]:
-    """Write ``values`` to every claimed row in one statement, only if every claim is still live; else nothing.
+    """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
 
-    Live means the row still carries the claim's token and is claimed. The rows are locked (``FOR NO KEY UPDATE``,
-    re-checked after any wait) in a materialized CTE; the data-modifying CTE updates them only when all are live;
-    the outer query reports which were live. Returns ``{pk: lease_expires_at}`` of the rows written.
+    Live means the row still carries the claim's token and is claimed. The rows are locked (``FOR NO KEY
+    UPDATE``, re-checked after any wait) in a materialized CTE; the data-modifying CTE updates them only when
+    all are live; the outer query reports which were live. Returns ``{pk: lease_expires_at}`` of the rows
+    written.
 
     Raises:
         StaleClaim: a claim is no longer live (nothing was written).
@@ -230,9 +238,9 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
 def heartbeat(claim: Claim, *, lease: float | Any = None) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
-    Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A claim
-    whose lease has lapsed but that no ``reclaim_expired`` has handed back is still live and is renewed: its token
-    proves no one else was given the job.
+    Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A
+    claim whose lease has lapsed but that no ``reclaim_expired`` has handed back is still live and is renewed:
+    its token proves no one else was given the job.
 
     Args:
         claim: The claim to renew.
@@ -251,11 +259,12 @@ def heartbeat(claim: Claim, *, lease: float | Any = None) -> Claim:
     return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
 
 
-def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:  # noqa: A002 - documented name
-    """End a claim because the job is done, writing ``set`` (e.g. ``{"state": "done"}``) in the same statement.
+def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
+    """End a claim because the job is done, writing ``set`` (e.g. ``{"state": "done"}``) in one statement.
 
-    Fenced: the write happens only if the row still carries the claim's token and is claimed. Call it inside your
-    own ``transaction.atomic()`` together with the job's result writes to make them commit (or fail) together.
+    Fenced: the write happens only if the row still carries the claim's token and is claimed. Call it inside
+    your own ``transaction.atomic()`` together with the job's result writes to make them commit (or fail)
+    together.
 
     Raises:
         TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
@@ -264,22 +273,22 @@ def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:  # noq
     complete_many([checks.claim(claim)], set=set)
 
 
-def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:  # noqa: A002
+def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
     """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
     Raises:
-        TypeError, ValueError: not an iterable of ``Claim``, claims of different models/aliases or repeated rows,
-            a bad ``set``.
+        TypeError, ValueError: not an iterable of ``Claim``, claims of different models/aliases or repeated
+            rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
     _end(checks.claims(claims), set)
 
 
-def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:  # noqa: A002 - documented name
-    """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in the same fenced statement.
+def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
+    """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in one fenced statement.
 
-    The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts`` keeps
-    counting.
+    The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
+    keeps counting.
 
     Raises:
         TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
@@ -288,7 +297,7 @@ def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:  # noqa
     release_many([checks.claim(claim)], set=set)
 
 
-def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:  # noqa: A002
+def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
     """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
     Raises:
@@ -307,19 +316,19 @@ def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
 def reclaim_expired(
     queryset: QuerySet[Any],
     *,
-    set: dict[str, Any] | None = None,  # noqa: A002 - the documented parameter name
+    set: dict[str, Any] | None = None,
     max_attempts: int | None = None,
     exhausted_set: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> int:
     """Hand back the rows of ``queryset`` whose lease has expired, by the database clock.
 
-    One statement: a ``MATERIALIZED`` CTE locks the expired rows (``FOR NO KEY UPDATE SKIP LOCKED``: a row being
-    renewed or completed right now is left for the next run), and the ``UPDATE`` joined to it re-checks
-    ``lease_expires_at < statement_timestamp()`` on the row it changes, so a claim renewed or completed meanwhile is
-    left alone. Each handed-back row is unclaimed (``lease_expires_at = NULL``) and gets ``set`` (e.g.
-    ``{"state": "pending"}``); a row whose ``attempts`` reached ``max_attempts`` gets ``exhausted_set`` instead
-    (e.g. ``{"state": "failed"}``). Its old claim's token no longer works (``StaleClaim``). See
+    One statement: a ``MATERIALIZED`` CTE locks the expired rows (``FOR NO KEY UPDATE SKIP LOCKED``: a row
+    being renewed or completed right now is left for the next run), and the ``UPDATE`` joined to it re-checks
+    ``lease_expires_at < statement_timestamp()`` on the row it changes, so a claim renewed or completed
+    meanwhile is left alone. Each handed-back row is unclaimed (``lease_expires_at = NULL``) and gets ``set``
+    (e.g. ``{"state": "pending"}``); a row whose ``attempts`` reached ``max_attempts`` gets ``exhausted_set``
+    instead (e.g. ``{"state": "failed"}``). Its old claim's token no longer works (``StaleClaim``). See
     https://www.postgresql.org/docs/current/sql-update.html.
 
     Args:
@@ -350,8 +359,11 @@ def reclaim_expired(
         exhausted = checks.assignments(model, exhausted_set, "exhausted_set")
         for field_name in {**back, **exhausted}:
             field = model._meta.get_field(field_name)
+            assert isinstance(field, Field)
             values[field_name] = Case(
-                When(attempts__gte=ceiling, then=_expression(exhausted.get(field_name, F(field_name)), field)),
+                When(
+                    attempts__gte=ceiling, then=_expression(exhausted.get(field_name, F(field_name)), field)
+                ),
                 default=_expression(back.get(field_name, F(field_name)), field),
                 output_field=field,
             )

@@ -58,7 +58,7 @@ def condition(value: object) -> Q | None:
     return value
 
 
-def order(value: object) -> tuple[str | BaseExpression, ...] | None:
+def order(value: object) -> tuple[Any, ...] | None:
     if value is None:
         return None
     if isinstance(value, str) or not isinstance(value, Sequence):
@@ -72,7 +72,7 @@ def order(value: object) -> tuple[str | BaseExpression, ...] | None:
 
 
 def assignments(model: type[Claimable], values: object, name: str) -> dict[str, Any]:
-    """Return ``values`` (a ``set=`` mapping) checked against ``model``: local, concrete, non-key, non-claim fields."""
+    """Return a ``set=`` mapping checked against ``model``: local, concrete, non-key, non-claim fields."""
     if values is None:
         return {}
     if not isinstance(values, Mapping):
@@ -88,11 +88,15 @@ def assignments(model: type[Claimable], values: object, name: str) -> dict[str, 
         if not getattr(field, "concrete", False) or field.many_to_many or field.one_to_many:
             raise ValueError(f"{name}: {model.__name__}.{field_name} is not a column that can be set")
         if field.name in CLAIM_FIELDS or getattr(field, "attname", None) in CLAIM_FIELDS:
-            raise ValueError(f"{name}: {field_name!r} is a claim field that lockkit maintains; it cannot be set")
+            raise ValueError(
+                f"{name}: {field_name!r} is a claim field that lockkit maintains; it cannot be set"
+            )
         if getattr(field, "primary_key", False):
             raise ValueError(f"{name}: the primary key {field_name!r} cannot be set")
         if field.model._meta.concrete_model is not model._meta.concrete_model:
-            raise ValueError(f"{name}: {field_name!r} belongs to a parent model's table; set only local fields")
+            raise ValueError(
+                f"{name}: {field_name!r} belongs to a parent model's table; set only local fields"
+            )
         checked[field.name] = value
     return checked
 
@@ -117,8 +121,14 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
     return target
 
 
+def bound_alias(queryset: QuerySet[Any]) -> str | None:
+    """The alias a queryset was explicitly bound to (``.using()``, ``db_manager()``), or ``None``."""
+    bound: str | None = getattr(queryset, "_db", None)
+    return bound
+
+
 def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None = None) -> str:
-    """The alias: ``using``, else the queryset's own (``.using()``/instance database), else the write router's.
+    """The alias: ``using``, else the queryset's own (``.using()``, instance database), else the router's.
 
     Raises:
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
@@ -126,11 +136,13 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
     """
     if using is not None:
         alias = aliases.check_alias(using)
-    elif queryset._db is not None:
-        alias = queryset._db
+    elif bound_alias(queryset) is not None:
+        alias = str(bound_alias(queryset))
     else:
         kwargs = {"instance": hint} if hint is not None else {}
-        alias = aliases.check_alias(router.db_for_write(queryset.model, **kwargs), "router.db_for_write(model)")
+        alias = aliases.check_alias(
+            router.db_for_write(queryset.model, **kwargs), "router.db_for_write(model)"
+        )
     aliases.queryset_on(queryset, alias, "target" if hint is not None else "queryset")
     vendor = connections[alias].vendor
     if vendor not in SUPPORTED_VENDORS:

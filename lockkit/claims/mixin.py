@@ -1,4 +1,5 @@
-"""``Claimable``: the abstract model mixin whose fields record who holds a job's claim, until when, and how often.
+"""``Claimable``: the abstract model mixin whose fields record who holds a job's claim, until when, and how
+often.
 
 Defining a model needs Django's app registry, so this module (and ``lockkit.claims``) is imported lazily.
 """
@@ -17,17 +18,18 @@ WORKER_MAX_LENGTH = 255
 class Claimable(models.Model):
     """Abstract mixin for a model whose rows are jobs that workers claim (see ``lockkit.claims``).
 
-    The job's own state (pending, running, done...) stays a field of yours; ``claim``/``claim_next`` select rows with
-    your queryset and write your ``set=`` values along with these fields. A row is claimed exactly when
-    ``lease_expires_at`` is not ``NULL``.
+    The job's own state (pending, running, done...) stays a field of yours; ``claim``/``claim_next`` select
+    rows with your queryset and write your ``set=`` values along with these fields. A row is claimed exactly
+    when ``lease_expires_at`` is not ``NULL``.
 
     Attributes:
-        claimed_by (str): The worker of the latest claim ("" until the first claim); kept after the claim ends.
-        claim_token (int): A bigint incremented by every claim and never decreased: the fencing token that every
-            later write by the claim's worker must present.
+        claimed_by (str): The worker of the latest claim ("" until the first claim); kept after the claim
+            ends.
+        claim_token (int): A bigint incremented by every claim and never decreased: the fencing token that
+            every later write by the claim's worker must present.
         claimed_at (datetime | None): When the latest claim was made, by the database clock.
-        lease_expires_at (datetime | None): When the current claim's lease ends, by the database clock; ``NULL``
-            when the row is not claimed. Indexed, for ``reclaim_expired``.
+        lease_expires_at (datetime | None): When the current claim's lease ends, by the database clock;
+            ``NULL`` when the row is not claimed. Indexed, for ``reclaim_expired``.
         attempts (int): How many times the row has been claimed.
     """
 

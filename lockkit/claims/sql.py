@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import DateTimeField, DurationField, F, Func, QuerySet, Value
+from django.db.models import DateTimeField, DurationField, F, Field, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
@@ -25,11 +25,12 @@ from lockkit.sqlstate import code_of
 class StatementTimestamp(Func):
     """``statement_timestamp()``: the database clock at the start of the current statement.
 
-    Not ``now()``, which is frozen at the start of the transaction, so a lease written late in a long transaction
-    (``claim()`` after waiting for the row lock, a ``heartbeat()`` inside the caller's ``atomic()``) would be
-    shortened by the transaction's age. Not ``clock_timestamp()``, which is volatile: it changes from row to row of one
-    statement and cannot be an index condition, so ``lease_expires_at < clock_timestamp()`` could not use the
-    ``lease_expires_at`` index. ``statement_timestamp()`` is stable: one value per statement.
+    Not ``now()``, which is frozen at the start of the transaction, so a lease written late in a long
+    transaction (``claim()`` after waiting for the row lock, a ``heartbeat()`` inside the caller's
+    ``atomic()``) would be shortened by the transaction's age. Not ``clock_timestamp()``, which is volatile:
+    it changes from row to row of one statement and cannot be an index condition, so ``lease_expires_at <
+    clock_timestamp()`` could not use the ``lease_expires_at`` index. ``statement_timestamp()`` is stable: one
+    value per statement.
     https://www.postgresql.org/docs/current/functions-datetime.html#FUNCTIONS-DATETIME-CURRENT
     """
 
@@ -43,7 +44,7 @@ def lease_end(lease: float) -> BaseExpression:
 
 
 def claim_assignments(worker: str, lease: float, extra: dict[str, Any]) -> dict[str, Any]:
-    """What every claim writes: the worker, the next token, the lease, one more attempt, and the caller's fields."""
+    """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
     return {
         "claimed_by": worker,
         "claim_token": F("claim_token") + 1,
@@ -63,7 +64,7 @@ def update_prefix(model: type[Claimable], alias: str, values: dict[str, Any]) ->
     query = UpdateQuery(model)
     query.add_update_values(values)
     sql, params = query.get_compiler(alias).as_sql()
-    if " WHERE " in sql or query.related_updates:  # pragma: no cover - checks.assignments refuses parent fields
+    if " WHERE " in sql or getattr(query, "related_updates", None):  # pragma: no cover - parents refused
         raise AssertionError(f"unexpected UPDATE shape: {sql}")
     return sql, list(params)
 
@@ -71,10 +72,12 @@ def update_prefix(model: type[Claimable], alias: str, values: dict[str, Any]) ->
 def locking_select(
     queryset: QuerySet[Any], alias: str, *, limit: int | None, skip_locked: bool
 ) -> tuple[str, list[Any]]:
-    """Compile ``SELECT <pk> FROM ... WHERE <queryset's filters> [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF <table>``.
+    """Compile ``SELECT <pk> FROM ... WHERE <queryset's filters> [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF
+    <table>``.
 
-    The filters come from Django's compiler (values as parameters). The locking clause is appended here, locking only
-    the queried model's rows; ``FOR NO KEY UPDATE`` lets other sessions insert rows that reference the job.
+    The filters come from Django's compiler (values as parameters). The locking clause is appended here,
+    locking only the queried model's rows; ``FOR NO KEY UPDATE`` lets other sessions insert rows that
+    reference the job.
     """
     selection = queryset.values_list("pk")
     if limit is not None:
@@ -93,13 +96,18 @@ def locking_select(
 
 def column(model: type[Claimable], alias: str, name: str) -> str:
     """The qualified, quoted column of a field: ``"table"."column"``."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)
+    assert field.column is not None
     qn = connections[alias].ops.quote_name
-    return f"{qn(model._meta.db_table)}.{qn(model._meta.get_field(name).column)}"
+    return f"{qn(model._meta.db_table)}.{qn(field.column)}"
 
 
 def pk_column(model: type[Claimable], alias: str) -> str:
-    qn = connections[alias].ops.quote_name
-    return f"{qn(model._meta.db_table)}.{qn(model._meta.pk.column)}"  # type: ignore[union-attr]
+    """The qualified, quoted primary-key column."""
+    pk = model._meta.pk
+    assert pk is not None
+    return column(model, alias, pk.name)
 
 
 def prepare_pks(model: type[Claimable], alias: str, pks: Sequence[Any]) -> tuple[list[Any], str]:

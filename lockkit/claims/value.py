@@ -13,8 +13,8 @@ from lockkit.claims.mixin import Claimable
 class Claim:
     """One claimed row: which row, the fencing token, and the lease, as the database recorded them.
 
-    A ``Claim`` is plain data (picklable when its model is importable), so it can travel to another process; it
-    stays valid only while the row still carries ``token`` and is claimed.
+    A ``Claim`` is plain data (picklable when its model is importable), so it can travel to another process;
+    it stays valid only while the row still carries ``token`` and is claimed.
 
     Attributes:
         model: The ``Claimable`` model class of the row.
@@ -24,7 +24,8 @@ class Claim:
         lease_expires_at: When the lease ends, by the database clock (an aware ``datetime``).
         attempt: The row's ``attempts`` after this claim (1 for a first claim).
         alias: The database alias the row lives on.
-        lease: The lease length in seconds this claim was made (or last renewed) with; ``heartbeat()`` reuses it.
+        lease: The lease length in seconds this claim was made (or last renewed) with; ``heartbeat()`` reuses
+            it.
     """
 
     model: type[Claimable]
