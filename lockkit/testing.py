@@ -62,7 +62,9 @@ def _as_queryset(target: object) -> models.QuerySet[Any]:
         return target._default_manager.all()
     if isinstance(target, models.QuerySet):
         return target
-    raise TypeError(f"target must be a model instance, a model class or a QuerySet, not {type(target).__name__}")
+    raise TypeError(
+        f"target must be a model instance, a model class or a QuerySet, not {type(target).__name__}"
+    )
 
 
 @contextmanager
@@ -93,7 +95,8 @@ def hold_lock(
     Raises:
         ContentionTimeout: the rows were not locked within ``timeout``.
         TypeError, ValueError: ``target`` is not lockable (an unsaved instance, another type).
-        Any error the holder's query raised (e.g. ``LockNotAvailable`` with ``nowait``).
+        LockNotAvailable, LockTimeout...: the holder's query failed (classified with the holder's own ``nowait``,
+            so an enclosing scope does not re-classify it); any other error it raised, unchanged.
     """
     limit = seconds(timeout, "timeout")
     assert limit is not None
@@ -115,7 +118,7 @@ def hold_lock(
                 release.wait(limit)
                 transaction.set_rollback(True, using=alias)
         except BaseException as exc:
-            errors.append(exc)
+            errors.append(_typed(exc, alias, nowait))
         finally:
             ready.set()
             connections.close_all()
@@ -137,6 +140,21 @@ def hold_lock(
             raise ContentionTimeout(f"hold_lock: the holder did not release within {limit}s")
     if errors:
         raise errors[0]
+
+
+def _typed(exc: BaseException, alias: str, nowait: bool) -> BaseException:
+    """The lockkit error for a holder's database failure, classified with the holder's own ``nowait``."""
+    from lockkit.errors import ERROR_FOR_FAILURE, classify
+    from lockkit.sqlstate import code_of
+
+    failure = classify(exc, nowait=nowait)
+    if failure is None:
+        return exc
+    error = ERROR_FOR_FAILURE[failure](
+        f"hold_lock: {failure.value}: {exc}", sqlstate=code_of(exc), alias=alias
+    )
+    error.__cause__ = exc
+    return error
 
 
 _BLOCKED_SQL = {
@@ -194,7 +212,8 @@ def wait_until_blocked(
     """
     limit = seconds(timeout, "timeout")
     pause = seconds(poll, "poll")
-    assert limit is not None and pause is not None
+    assert limit is not None
+    assert pause is not None
     pid = holder.pid if isinstance(holder, Holder) else holder
     alias = holder.alias if isinstance(holder, Holder) else using
     connection = connections.create_connection(alias)
@@ -281,7 +300,9 @@ def run_concurrently(
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=call, args=(i,), daemon=True, name=f"lockkit-caller-{i}") for i in range(n)]
+    threads = [
+        threading.Thread(target=call, args=(i,), daemon=True, name=f"lockkit-caller-{i}") for i in range(n)
+    ]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + limit
@@ -289,7 +310,9 @@ def run_concurrently(
         thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [t.name for t in threads if t.is_alive()]
     if stuck:
-        raise ContentionTimeout(f"run_concurrently: {len(stuck)} caller(s) still running after {limit}s: {stuck}")
+        raise ContentionTimeout(
+            f"run_concurrently: {len(stuck)} caller(s) still running after {limit}s: {stuck}"
+        )
     if reraise:
         for outcome in outcomes:
             if outcome.error is not None:
