@@ -224,6 +224,21 @@ def test_complete_inside_the_callers_transaction_rolls_back_with_it() -> None:
     assert snapshot(job.pk)["state"] == "done"
 
 
+def test_stale_complete_rolls_back_the_result_written_with_it() -> None:
+    (job,) = make_jobs(1)
+    (old,) = claim_next(PENDING, worker="old", lease=30, set={"state": "running"})
+    expire(old.pk)
+    assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 1
+    (new,) = claim_next(PENDING, worker="new", lease=30, set={"state": "running"})
+    # The docs' worker loop: the result and the completion commit together, or neither.
+    with pytest.raises(StaleClaim), transaction.atomic():
+        Job.objects.filter(pk=old.pk).update(result="stale result")
+        complete(old, set={"state": "done"})
+    row = snapshot(job.pk)
+    assert (row["result"], row["state"], row["claim_token"], row["claimed_by"]) == ("", "running", 2, "new")
+    assert new.token == 2
+
+
 # -- reclaim_expired -----------------------------------------------------------------------------------------
 
 
