@@ -403,6 +403,12 @@ BAD_CALLS: list[tuple[str, Any, type[Exception], str]] = [
     ("heartbeat str", lambda: _loose.heartbeat("token"), TypeError, "claim"),
     ("heartbeat lease", lambda: _loose.heartbeat(_claim_of(), lease=0), ValueError, "lease"),
     ("complete int", lambda: _loose.complete(7), TypeError, "claim"),
+    (
+        "claim of another model",
+        lambda: _loose.complete(_claim_of(model=NotClaimable)),
+        TypeError,
+        "Claimable",
+    ),
     ("complete_many one", lambda: _loose.complete_many(_claim_of()), TypeError, "claims"),
     (
         "complete_many mixed",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from django.db import models
@@ -38,7 +39,7 @@ def claim(
     target: models.Model | QuerySet[Any],
     *,
     worker: str,
-    lease: float | Any,
+    lease: float | timedelta,
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
@@ -120,7 +121,7 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | Any,
+    lease: float | timedelta,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: list[str] | tuple[str, ...] | None = None,
@@ -235,7 +236,7 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
     return written
 
 
-def heartbeat(claim: Claim, *, lease: float | Any = None) -> Claim:
+def heartbeat(claim: Claim, *, lease: float | timedelta | None = None) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
     Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A

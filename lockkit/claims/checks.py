@@ -158,8 +158,7 @@ def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:
         raise TypeError(f"{name} must be an iterable of Claim objects, not {type(values).__name__}")
     result = tuple(values)
     for item in result:
-        if not isinstance(item, Claim):
-            raise TypeError(f"{name} must hold Claim objects, not {type(item).__name__}")
+        claim(item, f"{name} item")
     if result:
         first = result[0]
         if any(c.model is not first.model or c.alias != first.alias for c in result):
@@ -172,4 +171,5 @@ def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:
 def claim(value: object, name: str = "claim") -> Claim:
     if not isinstance(value, Claim):
         raise TypeError(f"{name} must be a Claim (from claim() or claim_next()), not {type(value).__name__}")
+    claimable_model(value.model, f"{name}.model")
     return value
