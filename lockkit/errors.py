@@ -136,7 +136,8 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
     ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
     apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
-    outside any scope the error is reported as ``Failure.LOCK_NOT_AVAILABLE``.
+    outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
@@ -153,13 +154,13 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     row = lookup(exc)
     if row is None:
         return None
-    failure = row.failure
-    if failure is Failure.LOCK_NOT_AVAILABLE and row.ambiguous_nowait:
-        if nowait is None:
-            from lockkit.scope import _innermost_scope
+    if not row.ambiguous_nowait:
+        return row.failure
+    if nowait is None:
+        from lockkit.scope import _innermost_scope
 
-            scope = _innermost_scope()
-            nowait = scope.nowait if scope is not None else True
-        if not nowait:
-            failure = Failure.LOCK_TIMEOUT
-    return failure
+        scope = _innermost_scope()
+        if scope is None:
+            return row.failure  # outside any scope: the code's own meaning
+        nowait = scope.nowait
+    return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
