@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import NotSupportedError, connection, connections, transaction
 from django.db.models import F, Q
 from django.test.utils import CaptureQueriesContext
 
@@ -399,6 +399,12 @@ BAD_CALLS: list[tuple[str, Any, type[Exception], str]] = [
         lambda: _loose.claim_next(PENDING.using("other"), worker="w", lease=1, using="default"),
         AliasMismatch,
         "",
+    ),
+    (
+        "not PostgreSQL",
+        lambda: _loose.claim_next(PENDING.using("sqlite"), worker="w", lease=1),
+        NotSupportedError,
+        "PostgreSQL",
     ),
     ("heartbeat str", lambda: _loose.heartbeat("token"), TypeError, "claim"),
     ("heartbeat lease", lambda: _loose.heartbeat(_claim_of(), lease=0), ValueError, "lease"),
