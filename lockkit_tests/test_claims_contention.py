@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from lockkit import RetryPolicy, current_scope, locked_operation
 from lockkit.claims import (
     Claim,
     StaleClaim,
@@ -29,9 +31,10 @@ from lockkit.claims import (
     heartbeat,
     reclaim_expired,
 )
+from lockkit.claims.sql import StatementTimestamp
 from lockkit.testing import backend_pid, blocked_by, hold_lock, run_concurrently, wait_until_blocked
 from lockkit_tests.claim_worker import claim_then_hang
-from lockkit_tests.claims_helpers import db_now, snapshot, wait_for_db_clock
+from lockkit_tests.claims_helpers import db_now, expire, snapshot, wait_for_db_clock
 from lockkit_tests.models import Job, JobLog
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
@@ -402,3 +405,75 @@ def test_killed_worker_job_is_reclaimed_and_its_token_is_fenced() -> None:
             late()
         assert snapshot(job.pk) == row
     assert list(JobLog.objects.values_list("worker", flat=True)) == ["survivor"]
+
+
+def test_reclaim_leaves_a_claim_renewed_meanwhile_alone_without_waiting() -> None:
+    (job,) = Job.objects.bulk_create([Job(name="renewed")])
+    (c,) = claim_next(PENDING, worker="w", lease=30, set={"state": "running"})
+    expire(c.pk)  # the lease has lapsed...
+    renewing, renewed, finish = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def renew_slowly() -> None:
+        try:
+            with transaction.atomic():  # ...and a heartbeat is renewing it, not yet committed
+                heartbeat(c, lease=30)
+                renewing.set()
+                assert finish.wait(20)
+            renewed.set()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            renewing.set()
+            connections.close_all()
+
+    renewer = threading.Thread(target=renew_slowly, daemon=True)
+    renewer.start()
+    assert renewing.wait(20)
+    with CaptureQueriesContext(connection) as queries:
+        assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 0  # skipped, not waited for
+    assert len(queries) == 1
+    finish.set()
+    renewer.join(20)
+    assert not renewer.is_alive()
+    assert errors == []
+    assert renewed.is_set()
+    assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 0  # renewed: left alone
+    row = snapshot(job.pk)
+    assert (row["state"], row["claim_token"]) == ("running", 1)
+    assert row["lease_expires_at"] > db_now()
+    complete(c, set={"state": "done"})
+
+
+def test_concurrent_reapers_hand_each_expired_job_back_once() -> None:
+    Job.objects.bulk_create([Job(name=f"job-{i}") for i in range(100)])
+    claims = claim_next(PENDING, worker="w", lease=30, limit=100, set={"state": "running"})
+    Job.objects.update(lease_expires_at=StatementTimestamp() - timedelta(seconds=1))
+    outcomes = run_concurrently(
+        lambda: reclaim_expired(Job.objects.all(), set={"state": "pending"}), 4, timeout=60
+    )
+    assert [o.error for o in outcomes] == [None] * 4
+    assert sum(o.result or 0 for o in outcomes) == 100
+    assert Counter(Job.objects.values_list("state", "lease_expires_at", "attempts")) == Counter(
+        {("pending", None, 1): 100}
+    )
+    with pytest.raises(StaleClaim):
+        complete_many(claims, set={"state": "done"})
+
+
+def test_stale_claim_is_never_retried_by_a_locked_operation() -> None:
+    (job,) = Job.objects.bulk_create([Job(name="stale")])
+    (c,) = claim_next(PENDING, worker="w", lease=30)
+    expire(c.pk)
+    assert reclaim_expired(Job.objects.all()) == 1
+    calls: list[int] = []
+
+    @locked_operation(retry=RetryPolicy(attempts=5))
+    def finish() -> None:
+        calls.append(current_scope().attempt)
+        complete(c, set={"state": "done"})
+
+    with pytest.raises(StaleClaim):
+        finish()
+    assert calls == [1]
+    assert snapshot(job.pk)["state"] == "pending"
