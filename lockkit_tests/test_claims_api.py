@@ -79,6 +79,17 @@ def test_claim_next_commits_before_returning() -> None:
         other.close()
 
 
+def test_querysets_that_match_nothing_run_no_sql() -> None:
+    make_jobs(1)
+    for empty in (Job.objects.none(), Job.objects.filter(pk__in=[])):
+        with CaptureQueriesContext(connection) as queries:
+            assert claim_next(empty, worker="w", lease=1) == []
+            assert reclaim_expired(empty) == 0
+        assert len(queries) == 0
+        assert claim(empty, worker="w", lease=1) is None
+    assert Job.objects.get().claim_token == 0
+
+
 def test_claim_next_respects_order_by_and_skips_claimed_rows() -> None:
     jobs = make_jobs(4)
     first = claim_next(Job.objects.all(), worker="a", lease=30, order_by=["-pk"])

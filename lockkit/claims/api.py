@@ -176,7 +176,10 @@ def claim_next(
         candidates = candidates.order_by(*ordering)
     elif not candidates.ordered:
         candidates = candidates.order_by("pk")
-    select, select_params = sql.locking_select(candidates, alias, limit=count, skip_locked=True)
+    locking = sql.locking_select(candidates, alias, limit=count, skip_locked=True)
+    if locking is None:
+        return []
+    select, select_params = locking
     pk = sql.pk_column(model, alias)
     statement = (
         f"WITH {_PICKED} (pk) AS MATERIALIZED ({select}), "
@@ -373,7 +376,10 @@ def reclaim_expired(
     alias = checks.alias_for(using, candidates)
     prefix, set_params = sql.update_prefix(model, alias, values)
     expired = candidates.using(alias).order_by().filter(lease_expires_at__lt=sql.StatementTimestamp())
-    select, select_params = sql.locking_select(expired, alias, limit=None, skip_locked=True)
+    locking = sql.locking_select(expired, alias, limit=None, skip_locked=True)
+    if locking is None:
+        return 0
+    select, select_params = locking
     statement = (
         f"WITH {_EXPIRED} (pk) AS MATERIALIZED ({select}) "
         f"{prefix} FROM {_EXPIRED} WHERE {sql.pk_column(model, alias)} = {_EXPIRED}.pk "

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import DatabaseError, connections
 from django.db.models import DateTimeField, DurationField, F, Field, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression
@@ -71,7 +72,7 @@ def update_prefix(model: type[Claimable], alias: str, values: dict[str, Any]) ->
 
 def locking_select(
     queryset: QuerySet[Any], alias: str, *, limit: int | None, skip_locked: bool
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[Any]] | None:
     """Compile ``SELECT <pk> FROM ... WHERE <queryset's filters> [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF
     <table>``.
 
@@ -83,7 +84,10 @@ def locking_select(
     if limit is not None:
         selection = selection[:limit]
     compiler = selection.query.get_compiler(alias)
-    sql, params = compiler.as_sql()
+    try:
+        sql, params = compiler.as_sql()
+    except EmptyResultSet:  # .none(), pk__in=[]: no row can match, so there is nothing to run
+        return None
     connection = connections[alias]
     base = next(iter(compiler.query.alias_map))
     if not isinstance(compiler.query.alias_map[base], BaseTable):  # pragma: no cover - Django invariant

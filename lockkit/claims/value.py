@@ -21,7 +21,7 @@ class Claim:
         pk: The row's primary key.
         token: The row's ``claim_token`` written by this claim.
         worker: The worker name the claim was made for.
-        lease_expires_at: When the lease ends, by the database clock (an aware ``datetime``).
+        lease_expires_at: When the lease ends, by the database clock (aware when ``USE_TZ = True``).
         attempt: The row's ``attempts`` after this claim (1 for a first claim).
         alias: The database alias the row lives on.
         lease: The lease length in seconds this claim was made (or last renewed) with; ``heartbeat()`` reuses
