@@ -74,3 +74,9 @@ class NotClaimable(models.Model):
     """A model without the mixin, which claims must refuse."""
 
     state = models.CharField(max_length=20, default="pending")
+
+
+class UrgentJob(Job):
+    """Multi-table inheritance: the claim columns live in the parent's table, so claims must refuse the child."""
+
+    priority = models.IntegerField(default=0)

@@ -28,7 +28,7 @@ from lockkit.claims import (
 )
 from lockkit.errors import AliasMismatch, LockError
 from lockkit_tests.claims_helpers import db_now, expire, snapshot, wait_for_db_clock
-from lockkit_tests.models import Job, JobTag, NotClaimable, RemoteItem
+from lockkit_tests.models import Job, JobTag, NotClaimable, RemoteItem, UrgentJob
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
@@ -410,6 +410,12 @@ BAD_CALLS: list[tuple[str, Any, type[Exception], str]] = [
         lambda: _loose.claim_next(PENDING.using("other"), worker="w", lease=1, using="default"),
         AliasMismatch,
         "",
+    ),
+    (
+        "claim fields in a parent table",
+        lambda: _loose.claim_next(UrgentJob.objects.all(), worker="w", lease=1),
+        TypeError,
+        "parent",
     ),
     (
         "not PostgreSQL",

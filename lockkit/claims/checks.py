@@ -25,6 +25,13 @@ def claimable_model(model: object, name: str) -> type[Claimable]:
         raise TypeError(f"{name}: {model.__name__} does not use the lockkit.claims.Claimable mixin")
     if model._meta.abstract:
         raise TypeError(f"{name}: {model.__name__} is abstract; claim rows of a concrete model")
+    holder = model._meta.get_field("claim_token").model
+    if holder._meta.concrete_model is not model._meta.concrete_model:
+        # Multi-table inheritance: the claim columns live in a parent's table, which one UPDATE cannot reach.
+        raise TypeError(
+            f"{name}: {model.__name__}'s claim fields live in the table of its parent {holder.__name__}; "
+            f"claim {holder.__name__} rows instead"
+        )
     return model
 
 
