@@ -1,64 +1,35 @@
-"""The claim protocol, written with plain ``lockkit.locked`` scopes (until ``lockkit.claims`` is available).
+"""The claim protocol of the jobs app, on ``lockkit.claims``.
 
 Every step is a short transaction of its own: the work happens after the claim has committed, never inside it.
-- ``claim``/``claim_next`` lock a pending row (``claim_next`` with ``SKIP LOCKED``, so workers never wait
-  on each other), mark it running with the worker, a lease (database time) and the next token, and commit.
-- ``complete``/``fail``/``heartbeat`` are single guarded ``UPDATE``s that match only the current claim (state,
-  worker and token): a worker whose job was reclaimed and claimed again cannot overwrite the new owner
-  (fencing).
-- ``reclaim_expired`` returns running jobs whose lease has passed to ``pending`` (or ``failed`` after
+- ``claim``/``claim_next`` claim a pending job (``claim_next`` with ``SKIP LOCKED``, so workers never wait on
+  each other), writing the worker, a lease on the database clock and the next token, and mark it running.
+- ``complete``/``fail``/``heartbeat`` write only while the claim's token is still the row's (fencing): a worker
+  whose job was reclaimed, and perhaps claimed again, writes nothing.
+- ``reclaim_expired`` returns running jobs whose lease has passed to ``pending`` (``failed`` after
   ``max_attempts``).
-The jobs services import only the names below, so switching to ``lockkit.claims`` happens in this module
-alone.
+The jobs services import only the names below.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import router, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Value
-from django.db.models.expressions import CombinedExpression
+from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
-from lockkit import locked
+from lockkit.claims import Claim, StaleClaim
+from lockkit.claims import claim as claim_row
+from lockkit.claims import claim_next as claim_rows
+from lockkit.claims import complete as complete_claim
+from lockkit.claims import heartbeat as renew
+from lockkit.claims import reclaim_expired as reclaim
 from sample_project.jobs.models import Job, JobRun
 
+__all__ = ["Claim", "claim", "claim_next", "claim_of", "complete", "fail", "heartbeat", "reclaim_expired"]
 
-@dataclass(frozen=True)
-class Claim:
-    """A worker's hold on one job: valid while the job is running, claimed by ``worker`` with ``token``."""
-
-    pk: int
-    worker: str
-    token: int
-
-
-def claim_of(job_id: int, worker: str, token: int) -> Claim | None:
-    """The claim a client reports (over HTTP): job, worker and token; completing it checks it is current.
-
-    (``None`` would mean "not that worker's"; here ``complete`` checks the worker itself.)
-    """
-    return Claim(job_id, worker, token)
-
-
-def _lease_end(lease: timedelta) -> ExpressionWrapper[CombinedExpression]:
-    # Database time on both sides of every comparison: worker clocks may disagree.
-    return ExpressionWrapper(Now() + Value(lease), output_field=DateTimeField())
-
-
-def _take(alias: str, job: Job, worker: str, lease: timedelta) -> Claim:
-    Job.objects.using(alias).filter(pk=job.pk).update(
-        state=Job.State.RUNNING,
-        claimed_by=worker,
-        claim_token=F("claim_token") + 1,
-        claimed_at=Now(),
-        lease_expires_at=_lease_end(lease),
-        attempts=F("attempts") + 1,
-    )
-    return Claim(job.pk, worker, job.claim_token + 1)  # exact: the row is locked by this transaction
+_RUNNING = {"state": Job.State.RUNNING}
 
 
 def claim(job_id: int, worker: str, lease: timedelta) -> Claim | None:
@@ -67,64 +38,77 @@ def claim(job_id: int, worker: str, lease: timedelta) -> Claim | None:
     Raises:
         Job.DoesNotExist: no such job.
     """
-    with locked(model=Job) as scope:
-        job = scope.get(Job.objects.only("pk", "state", "claim_token"), pk=job_id)
-        if job.state != Job.State.PENDING:
-            return None
-        return _take(scope.alias, job, worker, lease)
+    found = claim_row(
+        Job.objects.filter(pk=job_id),
+        worker=worker,
+        lease=lease,
+        when=Q(state=Job.State.PENDING),
+        set=_RUNNING,
+    )
+    if found is None and not Job.objects.filter(pk=job_id).exists():
+        raise Job.DoesNotExist(f"no Job {job_id}")
+    return found
 
 
 def claim_next(worker: str, lease: timedelta) -> Claim | None:
     """Claim the oldest pending job nobody else is claiming right now, or return ``None``."""
-    with locked(model=Job, skip_locked=True) as scope:
-        pending = Job.objects.filter(state=Job.State.PENDING).only("pk", "claim_token").order_by("pk")
-        job = scope.lock(pending).first()
-        if job is None:
-            return None
-        return _take(scope.alias, job, worker, lease)
+    found = claim_rows(Job.objects.filter(state=Job.State.PENDING), worker=worker, lease=lease, set=_RUNNING)
+    return found[0] if found else None
 
 
-def _current(claim: Claim) -> Any:
-    return Job.objects.using(router.db_for_write(Job)).filter(
-        pk=claim.pk, state=Job.State.RUNNING, claimed_by=claim.worker, claim_token=claim.token
+def claim_of(job_id: int, worker: str, token: int) -> Claim | None:
+    """The claim a client reports (over HTTP), or ``None`` when the job is not claimed by ``worker``.
+
+    ``complete`` fences on the token; the worker name is checked here, so one worker cannot complete
+    another's claim by presenting its token.
+    """
+    job = (
+        Job.objects.filter(pk=job_id, claimed_by=worker)
+        .values("claimed_at", "lease_expires_at", "attempts")
+        .first()
     )
+    if job is None or job["lease_expires_at"] is None or job["claimed_at"] is None:
+        return None
+    lease = (job["lease_expires_at"] - job["claimed_at"]).total_seconds()  # as claimed (or since renewed)
+    return Claim(Job, job_id, token, worker, job["lease_expires_at"], job["attempts"], Job.objects.db, lease)
 
 
 def complete(claim: Claim, result: Any = None) -> bool:
     """Mark the job done and log the run, only if ``claim`` is still current. Returns whether it was."""
-    alias = router.db_for_write(Job)
-    with transaction.atomic(using=alias):
-        updated = _current(claim).update(
-            state=Job.State.DONE, result=result, finished_at=Now(), lease_expires_at=None
-        )
-        if updated:
-            JobRun.objects.using(alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
-    return bool(updated)
+    try:
+        with transaction.atomic(using=claim.alias):
+            complete_claim(claim, set={"state": Job.State.DONE, "result": result, "finished_at": Now()})
+            JobRun.objects.using(claim.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
+    except StaleClaim:
+        return False
+    return True
 
 
 def fail(claim: Claim, error: str) -> bool:
-    """Mark the job failed, only if ``claim`` is still the current claim. Returns whether it was."""
-    updated = _current(claim).update(
-        state=Job.State.FAILED, result={"error": error}, finished_at=Now(), lease_expires_at=None
-    )
-    return bool(updated)
+    """Mark the job failed, only if ``claim`` is still current. Returns whether it was."""
+    try:
+        complete_claim(
+            claim, set={"state": Job.State.FAILED, "result": {"error": error}, "finished_at": Now()}
+        )
+    except StaleClaim:
+        return False
+    return True
 
 
 def heartbeat(claim: Claim, lease: timedelta) -> bool:
     """Extend the lease of ``claim`` from now, only if it is still current. Returns whether it was."""
-    return bool(_current(claim).update(lease_expires_at=_lease_end(lease)))
+    try:
+        renew(claim, lease=lease)
+    except StaleClaim:
+        return False
+    return True
 
 
 def reclaim_expired(max_attempts: int) -> int:
     """Return running jobs whose lease expired to pending (failed after ``max_attempts``); count them."""
-    with locked(model=Job, skip_locked=True) as scope:
-        expired = Job.objects.filter(state=Job.State.RUNNING, lease_expires_at__lt=Now())
-        ids = list(scope.lock(expired).values_list("pk", flat=True))
-        if not ids:
-            return 0
-        jobs = Job.objects.using(scope.alias).filter(pk__in=ids)
-        jobs.filter(attempts__gte=max_attempts).update(
-            state=Job.State.FAILED, lease_expires_at=None, result={"error": "lease expired"}
-        )
-        jobs.filter(attempts__lt=max_attempts).update(state=Job.State.PENDING, lease_expires_at=None)
-        return len(ids)
+    return reclaim(
+        Job.objects.filter(state=Job.State.RUNNING),
+        set={"state": Job.State.PENDING},
+        max_attempts=max_attempts,
+        exhausted_set={"state": Job.State.FAILED, "result": {"error": "lease expired"}},
+    )

@@ -1,18 +1,17 @@
-"""Jobs with a claim (worker, token, lease), and the log of completed runs that the demo audits.
-
-The claim columns have the names and types of ``lockkit.claims.Claimable``'s, so the model can move to that mixin
-without a schema change.
-"""
+"""Jobs claimed through ``lockkit.claims`` (the ``Claimable`` mixin), and the log of completed runs the demo
+audits."""
 
 from __future__ import annotations
 
 from django.db import models
 
+from lockkit.claims import Claimable
 
-class Job(models.Model):
-    """A unit of work. ``claim_token`` grows by one on every claim; a write from an older claim cannot match.
 
-    A job is claimed exactly when ``lease_expires_at`` is set.
+class Job(Claimable):
+    """A unit of work with its own state; ``Claimable`` adds who claimed it, the fencing token and the lease.
+
+    A job is claimed exactly when ``lease_expires_at`` is set; ``claim_token`` grows by one on every claim.
     """
 
     class State(models.TextChoices):
@@ -24,11 +23,6 @@ class Job(models.Model):
     name = models.CharField(max_length=100)
     payload = models.JSONField(default=dict)
     state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
-    claimed_by = models.CharField(max_length=255, blank=True, default="")
-    claim_token = models.BigIntegerField(default=0)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    attempts = models.PositiveIntegerField(default=0)
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

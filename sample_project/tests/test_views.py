@@ -137,7 +137,14 @@ def test_job_endpoints_claim_once_and_fence_completion() -> None:
         409,
         {"completed": False, "error": "stale_claim"},
     )
+    assert post(f"/jobs/{job.pk}/complete", {"worker": owner, "token": 2}) == (
+        409,
+        {"completed": False, "error": "stale_claim"},
+    )
     assert post(f"/jobs/{job.pk}/complete", {"worker": owner, "token": 1}) == (200, {"completed": True})
+    assert (
+        post(f"/jobs/{job.pk}/complete", {"worker": owner, "token": 1})[0] == 409
+    )  # done: no longer claimed
     assert json.loads(Client().get(f"/jobs/{job.pk}").content)["state"] == "done"
 
 
