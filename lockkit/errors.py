@@ -7,7 +7,7 @@ Database-reported failures subclass both :class:`LockError` and Django's ``Opera
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import OperationalError
 from django.db.transaction import TransactionManagementError
@@ -95,6 +95,28 @@ class AliasMismatch(LockError, TransactionManagementError):
 
 class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
+
+
+class StaleClaim(LockError):
+    """A job claim was used after it stopped holding its row; nothing was written. Never retried.
+
+    The row no longer carries the claim's token, or is no longer claimed: ``reclaim_expired`` handed it back
+    (and perhaps another worker claimed it), or the claim was already completed or released. The worker must
+    stop working on the job: its result would overwrite the new owner's.
+
+    Attributes:
+        claims: The stale ``lockkit.claims.Claim`` objects.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        alias: str | None = None,
+        claims: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message, alias=alias)
+        self.claims = claims
 
 
 ERROR_FOR_FAILURE: dict[Failure, type[LockError]] = {

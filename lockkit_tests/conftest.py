@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connections
 
 from lockkit_tests import topology
+from lockkit_tests.settings import ORIGINAL_DB_NAMES
 
 
 @pytest.fixture(scope="session")
@@ -19,8 +20,9 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
     with django_db_blocker.unblock():
         for alias in connections:
             connection = connections[alias]
-            test_name = connection.creation._get_test_db_name()  # type: ignore[attr-defined]
-            if connection.vendor != "postgresql" or connection.settings_dict["NAME"] != test_name:
+            switched = connection.settings_dict["NAME"] != ORIGINAL_DB_NAMES.get(alias)
+            mirror = connection.settings_dict.get("TEST", {}).get("MIRROR")
+            if connection.vendor != "postgresql" or not switched or mirror:
                 continue  # not a PostgreSQL test database this session created
             with connection.cursor() as cursor:
                 cursor.execute("SELECT current_database()")

@@ -19,7 +19,8 @@ from lockkit_tests.dbserver import database_url
 SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["lockkit", "lockkit_tests"]
+# The sample project's apps too: its tests run in the same pytest session (one command for the whole suite).
+INSTALLED_APPS = ["lockkit", "lockkit_tests", "sample_project.inventory", "sample_project.jobs"]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -53,6 +54,8 @@ DATABASES["sqlite"] = {
 # themselves (lockkit_tests/topology.py) when a collected test uses these aliases; absent without the binaries.
 DATABASES.update(topology.database_settings())
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
+# The names before pytest-django switches each alias it sets up to its test database (conftest.py compares).
+ORIGINAL_DB_NAMES: dict[str, str] = {alias: str(db["NAME"]) for alias, db in DATABASES.items()}
 
 LOCKKIT: dict[str, Any] = {}
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-import MySQLdb
 import oracledb
 import psycopg
 import pytest
@@ -147,16 +146,22 @@ MYSQL = [
 ]
 
 
+@pytest.fixture
+def mysqldb() -> Any:
+    """mysqlclient's module; it compiles against the MariaDB/MySQL client library, so it is the `mysql` extra."""
+    return pytest.importorskip("MySQLdb", reason="mysqlclient is not installed (pip install -e '.[mysql]')")
+
+
 @pytest.mark.parametrize(("number", "message", "failure"), MYSQL)
-def test_mysql_codes_outside_a_scope(number: int, message: str, failure: Failure) -> None:
-    exc = django_wrapped(MySQLdb, MySQLdb.OperationalError(number, message))
+def test_mysql_codes_outside_a_scope(mysqldb: Any, number: int, message: str, failure: Failure) -> None:
+    exc = django_wrapped(mysqldb, mysqldb.OperationalError(number, message))
     assert classify(exc) is failure
     assert code_of(exc) == str(number)
 
 
-def test_mysql_1205_is_lock_not_available_in_a_nowait_scope() -> None:
+def test_mysql_1205_is_lock_not_available_in_a_nowait_scope(mysqldb: Any) -> None:
     """MariaDB raises 1205 for NOWAIT too (pinned on the real server in test_backend_mariadb.py)."""
-    exc = django_wrapped(MySQLdb, MySQLdb.OperationalError(1205, MYSQL[0][1]))
+    exc = django_wrapped(mysqldb, mysqldb.OperationalError(1205, MYSQL[0][1]))
     assert classify(exc, nowait=True) is F.LOCK_NOT_AVAILABLE
     assert classify(exc, nowait=False) is F.LOCK_TIMEOUT
 
