@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import ClassVar
 
 from django.db import models
+
+from lockkit.claims import Claimable
 
 
 class Item(models.Model):
@@ -25,34 +26,19 @@ class Item(models.Model):
         return f"item {self.id}: {self.available} available"
 
 
-def _job_model() -> type[models.Model] | None:
-    """``Job(Claimable)`` when ``lockkit.claims`` exists in this checkout, else ``None`` (workload 5 is skipped).
+class Job(Claimable):
+    """A job of a queue: lockkit's claim fields (``Claimable``) plus the queue's own state."""
 
-    Built with ``type()`` because the base class exists only on branches where the claims module has landed.
-    """
-    try:
-        claims = importlib.import_module("lockkit.claims")
-    except ImportError:
-        return None
-    meta = type(
-        "Meta",
-        (),
-        {
-            "db_table": "lkbench_job",
-            "app_label": "benchmarks",
-            # What a real queue table has: the claim query finds pending jobs without walking finished ones.
-            "indexes": [
-                models.Index(fields=["id"], name="lkbench_job_pending", condition=models.Q(state="pending"))
-            ],
-        },
-    )
-    attrs = {
-        "__module__": __name__,
-        "state": models.CharField(max_length=10, default="pending"),
-        "Meta": meta,
-    }
-    job: type[models.Model] = type("Job", (claims.Claimable,), attrs)
-    return job
+    state = models.CharField(max_length=10, default="pending")
 
+    objects: ClassVar[models.Manager[Job]] = models.Manager()
 
-Job = _job_model()
+    class Meta:
+        db_table = "lkbench_job"
+        # What a real queue table has: the claim query finds pending jobs without walking finished ones.
+        indexes = (
+            models.Index(fields=["id"], name="lkbench_job_pending", condition=models.Q(state="pending")),
+        )
+
+    def __str__(self) -> str:
+        return f"job {self.pk}: {self.state}"

@@ -6,11 +6,9 @@ units (reservations, orders, jobs) it completed. Imported only after ``django.se
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F
@@ -19,6 +17,7 @@ import lockkit
 from benchmarks.models import Item, Job
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.backends.postgresql import PostgreSQLBackend
+from lockkit.claims import claim_next, complete, complete_many
 
 Op = Callable[[], int]
 Builder = Callable[[random.Random, int], Op]
@@ -150,22 +149,18 @@ def _unfolded(builder: Builder) -> Builder:
 
 def _claims(limit: int) -> Builder:
     def build(rng: random.Random, worker: int) -> Op:
-        claims: Any = importlib.import_module("lockkit.claims")
-        assert Job is not None
-        pending = Job._default_manager.filter(state="pending")
+        pending = Job.objects.filter(state="pending")
         name = f"bench-{worker}"
 
         def op() -> int:
-            taken = claims.claim_next(
-                pending, worker=name, lease=LEASE, limit=limit, set={"state": "running"}
-            )
+            taken = claim_next(pending, worker=name, lease=LEASE, limit=limit, set={"state": "running"})
             if not taken:
                 counters["empty"] += 1
                 return 0
             if limit == 1:
-                claims.complete(taken[0], set={"state": "done"})
+                complete(taken[0], set={"state": "done"})
             else:
-                claims.complete_many(taken, set={"state": "done"})
+                complete_many(taken, set={"state": "done"})
             return len(taken)
 
         return op

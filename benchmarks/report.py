@@ -151,10 +151,7 @@ def _profile(profile: dict[str, Any]) -> list[str]:
         "| function | calls per op | own µs per op | cumulative µs per op |",
         "|---|---|---|---|",
     ]
-    for e in profile["top"]:
-        lines.append(
-            f"| `{e['function']}` | {e['calls_per_op']:.1f} | {e['own_us_per_op']:.1f} | {e['cum_us_per_op']:.1f} |"
-        )
+    lines += _entries(profile["top"])
     lines += [
         "",
         "lockkit's own functions by cumulative time:",
@@ -162,11 +159,31 @@ def _profile(profile: dict[str, Any]) -> list[str]:
         "| function | calls per op | own µs | cumulative µs |",
         "|---|---|---|---|",
     ]
-    for e in profile["lockkit_top"]:
-        lines.append(
-            f"| `{e['function']}` | {e['calls_per_op']:.1f} | {e['own_us_per_op']:.1f} | {e['cum_us_per_op']:.1f} |"
-        )
+    lines += _entries(profile["lockkit_top"])
+    claims = profile.get("claims")
+    if claims:
+        lines += [
+            "",
+            f"The claims path: {claims['count']} `claim_next(limit=1)` + `complete` in one process "
+            f"({claims['profiled_us_per_op']:.0f} µs per job under the profiler). Top entries by own time, then "
+            "lockkit's own functions by cumulative time:",
+            "",
+            "| function | calls per op | own µs per op | cumulative µs per op |",
+            "|---|---|---|---|",
+            *_entries(claims["top"]),
+            "",
+            "| function | calls per op | own µs | cumulative µs |",
+            "|---|---|---|---|",
+            *_entries(claims["lockkit_top"]),
+        ]
     return lines
+
+
+def _entries(entries: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"| `{e['function']}` | {e['calls_per_op']:.1f} | {e['own_us_per_op']:.1f} | {e['cum_us_per_op']:.1f} |"
+        for e in entries
+    ]
 
 
 def render(data: dict[str, Any], chart: str | None) -> str:
