@@ -64,6 +64,15 @@ def reserve_lockkit(pk: int) -> None:
     item.save(update_fields=["available", "reserved"])
 
 
+def reserve_lockkit_scope(pk: int) -> None:
+    """lockkit without the retrying decorator: the ``locked()`` context manager (no tenacity on the path)."""
+    with lockkit.locked(lock_timeout=5) as scope:
+        item = scope.get(Item, pk=pk)
+        item.available -= 1
+        item.reserved += 1
+        item.save(update_fields=["available", "reserved"])
+
+
 def decrement_guarded(pk: int) -> None:
     """The single-statement alternative: a guarded ``UPDATE`` in autocommit, no row read, no explicit lock."""
     Item.objects.filter(pk=pk, available__gte=1).update(
@@ -175,6 +184,7 @@ BUILDERS: dict[str, Builder] = {
     "hot_lockkit": _hot(reserve_lockkit),
     "hot_guarded": _hot(decrement_guarded),
     "reserve_lockkit_unfolded": _unfolded(_uncontended(reserve_lockkit)),
+    "reserve_lockkit_scope": _uncontended(reserve_lockkit_scope),
     "hot_lockkit_unfolded": _unfolded(_hot(reserve_lockkit)),
     "order_hand_sorted": _orders(order_hand_sorted),
     "order_lock_all": _orders(order_lock_all),
