@@ -256,7 +256,12 @@ class LockScope:
             TypeError: ``target`` is neither a queryset nor a model class.
         """
         self._check_active()
-        return aliases.queryset_on(target, self.alias, "target").select_for_update(**self._sfu_kwargs)
+        queryset = aliases.queryset_on(target, self.alias, "target")
+        kwargs = self._sfu_kwargs
+        if "of" in kwargs:
+            # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
+            kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
+        return queryset.select_for_update(**kwargs)
 
     def get(self, target: QuerySet[M] | type[M], *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
@@ -303,6 +308,18 @@ class LockScope:
             raise TypeError(f"func must be callable, not {type(func).__name__}")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
+    """The ``of=`` paths of a model's multi-table parents (``country_ptr``, ``country_ptr__entity_ptr``)."""
+    paths: list[str] = []
+    concrete = model._meta.concrete_model or model
+    for parent, link in concrete._meta.parents.items():
+        if link is None:  # pragma: no cover - only proxies have parents without a link, and they are resolved
+            continue
+        path = f"{prefix}{link.name}"
+        paths += [path, *_parent_links(parent, f"{path}__")]
+    return tuple(paths)
 
 
 class Locked:

@@ -1,7 +1,7 @@
 """Django's contention group, against lockkit scopes: NOWAIT, SKIP LOCKED, a blocked lock, raw NOWAIT.
 
-Django's originals sleep a second per test and join threads without a timeout; these wait on the database's own
-report of who is blocked (``wait_until_blocked``) and bound every join.
+Django's originals sleep a second per test and join threads without a timeout; these wait on the database's
+own report of who is blocked (``wait_until_blocked``) and bound every join.
 """
 
 from __future__ import annotations
