@@ -65,7 +65,7 @@ def queryset_on(target: object, alias: str, name: str = "queryset") -> models.Qu
         queryset = target.all()
     else:
         raise TypeError(f"{name} must be a QuerySet or a model class, not {type(target).__name__}")
-    bound = queryset._db
+    bound: str | None = queryset._db  # type: ignore[attr-defined]  # the explicit alias, None if unbound
     if bound is not None and bound != alias:
         raise AliasMismatch(
             f"{name} for {queryset.model.__name__} is bound to database {bound!r}, but the locked scope is on "

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import tenacity
@@ -83,10 +84,10 @@ class RetryPolicy:
     """
 
     attempts: int = 3
-    retry_on: frozenset[Failure] = field(default=DEFAULT_RETRY_ON)
-    wait_initial: float = 0.005
-    wait_max: float = 0.2
-    deadline: float | None = None
+    retry_on: Collection[Failure] = field(default=DEFAULT_RETRY_ON)
+    wait_initial: float | timedelta = 0.005
+    wait_max: float | timedelta = 0.2
+    deadline: float | timedelta | None = None
     before_retry: Hook | None = None
     on_give_up: Hook | None = None
 
@@ -99,17 +100,24 @@ class RetryPolicy:
             if not isinstance(item, Failure):
                 raise TypeError(f"retry_on must hold lockkit.Failure members, not {type(item).__name__}")
         if Failure.READ_ONLY in retry_on:
-            raise ValueError("retry_on cannot include Failure.READ_ONLY: a read-only database never becomes writable")
+            raise ValueError(
+                "retry_on cannot include Failure.READ_ONLY: a read-only database never becomes writable"
+            )
         object.__setattr__(self, "retry_on", retry_on)
         object.__setattr__(self, "wait_initial", seconds(self.wait_initial, "wait_initial"))
         object.__setattr__(self, "wait_max", seconds(self.wait_max, "wait_max"))
         object.__setattr__(self, "deadline", seconds(self.deadline, "deadline", allow_none=True))
-        if self.wait_max < self.wait_initial:
+        if self._seconds("wait_max") < self._seconds("wait_initial"):
             raise ValueError(f"wait_max ({self.wait_max}) must be >= wait_initial ({self.wait_initial})")
         for name in ("before_retry", "on_give_up"):
             hook = getattr(self, name)
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
+
+    def _seconds(self, name: str) -> float:
+        value = getattr(self, name)
+        assert isinstance(value, float)  # normalised by __post_init__
+        return value
 
     def should_retry(self, exc: BaseException) -> bool:
         """Whether this policy retries ``exc`` (a classified lockkit error of a listed kind)."""
@@ -119,10 +127,12 @@ class RetryPolicy:
         """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them)."""
         stop: Any = tenacity.stop_after_attempt(self.attempts)
         if self.deadline is not None:
-            stop = stop | tenacity.stop_before_delay(self.deadline)
+            stop = stop | tenacity.stop_before_delay(self._seconds("deadline"))
         return tenacity.Retrying(
             stop=stop,
-            wait=tenacity.wait_random_exponential(multiplier=self.wait_initial, max=self.wait_max),
+            wait=tenacity.wait_random_exponential(
+                multiplier=self._seconds("wait_initial"), max=self._seconds("wait_max")
+            ),
             retry=tenacity.retry_if_exception(self.should_retry),
             reraise=True,
         )
@@ -141,7 +151,9 @@ def check_retry(value: object, name: str = "retry") -> RetrySetting:
         return value
     if isinstance(value, dict):
         return RetryPolicy(**value)
-    raise TypeError(f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}")
+    raise TypeError(
+        f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}"
+    )
 
 
 def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: float) -> RetryEvent:
@@ -166,7 +178,9 @@ def _extra(event: RetryEvent) -> dict[str, Any]:
     }
 
 
-def build_retrying(setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str) -> tenacity.Retrying:
+def build_retrying(
+    setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str
+) -> tenacity.Retrying:
     """Return a fresh ``Retrying`` for one call, logging each retry and give-up on the ``lockkit`` logger.
 
     A user-supplied ``Retrying`` is copied (never shared) with ``reraise=True``, so the last classified error is

@@ -53,7 +53,9 @@ def current_scope() -> LockScope:
     """
     scope = _innermost_scope()
     if scope is None:
-        raise NotInLockedScope("no locked() scope is active; open one with lockkit.locked() or @locked_operation")
+        raise NotInLockedScope(
+            "no locked() scope is active; open one with lockkit.locked() or @locked_operation"
+        )
     return scope
 
 
@@ -100,7 +102,11 @@ class _Options:
         allow_callable: bool,
     ) -> _Options:
         if using is not None and not isinstance(using, str) and not (allow_callable and callable(using)):
-            kinds = "a database alias (str), a callable returning one," if allow_callable else "a database alias (str)"
+            kinds = (
+                "a database alias (str), a callable returning one,"
+                if allow_callable
+                else "a database alias (str)"
+            )
             raise TypeError(f"using must be {kinds} or None, not {type(using).__name__}")
         if isinstance(using, str):
             aliases.check_alias(using)
@@ -115,7 +121,7 @@ class _Options:
         if nowait_ and skip_locked_:
             raise ValueError("nowait and skip_locked are mutually exclusive")
         return cls(
-            using,  # type: ignore[arg-type]
+            using,
             checked_model,
             lock_timeout,
             statement_timeout,
@@ -198,9 +204,11 @@ class LockScope:
         self._active = False
         stack = _scopes.get()
         _scopes.set(tuple(s for s in stack if s is not self))
-        if exc is None and self.nested and self._token:
+        connection = connections[self.alias]
+        # After an error swallowed inside the block the savepoint is rolled back anyway, which reverts the timeouts.
+        if exc is None and self.nested and self._token and not connection.needs_rollback:
             try:
-                self._backend.end_scope(connections[self.alias], self._token)
+                self._backend.end_scope(connection, self._token)
             except BaseException as restore_exc:
                 exc = restore_exc
         try:
@@ -232,7 +240,9 @@ class LockScope:
 
     def _check_active(self) -> None:
         if not self._active or self not in _scopes.get():
-            raise NotInLockedScope(f"{self!r} is not active in this thread or task; lock inside its with-block")
+            raise NotInLockedScope(
+                f"{self!r} is not active in this thread or task; lock inside its with-block"
+            )
 
     # -- locking helpers -------------------------------------------------------------------------------------
 
@@ -423,7 +433,9 @@ def locked(
         LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
             ReadOnlyDatabase: the database reported that failure inside the block or at commit.
     """
-    if callable(using) and _all_defaults(model, _UNSET, lock_timeout, statement_timeout, nowait, skip_locked, no_key):
+    if callable(using) and _all_defaults(
+        model, _UNSET, lock_timeout, statement_timeout, nowait, skip_locked, no_key
+    ):
         return Locked(_DEFAULT_OPTIONS)(using)
     options = _Options.build(
         using,
@@ -485,7 +497,7 @@ _DEFAULT_OPTIONS = _Options(None, None, _UNSET, _UNSET, False, False, False)
 
 
 @overload
-def locked_operation(using_or_func: Callable[P, R], /) -> Callable[P, R]: ...
+def locked_operation(using_or_func: Callable[P, R], /) -> Callable[P, R]: ...  # type: ignore[overload-overlap]
 @overload
 def locked_operation(
     using_or_func: str | Callable[..., str] | None = None,
@@ -544,8 +556,10 @@ def locked_operation(
     """
     if using_or_func is not _UNSET and using is not _UNSET:
         raise TypeError("locked_operation() got using both positionally and as a keyword")
-    if using is _UNSET and callable(using_or_func) and _all_defaults(
-        model, retry, lock_timeout, statement_timeout, nowait, skip_locked, no_key
+    if (
+        using is _UNSET
+        and callable(using_or_func)
+        and _all_defaults(model, retry, lock_timeout, statement_timeout, nowait, skip_locked, no_key)
     ):
         return _LockedOperation(_DEFAULT_OPTIONS, _UNSET)(using_or_func)
     if using is _UNSET:

@@ -66,12 +66,21 @@ _INDEX: dict[tuple[str, str], CodeRow] = {(row.vendor, row.code): row for row in
 
 
 def chain(exc: BaseException) -> list[BaseException]:
-    """Return ``exc`` and the exceptions on its ``__cause__``/``__context__`` chain, nearest first, bounded."""
+    """Return ``exc`` and the exceptions on its ``__cause__``/``__context__`` chain, nearest first, bounded.
+
+    The chain is followed the way Python's traceback shows it: ``__cause__`` when set, else ``__context__`` unless
+    suppressed with ``raise ... from None``.
+    """
     seen: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and len(seen) < _MAX_CHAIN and all(current is not s for s in seen):
         seen.append(current)
-        current = current.__cause__ if current.__cause__ is not None else current.__context__
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif current.__suppress_context__:
+            current = None
+        else:
+            current = current.__context__
     return seen
 
 

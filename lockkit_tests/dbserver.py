@@ -27,7 +27,7 @@ def _start_embedded() -> str:
     import pgserver
 
     data_dir = tempfile.mkdtemp(prefix="lockkit-pg-")
-    server = pgserver.get_server(data_dir, cleanup_mode="stop")
+    server = pgserver.get_server(data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
     socket_dir = server.get_uri().split("host=", 1)[1]
 
     def _cleanup() -> None:

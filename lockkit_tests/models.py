@@ -10,7 +10,9 @@ class Stock(models.Model):
     available = models.IntegerField()
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=models.Q(available__gte=0), name="stock_available_gte_0")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(available__gte=0), name="stock_available_gte_0")
+        ]
 
     def __str__(self) -> str:
         return f"{self.sku}: {self.available}"

@@ -15,7 +15,9 @@ class TestRouter:
     def db_for_write(self, model: type[Any], **hints: Any) -> str | None:
         return self._alias(model)
 
-    def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool | None:
         # Every table exists on both databases, so a query sent to the wrong alias would succeed silently
         # rather than fail loudly: the tests must catch it by watching which alias ran the queries.
         return True

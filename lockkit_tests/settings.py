@@ -17,12 +17,20 @@ SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
 INSTALLED_APPS = ["lockkit_tests"]
+ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _default: dict[str, Any] = dict(dj_database_url.parse(database_url(), conn_max_age=0))
 _other: dict[str, Any] = {**_default, "NAME": f"{_default['NAME']}_other"}
 
-DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other}
+# A second connection to the default database that runs SERIALIZABLE transactions, for serialization failures.
+_serializable: dict[str, Any] = {
+    **_default,
+    "OPTIONS": {**_default.get("OPTIONS", {}), "options": "-c default_transaction_isolation=serializable"},
+    "TEST": {"MIRROR": "default"},
+}
+
+DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other, "serializable": _serializable}
 
 # MariaDB/MySQL tests run only when this URL is set (e.g. mysql://root@127.0.0.1:3306/lockkit); they are skipped
 # with a visible reason otherwise. Needs mysqlclient (the `mysql` extra).

@@ -31,7 +31,9 @@ class Backend:
         kwargs: dict[str, Any] = {}
         if nowait:
             if not features.has_select_for_update_nowait:
-                raise NotSupportedError(f"nowait=True is not supported on {connection.vendor} ({connection.alias!r})")
+                raise NotSupportedError(
+                    f"nowait=True is not supported on {connection.vendor} ({connection.alias!r})"
+                )
             kwargs["nowait"] = True
         if skip_locked:
             if not features.has_select_for_update_skip_locked:
@@ -41,7 +43,9 @@ class Backend:
             kwargs["skip_locked"] = True
         if no_key:
             if not features.has_select_for_no_key_update:
-                raise NotSupportedError(f"no_key=True is not supported on {connection.vendor} ({connection.alias!r})")
+                raise NotSupportedError(
+                    f"no_key=True is not supported on {connection.vendor} ({connection.alias!r})"
+                )
             kwargs["no_key"] = True
         if features.has_select_for_update_of:
             # Lock only the queried model's rows: select_related() on a nullable foreign key would otherwise

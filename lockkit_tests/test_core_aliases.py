@@ -1,0 +1,106 @@
+"""One alias per operation: explicit, a callable of the call's arguments, or the router's write database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+
+import lockkit
+from lockkit.testing import assert_single_alias, run_concurrently
+from lockkit_tests.models import RemoteItem, Stock
+
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "other"]), pytest.mark.contention]
+
+
+@lockkit.locked_operation(model=RemoteItem)
+def bump_remote(pk: int) -> int:
+    item = lockkit.current_scope().get(RemoteItem, pk=pk)
+    item.value += 1
+    item.save(update_fields=["value"])
+    return item.value
+
+
+def test_model_operation_runs_entirely_on_the_routers_write_alias() -> None:
+    item = RemoteItem.objects.create(name="r", value=1)
+    assert RemoteItem.objects.db == "other"
+    with assert_single_alias("other") as log:
+        assert bump_remote(item.pk) == 2
+    statements = " ".join(log.on("other")).upper()
+    assert "SET_CONFIG" in statements  # the timeout went to the same alias...
+    assert "FOR UPDATE" in statements  # ...as the lock...
+    assert "UPDATE " in statements  # ...and the write
+    assert log.on("default") == []
+    assert RemoteItem.objects.using("other").get(pk=item.pk).value == 2
+    assert not RemoteItem.objects.using("default").exists()
+
+
+def test_queryset_bound_to_another_alias_is_refused_before_sql() -> None:
+    with lockkit.locked("default") as scope, CaptureQueriesContext(connections["other"]) as other_queries:
+        with CaptureQueriesContext(connections["default"]) as default_queries:
+            with pytest.raises(lockkit.AliasMismatch, match="'other'"):
+                scope.lock(RemoteItem.objects.using("other").filter(pk=1))
+            with pytest.raises(lockkit.AliasMismatch):
+                scope.get(RemoteItem.objects.db_manager("other").all(), pk=1)
+        assert len(default_queries) == 0
+    assert len(other_queries) == 0
+
+
+def test_unbound_queryset_follows_the_scope_alias() -> None:
+    RemoteItem.objects.using("default").create(name="on-default", value=5)
+    with lockkit.locked("default") as scope:
+        rows = scope.lock_all(RemoteItem)  # the router would say "other"; the scope's alias wins
+    assert [r.name for r in rows] == ["on-default"]
+
+
+def test_callable_alias_receives_the_call_arguments_and_threads_stay_apart() -> None:
+    Stock.objects.using("default").create(sku="s", available=0)
+    Stock.objects.using("other").create(sku="s", available=0)
+
+    @lockkit.locked_operation(using=lambda tenant, sku: tenant)
+    def bump(tenant: str, sku: str) -> str:
+        scope = lockkit.current_scope()
+        stock = scope.get(Stock, sku=sku)
+        stock.available += 1
+        stock.save(update_fields=["available"])
+        return scope.alias
+
+    tenants = ["default", "other"] * 4
+    outcomes = run_concurrently(bump, 8, args=[(t, "s") for t in tenants], timeout=60)
+    assert [o.result for o in outcomes] == tenants
+    assert Stock.objects.using("default").get(sku="s").available == 4
+    assert Stock.objects.using("other").get(sku="s").available == 4
+
+
+def test_positional_callable_with_options_is_a_resolver() -> None:
+    @lockkit.locked_operation(lambda alias: alias, lock_timeout=1)
+    def where(alias: str) -> str:
+        return lockkit.current_scope().alias
+
+    assert where("other") == "other"
+
+
+def test_callable_returning_unknown_alias_fails_before_sql() -> None:
+    @lockkit.locked_operation(using=lambda: "nowhere")
+    def op() -> None:
+        raise AssertionError("must not run")
+
+    with CaptureQueriesContext(connections["default"]) as queries, pytest.raises(ValueError, match="nowhere"):
+        op()
+    assert len(queries) == 0
+
+    @lockkit.locked_operation(using=lambda: 42)  # type: ignore[arg-type, return-value]
+    def op2() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(TypeError, match="alias"):
+        op2()
+
+
+def test_model_scope_context_manager(settings: Any) -> None:
+    with lockkit.locked(model=RemoteItem) as scope:
+        assert scope.alias == "other"
+    with lockkit.locked(model=Stock) as scope:
+        assert scope.alias == "default"  # the router has no opinion: default

@@ -1,0 +1,204 @@
+"""classify() and the SQLSTATE table: pinned row by row, on real server errors through psycopg 3 and psycopg2."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg2
+import pytest
+from django.db import DatabaseError, connection
+from django.db.transaction import TransactionManagementError
+
+import lockkit
+from lockkit import Failure
+from lockkit.sqlstate import CODES, code_of, lookup
+from lockkit_tests.util import raise_sqlstate
+
+# The table, pinned: a change to a row must change this test too.
+EXPECTED_ROWS = {
+    ("postgresql", "55P03"): (Failure.LOCK_NOT_AVAILABLE, True),
+    ("postgresql", "40P01"): (Failure.DEADLOCK_DETECTED, False),
+    ("postgresql", "40001"): (Failure.SERIALIZATION_FAILURE, False),
+    ("postgresql", "57014"): (Failure.STATEMENT_TIMEOUT, False),
+    ("postgresql", "25006"): (Failure.READ_ONLY, False),
+    ("mysql", "1205"): (Failure.LOCK_TIMEOUT, False),
+    ("mysql", "1213"): (Failure.DEADLOCK_DETECTED, False),
+    ("mysql", "3572"): (Failure.LOCK_NOT_AVAILABLE, False),
+    ("mysql", "1969"): (Failure.STATEMENT_TIMEOUT, False),
+    ("mysql", "3024"): (Failure.STATEMENT_TIMEOUT, False),
+    ("mysql", "1290"): (Failure.READ_ONLY, False),
+    ("mysql", "1792"): (Failure.READ_ONLY, False),
+    ("mysql", "1836"): (Failure.READ_ONLY, False),
+    ("sqlite", "5"): (Failure.LOCK_TIMEOUT, False),
+    ("sqlite", "6"): (Failure.LOCK_TIMEOUT, False),
+    ("sqlite", "517"): (Failure.SERIALIZATION_FAILURE, False),
+    ("sqlite", "8"): (Failure.READ_ONLY, False),
+    ("oracle", "54"): (Failure.LOCK_NOT_AVAILABLE, True),
+    ("oracle", "30006"): (Failure.LOCK_TIMEOUT, False),
+    ("oracle", "60"): (Failure.DEADLOCK_DETECTED, False),
+    ("oracle", "8177"): (Failure.SERIALIZATION_FAILURE, False),
+    ("oracle", "16000"): (Failure.READ_ONLY, False),
+}
+
+PG_CASES = [
+    # (SQLSTATE, nowait, failure, lockkit error)
+    ("55P03", True, Failure.LOCK_NOT_AVAILABLE, lockkit.LockNotAvailable),
+    ("55P03", False, Failure.LOCK_TIMEOUT, lockkit.LockTimeout),
+    ("40P01", False, Failure.DEADLOCK_DETECTED, lockkit.DeadlockDetected),
+    ("40001", False, Failure.SERIALIZATION_FAILURE, lockkit.SerializationFailure),
+    ("57014", False, Failure.STATEMENT_TIMEOUT, lockkit.StatementTimeout),
+    ("25006", False, Failure.READ_ONLY, lockkit.ReadOnlyDatabase),
+]
+
+
+def test_table_is_pinned() -> None:
+    actual = {(row.vendor, row.code): (row.failure, row.ambiguous_nowait) for row in CODES}
+    assert actual == EXPECTED_ROWS
+    assert len(CODES) == len(actual)  # no duplicate (vendor, code)
+
+
+def _server_error(code: str) -> DatabaseError:
+    try:
+        raise_sqlstate(code)
+    except DatabaseError as exc:
+        return exc
+    raise AssertionError("the server raised nothing")
+
+
+def _params() -> dict[str, Any]:
+    settings = connection.settings_dict
+    return {
+        "dbname": settings["NAME"],
+        "user": settings["USER"] or None,
+        "host": settings["HOST"] or None,
+        "port": settings["PORT"] or None,
+    }
+
+
+@pytest.fixture
+def psycopg3_cursor() -> Iterator[Any]:
+    with psycopg.connect(**_params(), autocommit=True) as raw:
+        yield raw.cursor()
+
+
+@pytest.fixture
+def psycopg2_cursor() -> Iterator[Any]:
+    raw = psycopg2.connect(**{k: v for k, v in _params().items() if v is not None})
+    raw.autocommit = True
+    try:
+        yield raw.cursor()
+    finally:
+        raw.close()
+
+
+DO = "DO $$ BEGIN RAISE EXCEPTION 'lockkit test' USING ERRCODE = '{}'; END $$"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("code", "nowait", "failure", "error_class"), PG_CASES)
+def test_django_wrapped_psycopg3_errors(
+    code: str, nowait: bool, failure: Failure, error_class: type[lockkit.LockError]
+) -> None:
+    exc = _server_error(code)
+    assert lockkit.classify(exc, nowait=nowait) is failure
+    assert code_of(exc) == code
+    with pytest.raises(error_class) as info, lockkit.locked(nowait=nowait):
+        raise_sqlstate(code)
+    assert info.value.sqlstate == code
+    assert info.value.__cause__ is not None
+    assert lockkit.classify(info.value) is failure
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("code", "nowait", "failure", "error_class"), PG_CASES)
+def test_bare_psycopg3_errors(
+    psycopg3_cursor: Any, code: str, nowait: bool, failure: Failure, error_class: type
+) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        psycopg3_cursor.execute(DO.format(code))
+    assert getattr(info.value, "sqlstate", None) == code
+    assert lockkit.classify(info.value, nowait=nowait) is failure
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("code", "nowait", "failure", "error_class"), PG_CASES)
+def test_bare_psycopg2_errors(
+    psycopg2_cursor: Any, code: str, nowait: bool, failure: Failure, error_class: type
+) -> None:
+    with pytest.raises(psycopg2.Error) as info:
+        psycopg2_cursor.execute(DO.format(code))
+    assert info.value.pgcode == code
+    assert lockkit.classify(info.value, nowait=nowait) is failure
+
+
+@pytest.mark.django_db(transaction=True)
+def test_error_behind_transaction_management_error_is_found() -> None:
+    original = _server_error("40P01")
+    try:
+        raise TransactionManagementError("broken") from original
+    except TransactionManagementError as wrapped:
+        assert lockkit.classify(wrapped) is Failure.DEADLOCK_DETECTED
+    try:
+        try:
+            raise original
+        except DatabaseError:
+            raise RuntimeError("while handling") from None
+    except RuntimeError as context_only:
+        assert lockkit.classify(context_only) is None  # `from None` cuts the chain, as tracebacks show it
+        assert context_only.__context__ is original
+    try:
+        try:
+            raise original
+        except DatabaseError:
+            raise RuntimeError("while handling")  # noqa: B904 - an implicit __context__ is followed
+    except RuntimeError as implicit:
+        assert lockkit.classify(implicit) is Failure.DEADLOCK_DETECTED
+
+
+def test_55p03_outside_scope_defaults_to_lock_not_available_and_inside_uses_scope() -> None:
+    class FakeDriverError(Exception):
+        sqlstate = "55P03"
+
+    FakeDriverError.__module__ = "psycopg.errors"
+    assert lockkit.classify(FakeDriverError()) is Failure.LOCK_NOT_AVAILABLE
+    assert lockkit.classify(FakeDriverError(), nowait=False) is Failure.LOCK_TIMEOUT
+
+
+def test_unknown_and_non_database_errors_are_none() -> None:
+    assert lockkit.classify(ValueError("x")) is None
+    assert lookup(KeyError("y")) is None
+
+    class Unknown(Exception):
+        sqlstate = "22012"
+
+    Unknown.__module__ = "psycopg.errors"
+    assert lockkit.classify(Unknown()) is None
+    assert code_of(Unknown()) == "22012"
+
+
+def test_cyclic_chain_terminates() -> None:
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a
+    assert lockkit.classify(a) is None
+
+
+def test_lockkit_errors_are_operational_errors_and_misuse_is_transaction_management() -> None:
+    from django.db import OperationalError
+
+    for cls in (
+        lockkit.LockNotAvailable,
+        lockkit.LockTimeout,
+        lockkit.DeadlockDetected,
+        lockkit.SerializationFailure,
+        lockkit.StatementTimeout,
+        lockkit.ReadOnlyDatabase,
+    ):
+        assert issubclass(cls, lockkit.LockError)
+        assert issubclass(cls, OperationalError)
+    for misuse in (lockkit.AliasMismatch, lockkit.NotInLockedScope):
+        assert issubclass(misuse, lockkit.LockError)
+        assert issubclass(misuse, TransactionManagementError)
+    assert issubclass(lockkit.LockTimeout, lockkit.TransientLockError)
+    assert not issubclass(lockkit.ReadOnlyDatabase, lockkit.TransientLockError)

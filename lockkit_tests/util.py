@@ -1,0 +1,40 @@
+"""Small helpers shared by lockkit's tests."""
+
+from __future__ import annotations
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+import lockkit
+from lockkit_tests.models import Stock
+
+
+class InsufficientStock(Exception):
+    """The domain refusal of the reservation used in tests."""
+
+
+def show(setting: str, using: str = DEFAULT_DB_ALIAS) -> str:
+    """Return ``SHOW <setting>`` on this thread's connection to ``using``."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT current_setting(%s)", [setting])
+        row = cursor.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def raise_sqlstate(code: str, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Make the real server raise an error with SQLSTATE ``code`` (the code is a test constant)."""
+    assert len(code) == 5
+    assert code.isalnum()
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"DO $$ BEGIN RAISE EXCEPTION 'lockkit test' USING ERRCODE = '{code}'; END $$")
+
+
+@lockkit.locked_operation(lock_timeout=10)
+def reserve(sku: str, quantity: int) -> int:
+    """Reserve ``quantity`` units of ``sku`` and return what remains; refuse with ``InsufficientStock``."""
+    stock = lockkit.current_scope().get(Stock, sku=sku)
+    if stock.available < quantity:
+        raise InsufficientStock(f"{sku}: {stock.available} < {quantity}")
+    stock.available -= quantity
+    stock.save(update_fields=["available"])
+    return stock.available
