@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from lockkit.testing.kit import ContentionKit
+    from lockkit.testing import ContentionKit
 
 MARKER = "contention"
 _MARKER_HELP = (
@@ -60,7 +60,7 @@ def contention(request: pytest.FixtureRequest) -> Iterator[ContentionKit]:
     Threads started with ``contention.in_thread`` must have finished by the end of the test: one still running
     is cancelled and fails the test. The default timeout is the ``contention`` marker's ``timeout`` (10 s).
     """
-    from lockkit.testing.kit import ContentionKit
+    from lockkit.testing import ContentionKit
 
     marker = request.node.get_closest_marker(MARKER)
     timeout = marker.kwargs.get("timeout", 10.0) if marker is not None else 10.0

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
-from lockkit.testing import ContentionTimeout
-from lockkit.testing.kit import ContentionKit
+from lockkit.testing import ContentionKit, ContentionTimeout
 from lockkit_tests.models import Item
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,11 +15,13 @@ from lockkit.testing.aliases import AliasLog, assert_single_alias
 from lockkit.testing.blocking import blocked_by, wait_until_blocked
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder, hold_lock
+from lockkit.testing.kit import ContentionKit
 from lockkit.testing.sessions import backend_pid
 from lockkit.testing.threads import Outcome, ThreadCall, in_thread, run_concurrently
 
 __all__ = [
     "AliasLog",
+    "ContentionKit",
     "ContentionTimeout",
     "Holder",
     "Outcome",
