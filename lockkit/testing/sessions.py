@@ -7,10 +7,13 @@ reach it from another thread when a test must give up on it.
 from __future__ import annotations
 
 import contextlib
+import threading
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 from lockkit.aliases import check_alias
 
@@ -48,9 +51,10 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
 
 
 def open_session_id(connection: BaseDatabaseWrapper) -> int | None:
-    """Return the session id behind a Django connection object if it is open, without running a query.
+    """Return the session id behind an open Django connection, read from the driver without a query.
 
-    Safe to call from another thread than the connection's: it only reads attributes of the driver connection.
+    Call it from the connection's own thread: mysqlclient refuses calls on a connection that another thread is
+    using. ``SessionTracker`` records it there, when the connection opens.
     """
     raw: Any = connection.connection
     if raw is None:
@@ -65,28 +69,64 @@ def open_session_id(connection: BaseDatabaseWrapper) -> int | None:
     return None
 
 
-def cancel_statements(wrappers: list[BaseDatabaseWrapper]) -> list[int]:
-    """Cancel whatever statement each open connection in ``wrappers`` is running; return the sessions
-    signalled.
-
-    Used when a thread is stuck in the database past a test's timeout: cancelling lets it fail and close its
-    connection, so the test database can still be dropped at teardown. The cancel request goes over a fresh
-    connection of the same alias. Best effort: a connection that is closed or of another vendor is left alone.
-    """
-    signalled: list[int] = []
-    for wrapper in wrappers:
-        pid = open_session_id(wrapper)
-        sql = _CANCEL_SQL.get(wrapper.vendor)
-        if pid is None or sql is None:
-            continue
-        control = connections.create_connection(wrapper.alias)
-        # The session may have ended meanwhile: cancelling is best effort.
-        with contextlib.suppress(Exception):
-            with control.cursor() as cursor:
-                cursor.execute(sql, [pid])
-            signalled.append(pid)
-        control.close()
-    return signalled
+@dataclass
+class _Opened:
+    wrapper: BaseDatabaseWrapper
+    raw: Any  # the driver connection the id belongs to; a reconnect replaces it
+    pid: int
 
 
-__all__ = ["backend_pid", "cancel_statements", "open_session_id"]
+_tracked = threading.local()
+
+
+def _record(sender: object, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    sessions: list[_Opened] | None = getattr(_tracked, "sessions", None)
+    if sessions is None:
+        return
+    pid = open_session_id(connection)
+    if pid is not None:
+        sessions.append(_Opened(connection, connection.connection, pid))
+
+
+connection_created.connect(_record, dispatch_uid="lockkit.testing.sessions.record")
+
+
+class SessionTracker:
+    """The database sessions one thread opens, recorded as they open, so that another thread can cancel them."""
+
+    def __init__(self) -> None:
+        self._sessions: list[_Opened] = []
+
+    def start(self) -> None:
+        """Record the sessions the calling thread opens from now on."""
+        _tracked.sessions = self._sessions
+
+    def stop(self) -> None:
+        """Stop recording in the calling thread."""
+        _tracked.sessions = None
+
+    def cancel_statements(self) -> list[int]:
+        """Cancel whatever statement each still-open recorded session is running; return the sessions signalled.
+
+        Used when a thread is stuck in the database past a test's timeout: cancelling lets it fail and close its
+        connection, so the test database can still be dropped at teardown. The cancel request goes over a fresh
+        connection of the same alias. Best effort: a session that has closed, or of another vendor, is skipped.
+        """
+        signalled: list[int] = []
+        for opened in list(self._sessions):
+            wrapper = opened.wrapper
+            sql = _CANCEL_SQL.get(wrapper.vendor)
+            # Only a session still open on the same driver connection: a closed one's id may be reused.
+            if sql is None or wrapper.connection is not opened.raw:
+                continue
+            control = connections.create_connection(wrapper.alias)
+            # The session may end meanwhile: cancelling is best effort.
+            with contextlib.suppress(Exception):
+                with control.cursor() as cursor:
+                    cursor.execute(sql, [opened.pid])
+                signalled.append(opened.pid)
+            control.close()
+        return signalled
+
+
+__all__ = ["SessionTracker", "backend_pid", "open_session_id"]

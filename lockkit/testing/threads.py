@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from django.db import connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.durations import seconds
 from lockkit.testing.errors import ContentionTimeout
-from lockkit.testing.sessions import cancel_statements
+from lockkit.testing.sessions import SessionTracker
 
 T = TypeVar("T")
 
@@ -75,7 +74,7 @@ class ThreadCall(Generic[T]):
     ) -> None:
         self.name = f"lockkit-call-{index}-{getattr(func, '__name__', 'callable')}"
         self._outcome: Outcome[T] = Outcome(index)
-        self._wrappers: list[BaseDatabaseWrapper] = []
+        self._sessions = SessionTracker()
         self._func, self._args, self._kwargs = func, args, kwargs
         self._barrier, self._barrier_timeout = barrier, barrier_timeout
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -85,8 +84,8 @@ class ThreadCall(Generic[T]):
         return self
 
     def _run(self) -> None:
-        # This thread's connection objects, so that another thread can cancel a statement stuck in them.
-        self._wrappers = [connections[alias] for alias in connections]
+        # Record the sessions this thread opens, so that another thread can cancel a statement stuck in them.
+        self._sessions.start()
         try:
             if self._barrier is not None:
                 self._barrier.wait(self._barrier_timeout)
@@ -95,6 +94,7 @@ class ThreadCall(Generic[T]):
             self._outcome.error = exc
         finally:
             connections.close_all()
+            self._sessions.stop()
 
     def done(self) -> bool:
         """Whether the callable has finished (returned or raised)."""
@@ -107,7 +107,7 @@ class ThreadCall(Generic[T]):
 
     def cancel_statements(self) -> list[int]:
         """Cancel the database statements this thread is running (a stuck lock wait); return the sessions."""
-        return cancel_statements(self._wrappers)
+        return self._sessions.cancel_statements()
 
     def outcome(self, timeout: float = 10.0) -> Outcome[T]:
         """Wait for the callable and return its ``Outcome``.
