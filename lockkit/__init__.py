@@ -6,6 +6,8 @@ the outermost atomic block. Start with ``locked()`` and ``locked_operation()``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lockkit.errors import (
     AliasMismatch,
     DeadlockDetected,
@@ -16,6 +18,7 @@ from lockkit.errors import (
     NotInLockedScope,
     ReadOnlyDatabase,
     SerializationFailure,
+    StaleClaim,
     StatementTimeout,
     TransientLockError,
     classify,
@@ -38,6 +41,7 @@ __all__ = [
     "RetryEvent",
     "RetryPolicy",
     "SerializationFailure",
+    "StaleClaim",
     "StatementTimeout",
     "TransientLockError",
     "__version__",
@@ -47,3 +51,30 @@ __all__ = [
     "locked",
     "locked_operation",
 ]
+
+# lockkit.claims defines a model mixin, which needs Django's app registry: its names are imported on
+# first use (``lockkit.claim_next``), not when lockkit is imported (e.g. from settings). They stay out of
+# ``__all__`` so that ``from lockkit import *`` never triggers that import. For precise types, import them
+# from ``lockkit.claims``.
+_CLAIM_NAMES = frozenset(
+    {
+        "Claim",
+        "Claimable",
+        "claim",
+        "claim_next",
+        "complete",
+        "complete_many",
+        "heartbeat",
+        "reclaim_expired",
+        "release",
+        "release_many",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLAIM_NAMES:
+        from lockkit import claims
+
+        return getattr(claims, name)
+    raise AttributeError(f"module 'lockkit' has no attribute {name!r}")

@@ -7,7 +7,7 @@ Database-reported failures subclass both :class:`LockError` and Django's ``Opera
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import OperationalError
 from django.db.transaction import TransactionManagementError
@@ -97,6 +97,28 @@ class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
 
 
+class StaleClaim(LockError):
+    """A job claim was used after it stopped holding its row; nothing was written. Never retried.
+
+    The row no longer carries the claim's token, or is no longer claimed: ``reclaim_expired`` handed it back
+    (and perhaps another worker claimed it), or the claim was already completed or released. The worker must
+    stop working on the job: its result would overwrite the new owner's.
+
+    Attributes:
+        claims: The stale ``lockkit.claims.Claim`` objects.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        alias: str | None = None,
+        claims: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message, alias=alias)
+        self.claims = claims
+
+
 ERROR_FOR_FAILURE: dict[Failure, type[LockError]] = {
     Failure.LOCK_NOT_AVAILABLE: LockNotAvailable,
     Failure.LOCK_TIMEOUT: LockTimeout,
@@ -114,7 +136,8 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
     ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
     apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
-    outside any scope the error is reported as ``Failure.LOCK_NOT_AVAILABLE``.
+    outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
@@ -131,13 +154,13 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     row = lookup(exc)
     if row is None:
         return None
-    failure = row.failure
-    if failure is Failure.LOCK_NOT_AVAILABLE and row.ambiguous_nowait:
-        if nowait is None:
-            from lockkit.scope import _innermost_scope
+    if not row.ambiguous_nowait:
+        return row.failure
+    if nowait is None:
+        from lockkit.scope import _innermost_scope
 
-            scope = _innermost_scope()
-            nowait = scope.nowait if scope is not None else True
-        if not nowait:
-            failure = Failure.LOCK_TIMEOUT
-    return failure
+        scope = _innermost_scope()
+        if scope is None:
+            return row.failure  # outside any scope: the code's own meaning
+        nowait = scope.nowait
+    return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT

@@ -185,7 +185,18 @@ class LockScope:
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def _enter(self) -> None:
-        self._atomic.__enter__()
+        try:
+            # The BEGIN itself may wait for a lock (SQLite's BEGIN IMMEDIATE): classify its failure too.
+            self._backend.begin_transaction(
+                connections[self.alias],
+                self._atomic,
+                lock_timeout=self.lock_timeout,
+                statement_timeout=self.statement_timeout,
+                nested=self.nested,
+            )
+        except BaseException as exc:
+            self._reraise_classified(exc)
+            raise
         try:
             self._token = self._backend.begin_scope(
                 connections[self.alias],
@@ -214,10 +225,26 @@ class LockScope:
         try:
             self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except BaseException as commit_exc:
+            self._after_scope(pending=True)
             self._reraise_classified(commit_exc)
             raise
+        self._after_scope(pending=exc is not None)
         if exc is not None:
             self._reraise_classified(exc)
+
+    def _after_scope(self, *, pending: bool) -> None:
+        """Let the backend restore session settings a rollback does not revert (MySQL), after success or error.
+
+        A failure to restore is raised when nothing else is; otherwise the scope's own error wins (the backend has
+        already made sure the altered value cannot outlive the failure).
+        """
+        if self._token is None:
+            return
+        try:
+            self._backend.after_scope(connections[self.alias], self._token, nested=self.nested)
+        except BaseException:
+            if not pending:
+                raise
 
     def _reraise_classified(self, exc: BaseException) -> None:
         """Raise the typed lockkit error for a database failure, ``from`` the original; return for anything else."""

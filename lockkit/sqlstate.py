@@ -34,14 +34,18 @@ class CodeRow:
 
 
 CODES: tuple[CodeRow, ...] = (
-    # PostgreSQL: https://www.postgresql.org/docs/current/errcodes-appendix.html
+    # PostgreSQL: https://www.postgresql.org/docs/current/errcodes-appendix.html. CockroachDB reports the same
+    # SQLSTATEs through psycopg: 40001 for every transaction restart (RETRY_SERIALIZABLE, RETRY_WRITE_TOO_OLD,
+    # ABORT_REASON_*...), 55P03 for NOWAIT and lock_timeout, 57014 for statement_timeout.
+    # https://www.cockroachlabs.com/docs/stable/transaction-retry-error-reference
     CodeRow("postgresql", "55P03", "lock_not_available", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
     CodeRow("postgresql", "40P01", "deadlock_detected", Failure.DEADLOCK_DETECTED),
     CodeRow("postgresql", "40001", "serialization_failure", Failure.SERIALIZATION_FAILURE),
     CodeRow("postgresql", "57014", "query_canceled", Failure.STATEMENT_TIMEOUT),
     CodeRow("postgresql", "25006", "read_only_sql_transaction", Failure.READ_ONLY),
-    # MySQL / MariaDB (mysqlclient puts the number in args[0]).
-    CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT),
+    # MySQL / MariaDB (mysqlclient puts the number in args[0]). MariaDB 10.11 reports a NOWAIT failure as 1205,
+    # like an expired innodb_lock_wait_timeout (pinned in test_backend_mariadb.py); MySQL 8 reports it as 3572.
+    CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT, ambiguous_nowait=True),
     CodeRow("mysql", "1213", "ER_LOCK_DEADLOCK", Failure.DEADLOCK_DETECTED),
     CodeRow("mysql", "3572", "ER_LOCK_NOWAIT", Failure.LOCK_NOT_AVAILABLE),
     CodeRow("mysql", "1969", "ER_STATEMENT_TIMEOUT", Failure.STATEMENT_TIMEOUT),
@@ -50,11 +54,17 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("mysql", "1792", "ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION", Failure.READ_ONLY),
     CodeRow("mysql", "1836", "ER_READ_ONLY_MODE", Failure.READ_ONLY),
     # SQLite extended result codes (sqlite3 exceptions carry sqlite_errorcode on Python 3.11+).
+    # "database is locked" is SQLITE_BUSY: the busy timeout (lockkit's lock_timeout at BEGIN IMMEDIATE) expired.
+    # https://www.sqlite.org/rescode.html
     CodeRow("sqlite", "5", "SQLITE_BUSY", Failure.LOCK_TIMEOUT),
-    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "261", "SQLITE_BUSY_RECOVERY", Failure.LOCK_TIMEOUT),
     CodeRow("sqlite", "517", "SQLITE_BUSY_SNAPSHOT", Failure.SERIALIZATION_FAILURE),
+    CodeRow("sqlite", "773", "SQLITE_BUSY_TIMEOUT", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "262", "SQLITE_LOCKED_SHAREDCACHE", Failure.LOCK_TIMEOUT),
     CodeRow("sqlite", "8", "SQLITE_READONLY", Failure.READ_ONLY),
-    # Oracle (oracledb: args[0].code).
+    # Oracle (oracledb: args[0].code). https://docs.oracle.com/en/error-help/db/
+    # ORA-00054 is "resource busy and acquire with NOWAIT specified or timeout expired" (a DDL lock timeout too).
     CodeRow("oracle", "54", "ORA-00054", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
     CodeRow("oracle", "30006", "ORA-30006", Failure.LOCK_TIMEOUT),
     CodeRow("oracle", "60", "ORA-00060", Failure.DEADLOCK_DETECTED),
@@ -100,7 +110,11 @@ def vendor_code(exc: BaseException) -> tuple[str, str] | None:
     if module.startswith(("oracledb", "cx_Oracle")):
         error = exc.args[0] if exc.args else None
         number = getattr(error, "code", None)
-        return ("oracle", str(number)) if isinstance(number, int) else None
+        if not number:
+            # An error built from its message only has code 0 but full_code "ORA-00054".
+            full_code = str(getattr(error, "full_code", "") or "")
+            number = int(full_code[4:]) if full_code.startswith("ORA-") and full_code[4:].isdigit() else None
+        return ("oracle", str(number)) if isinstance(number, int) and number else None
     return None
 
 

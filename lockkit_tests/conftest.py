@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connections
+
+from lockkit_tests import topology
+from lockkit_tests.settings import ORIGINAL_DB_NAMES
 
 
 @pytest.fixture(scope="session")
@@ -13,8 +20,9 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
     with django_db_blocker.unblock():
         for alias in connections:
             connection = connections[alias]
-            test_name = connection.creation._get_test_db_name()  # type: ignore[attr-defined]
-            if connection.vendor != "postgresql" or connection.settings_dict["NAME"] != test_name:
+            switched = connection.settings_dict["NAME"] != ORIGINAL_DB_NAMES.get(alias)
+            mirror = connection.settings_dict.get("TEST", {}).get("MIRROR")
+            if connection.vendor != "postgresql" or not switched or mirror:
                 continue  # not a PostgreSQL test database this session created
             with connection.cursor() as cursor:
                 cursor.execute("SELECT current_database()")
@@ -24,3 +32,18 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
                     f"ALTER DATABASE {connection.ops.quote_name(name)} SET deadlock_timeout = '100ms'"
                 )
             connection.close()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    """Make the SQLite test directory, and start the primary/standby/PgBouncer servers if a test needs them,
+    before the test databases are made; remove both after."""
+    sqlite_dir = os.path.dirname(settings.DATABASES["sqlite"]["TEST"]["NAME"])
+    os.makedirs(sqlite_dir, exist_ok=True)
+    try:
+        with topology.servers_for(request.session.items):
+            yield
+    finally:
+        shutil.rmtree(sqlite_dir, ignore_errors=True)

@@ -82,3 +82,46 @@ class PeerReporter(models.Model):
     first_name = models.CharField(max_length=40)
     last_name = models.CharField(max_length=40, default="")
     rank = models.IntegerField(default=0)
+
+
+# -- job claims (lockkit.claims) -------------------------------------------------------------------------------------
+# Imported here, not at the top: lockkit.claims defines a model mixin, and this module is loaded by the app registry.
+from lockkit.claims import Claimable  # noqa: E402
+
+
+class Job(Claimable):
+    """A job row for the claims tests; ``state`` is the job's own state, which lockkit leaves to the caller."""
+
+    name = models.CharField(max_length=40, default="")
+    state = models.CharField(max_length=20, default="pending", db_index=True)
+    result = models.CharField(max_length=80, default="")
+
+
+class JobLog(models.Model):
+    """The side effect of running a job: one row per completion, at most one per job (the constraint)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE)
+    worker = models.CharField(max_length=40)
+    token = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job"], name="joblog_one_per_job")]
+
+
+class JobTag(models.Model):
+    """Several tags per job, so a queryset filtered through them yields each job more than once."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tags")
+    name = models.CharField(max_length=20)
+
+
+class NotClaimable(models.Model):
+    """A model without the mixin, which claims must refuse."""
+
+    state = models.CharField(max_length=20, default="pending")
+
+
+class UrgentJob(Job):
+    """Multi-table inheritance: the claim columns live in the parent's table, so claims must refuse the child."""
+
+    priority = models.IntegerField(default=0)

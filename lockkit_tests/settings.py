@@ -7,16 +7,19 @@ or an embedded server started for the run), so the multi-database tests see two 
 from __future__ import annotations
 
 import os
+import tempfile
+import uuid
 from typing import Any
 
 import dj_database_url
 
+from lockkit_tests import topology
 from lockkit_tests.dbserver import database_url
 
 SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["lockkit_tests"]
+INSTALLED_APPS = ["lockkit", "lockkit_tests"]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -37,7 +40,21 @@ DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other, "s
 MYSQL_URL = os.environ.get("LOCKKIT_TEST_MYSQL_URL", "").strip()
 if MYSQL_URL:
     DATABASES["mariadb"] = dict(dj_database_url.parse(MYSQL_URL, conn_max_age=0))
+# SQLite tests: a file database (never :memory:, which other threads cannot share), in a directory of this run
+# that conftest.py creates before the test databases and removes after them (importing settings creates nothing).
+_SQLITE_DIR = os.path.join(tempfile.gettempdir(), f"lockkit-sqlite-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+DATABASES["sqlite"] = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.path.join(_SQLITE_DIR, "lockkit.sqlite3"),
+    "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_lockkit.sqlite3")},
+    "OPTIONS": {"timeout": 5},
+}
+# Topology tests (a primary, its hot standby, PgBouncer in front of the primary): servers started by the tests
+# themselves (lockkit_tests/topology.py) when a collected test uses these aliases; absent without the binaries.
+DATABASES.update(topology.database_settings())
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
+# The names before pytest-django switches each alias it sets up to its test database (conftest.py compares).
+ORIGINAL_DB_NAMES: dict[str, str] = {alias: str(db["NAME"]) for alias, db in DATABASES.items()}
 
 LOCKKIT: dict[str, Any] = {}
 

@@ -252,3 +252,9 @@ def test_nested_scope_with_swallowed_inner_error_still_restores_timeouts() -> No
             transaction.set_rollback(True)  # ...and then the user decides to roll this scope back
         assert show("lock_timeout") == "400ms"
     assert Stock.objects.get(sku="dup").available == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_test_databases_resolve_deadlocks_fast() -> None:
+    for alias in ("default", "other"):
+        assert show("deadlock_timeout", alias) == "100ms"  # set by conftest.py on each test database

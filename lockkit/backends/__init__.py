@@ -5,17 +5,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
+from lockkit.backends.mysql import MySQLBackend
 from lockkit.backends.postgresql import PostgreSQLBackend
+from lockkit.backends.sqlite import SQLiteBackend
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["Backend", "TimeoutToken", "backend_for"]
+__all__ = ["Backend", "TimeoutToken", "backend_for", "has_backend"]
 
-_BY_VENDOR: dict[str, Backend] = {"postgresql": PostgreSQLBackend()}
+_BY_VENDOR: dict[str, Backend] = {
+    "postgresql": PostgreSQLBackend(),
+    "mysql": MySQLBackend(),
+    "sqlite": SQLiteBackend(),
+}
 _GENERIC = Backend()
 
 
 def backend_for(connection: BaseDatabaseWrapper) -> Backend:
     """Return the lockkit backend for a Django connection (a generic one for vendors without special support)."""
     return _BY_VENDOR.get(connection.vendor, _GENERIC)
+
+
+def has_backend(vendor: str) -> bool:
+    """Whether lockkit has vendor-specific support (timeouts, transaction start) for Django's ``vendor`` name."""
+    return vendor in _BY_VENDOR

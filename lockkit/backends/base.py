@@ -8,6 +8,7 @@ from django.db import NotSupportedError
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.transaction import Atomic
 
 # What a backend hands back from begin_scope to restore on exit; opaque to the caller.
 TimeoutToken = Any
@@ -18,6 +19,14 @@ class Backend:
 
     A backend says which ``select_for_update`` options the database honours and applies a scope's timeouts.
     """
+
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how a scope's ``lock_timeout`` and ``statement_timeout`` are applied here (``None``: they are not)."""
+        return None, None
+
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Return what the server itself says that limits lockkit here (a read-only standby); may connect."""
+        return []
 
     def select_for_update_kwargs(
         self, connection: BaseDatabaseWrapper, *, nowait: bool, skip_locked: bool, no_key: bool
@@ -53,6 +62,23 @@ class Backend:
             kwargs["of"] = ("self",)
         return kwargs
 
+    def begin_transaction(
+        self,
+        connection: BaseDatabaseWrapper,
+        atomic: Atomic,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nested: bool,
+    ) -> None:
+        """Begin the scope's transaction or savepoint: ``atomic.__enter__()``.
+
+        A backend overrides this when the transaction must begin differently (SQLite begins it with
+        ``BEGIN IMMEDIATE`` so the write lock is taken, and waited for, when the scope begins). If it raises, no
+        transaction or savepoint is left open.
+        """
+        atomic.__enter__()
+
     def begin_scope(
         self,
         connection: BaseDatabaseWrapper,
@@ -65,4 +91,18 @@ class Backend:
         return None
 
     def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        """Restore the enclosing timeouts when a nested scope ends without error."""
+        """Restore the enclosing timeouts when a nested scope ends without error, before its savepoint is released.
+
+        For settings that live in the transaction (PostgreSQL's ``set_config(..., true)``): on error the savepoint
+        rollback restores them by itself, and the end of the outermost transaction discards them.
+        """
+
+    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
+        """Restore session settings after the scope's transaction or savepoint ended, with or without error.
+
+        Called only when ``begin_scope`` returned a token that is not ``None``, after the commit, the savepoint
+        release or the rollback, for nested and outermost scopes alike. For settings a rollback does not revert
+        (MySQL's session variables, SQLite's busy timeout), so that no value reaches the next user of the
+        connection. An implementation that cannot restore must not leave the altered value behind (close the
+        connection when it is outside any transaction).
+        """

@@ -23,6 +23,25 @@ class PostgreSQLBackend(Backend):
     pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
     back when it ends; on error the savepoint rollback reverts them by itself."""
 
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        return (
+            "lock_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
+            "statement_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
+        )
+
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')")
+            row = cursor.fetchone()
+        assert row is not None
+        if row[0]:
+            return [
+                "a read-only hot standby: locked scopes here raise ReadOnlyDatabase; route writes elsewhere"
+            ]
+        if row[1] == "on":
+            return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
+        return []
+
     def begin_scope(
         self,
         connection: BaseDatabaseWrapper,

@@ -1,0 +1,20 @@
+"""The Django app of lockkit: optional, for its system checks and the ``lockkit_capabilities`` command.
+
+``import lockkit`` works without it; add ``"lockkit"`` to ``INSTALLED_APPS`` for the checks and the command.
+"""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.core import checks
+
+
+class LockkitConfig(AppConfig):
+    name = "lockkit"
+    verbose_name = "lockkit"
+
+    def ready(self) -> None:
+        from lockkit.checks import check_capabilities, check_configuration
+
+        checks.register(check_configuration)
+        checks.register(check_capabilities, checks.Tags.database)

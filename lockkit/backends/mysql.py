@@ -1,0 +1,100 @@
+"""MariaDB and MySQL: scope timeouts as session variables, restored when the scope ends, success or error.
+
+https://mariadb.com/kb/en/innodb-system-variables/#innodb_lock_wait_timeout,
+https://mariadb.com/kb/en/aborting-statements/ (``max_statement_time``) and
+https://dev.mysql.com/doc/refman/8.0/en/server-system-variables.html#sysvar_max_execution_time
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from lockkit.backends.base import Backend, TimeoutToken
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+# innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
+_MAX_LOCK_WAIT = 1_073_741_824
+
+
+def lock_wait_seconds(value: float) -> int:
+    """Round a lock timeout up to whole seconds, at least 1: a scope never waits less than it asked for."""
+    return min(_MAX_LOCK_WAIT, max(1, math.ceil(value)))
+
+
+def _statement_timeout(connection: BaseDatabaseWrapper, value: float) -> tuple[str, float | int]:
+    """Return the variable and value of a statement timeout: seconds on MariaDB, milliseconds on MySQL."""
+    if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        # max_statement_time is seconds with microsecond precision; 0 would mean "no limit".
+        return "max_statement_time", max(0.000001, round(value, 6))
+    # MySQL's max_execution_time applies to read-only SELECT statements only, in milliseconds.
+    return "max_execution_time", max(1, round(value * 1000))
+
+
+class MySQLBackend(Backend):
+    """``innodb_lock_wait_timeout`` and ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL).
+
+    Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the
+    whole transaction) does not revert ``SET SESSION``. So a scope reads the session values, sets its own, and
+    puts the previous ones back once its transaction or savepoint has ended, after success and after failure
+    alike: nothing reaches the next user of the connection, and an enclosing scope gets its own value back.
+    """
+
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        statement = (
+            "max_statement_time, session value restored on exit, microseconds"
+            if connection.mysql_is_mariadb  # type: ignore[attr-defined]
+            else "max_execution_time (SELECT only), session value restored on exit, whole milliseconds"
+        )
+        return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
+
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@GLOBAL.read_only")
+            row = cursor.fetchone()
+        assert row is not None
+        if row[0]:
+            return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
+        return []
+
+    def begin_scope(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nested: bool,
+    ) -> TimeoutToken:
+        wanted: dict[str, float | int] = {}
+        if lock_timeout is not None:
+            wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
+        if statement_timeout is not None:
+            name, value = _statement_timeout(connection, statement_timeout)
+            wanted[name] = value
+        if not wanted:
+            return None
+        # The names are constants of ours; the values always travel as parameters.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
+            row = cursor.fetchone()
+            assert row is not None
+            previous = dict(zip(wanted, row, strict=True))
+            _set(cursor, wanted)
+        return previous
+
+    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
+        try:
+            with connection.cursor() as cursor:
+                _set(cursor, token)
+        except BaseException:
+            if not connection.in_atomic_block:
+                # A session whose settings could not be put back must not serve anyone else.
+                connection.close()
+            raise
+
+
+def _set(cursor: object, values: dict[str, float | int]) -> None:
+    assignments = ", ".join(f"SESSION {name} = %s" for name in values)
+    cursor.execute(f"SET {assignments}", list(values.values()))  # type: ignore[attr-defined]

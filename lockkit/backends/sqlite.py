@@ -1,0 +1,85 @@
+"""SQLite: no row locks, so a scope takes the database write lock when it begins (``BEGIN IMMEDIATE``).
+
+https://www.sqlite.org/lang_transaction.html, https://www.sqlite.org/pragma.html#pragma_busy_timeout and
+https://docs.djangoproject.com/en/stable/ref/databases/#sqlite-transaction-behavior
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import NotSupportedError
+
+from lockkit.backends.base import Backend
+from lockkit.durations import milliseconds
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.transaction import Atomic
+
+# Transaction modes that take the write lock at BEGIN.
+_WRITE_LOCKING_MODES = frozenset({"IMMEDIATE", "EXCLUSIVE"})
+
+
+class SQLiteBackend(Backend):
+    """``BEGIN IMMEDIATE`` for the outermost scope, with the lock timeout as the busy timeout of that BEGIN.
+
+    ``SELECT ... FOR UPDATE`` does not exist on SQLite (Django silently drops ``select_for_update()``), and a
+    deferred transaction that reads then writes can fail at once with ``SQLITE_BUSY``, whatever the busy
+    timeout.
+    Taking the write lock at the start serialises every locked scope on the database: the read-decide-write is
+    correct, waits obey the lock timeout, and "database is locked" is a ``LockTimeout`` that
+    ``locked_operation`` retries. Once ``BEGIN IMMEDIATE`` succeeded no other lock is waited for except by
+    ``COMMIT`` (rollback-journal mode, waiting for readers), which uses the connection's ``timeout`` option.
+    A nested scope runs in a savepoint of a transaction that already began: it cannot change how that began.
+    """
+
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
+
+    def begin_transaction(
+        self,
+        connection: BaseDatabaseWrapper,
+        atomic: Atomic,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nested: bool,
+    ) -> None:
+        if statement_timeout is not None:
+            raise NotSupportedError(
+                f"statement_timeout is not supported on sqlite ({connection.alias!r}); "
+                "pass statement_timeout=None"
+            )
+        if nested:
+            atomic.__enter__()
+            return
+        connection.ensure_connection()
+        wrapper: Any = connection  # transaction_mode is an attribute of Django's SQLite wrapper only
+        mode = wrapper.transaction_mode
+        previous_busy = _busy_timeout(connection) if lock_timeout is not None else None
+        try:
+            if lock_timeout is not None:
+                _set_busy_timeout(connection, milliseconds(lock_timeout))
+            if mode not in _WRITE_LOCKING_MODES:
+                wrapper.transaction_mode = "IMMEDIATE"
+            atomic.__enter__()
+        finally:
+            # Both are per-connection: put them back at once so nothing outlives this BEGIN.
+            wrapper.transaction_mode = mode
+            if previous_busy is not None and connection.connection is not None:
+                _set_busy_timeout(connection, previous_busy)
+
+
+def _busy_timeout(connection: BaseDatabaseWrapper) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _set_busy_timeout(connection: BaseDatabaseWrapper, value: int) -> None:
+    # PRAGMA takes no bound parameters; the value is an int lockkit computed, never text from outside.
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(value)}")

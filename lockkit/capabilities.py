@@ -1,0 +1,171 @@
+"""What lockkit can do on each configured database, and where its correctness depends on configuration.
+
+Read by the system checks (``lockkit.checks``) and the ``lockkit_capabilities`` management command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from lockkit.aliases import check_alias
+from lockkit.backends import backend_for, has_backend
+
+# Default ports of common connection poolers: PgBouncer, Pgpool-II, ProxySQL, MaxScale (readwritesplit).
+_POOLER_PORTS = {6432: "PgBouncer", 9999: "Pgpool-II", 6033: "ProxySQL", 4006: "MaxScale"}
+_POOLER_WORDS = ("pgbouncer", "pooler", "pgpool", "proxysql", "maxscale", "odyssey", "pgcat", "supavisor")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What lockkit can do on one database alias.
+
+    Attributes:
+        alias: The database alias.
+        vendor: Django's vendor name (``postgresql``, ``mysql``, ``sqlite``, ``oracle``, ...).
+        row_locks: ``SELECT ... FOR UPDATE`` exists (SQLite: no; lockkit locks the whole database instead).
+        nowait, skip_locked, of, no_key: The ``select_for_update`` options the database honours.
+        lock_timeout, statement_timeout: How lockkit applies the scope's timeouts, or ``None`` when it cannot.
+        warnings: Where correctness depends on configuration.
+        error: Why the server could not be asked (the flags that need it are then ``False``), or ``None``.
+    """
+
+    alias: str
+    vendor: str
+    row_locks: bool = False
+    nowait: bool = False
+    skip_locked: bool = False
+    of: bool = False
+    no_key: bool = False
+    lock_timeout: str | None = None
+    statement_timeout: str | None = None
+    warnings: tuple[str, ...] = field(default=())
+    error: str | None = None
+
+
+def _pooler(settings_dict: dict[str, Any]) -> str | None:
+    try:
+        port = int(settings_dict.get("PORT") or 0)
+    except (TypeError, ValueError):
+        port = 0
+    if port in _POOLER_PORTS:
+        return f"{_POOLER_PORTS[port]}'s default port {port}"
+    host = str(settings_dict.get("HOST") or "").lower()
+    word = next((w for w in _POOLER_WORDS if w in host), None)
+    return f"host {host!r}" if word else None
+
+
+def configuration_warnings(alias: str) -> list[str]:
+    """Return warnings about the settings of ``alias`` lockkit's guarantees depend on; needs no connection."""
+    check_alias(alias)
+    connection = connections[alias]
+    settings_dict = connection.settings_dict
+    options = settings_dict.get("OPTIONS") or {}
+    warnings: list[str] = []
+    if not has_backend(connection.vendor):
+        warnings.append(
+            f"lockkit has no backend for {connection.vendor!r}: row locks follow Django's feature flags, but "
+            "lock_timeout and statement_timeout are not applied, so a lock wait is bounded only by the server"
+        )
+    if connection.vendor == "sqlite" and str(options.get("transaction_mode") or "").upper() not in {
+        "IMMEDIATE",
+        "EXCLUSIVE",
+    }:
+        context = (
+            "every request runs in one (ATOMIC_REQUESTS=True)" if settings_dict.get("ATOMIC_REQUESTS") else ""
+        )
+        warnings.append(
+            "SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE': a locked scope begins with "
+            "BEGIN IMMEDIATE itself, but one nested in a plain atomic() runs inside a deferred transaction "
+            "that cannot take the "
+            "write lock in time and may fail at once with 'database is locked'"
+            + (f"; {context}" if context else "")
+        )
+    pooler = _pooler(settings_dict)
+    if pooler is not None:
+        advice = (
+            "lockkit's PostgreSQL timeouts are transaction-scoped and safe in transaction pooling; "
+            "in session "
+            "pooling, any session-level SET your own code runs passes to the next client. With transaction "
+            "pooling set DISABLE_SERVER_SIDE_CURSORS = True (and OPTIONS['prepare_threshold'] = None before "
+            "PgBouncer 1.21)"
+            if connection.vendor == "postgresql"
+            else "lockkit restores the session variables it sets at the end of each scope, which needs "
+            "the same "
+            "server session for the whole transaction: use session pooling, or multiplexing that keeps a "
+            "transaction on one backend"
+        )
+        warnings.append(f"{alias!r} looks like it is behind a connection pooler ({pooler}): {advice}")
+        if connection.vendor == "postgresql" and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+            warnings.append(
+                f"{alias!r} is behind a pooler without DISABLE_SERVER_SIDE_CURSORS = True: "
+                ".iterator() breaks "
+                "under transaction pooling"
+            )
+    return warnings
+
+
+def capabilities(alias: str) -> Capabilities:
+    """Return what lockkit can do on ``alias``. Connects to ask the server (version, read-only state).
+
+    Raises:
+        TypeError, ValueError: ``alias`` is not a configured database alias.
+    """
+    warnings = tuple(configuration_warnings(alias))
+    connection = connections[alias]
+    backend = backend_for(connection)
+    try:
+        features = connection.features
+        lock_timeout, statement_timeout = backend.timeout_support(connection)
+        warnings += tuple(backend.server_warnings(connection))
+        return Capabilities(
+            alias=alias,
+            vendor=connection.vendor,
+            row_locks=bool(features.has_select_for_update),
+            nowait=bool(features.has_select_for_update_nowait),
+            skip_locked=bool(features.has_select_for_update_skip_locked),
+            of=bool(features.has_select_for_update_of),
+            no_key=bool(features.has_select_for_no_key_update),
+            lock_timeout=lock_timeout,
+            statement_timeout=statement_timeout,
+            warnings=warnings,
+        )
+    except Exception as exc:  # an unreachable server must not break the report of the others
+        return Capabilities(alias=alias, vendor=connection.vendor, warnings=warnings, error=f"{exc}".strip())
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def format_table(caps: Capabilities) -> str:
+    """Render one alias's capabilities as a plain-text table."""
+    rows: list[tuple[str, str]] = [
+        (
+            "row locks (SELECT ... FOR UPDATE)",
+            _yes(caps.row_locks)
+            if caps.vendor != "sqlite"
+            else "no: BEGIN IMMEDIATE locks the whole database",
+        ),
+        ("nowait (NOWAIT)", _yes(caps.nowait)),
+        ("skip_locked (SKIP LOCKED)", _yes(caps.skip_locked)),
+        (
+            'of=("self",) (FOR UPDATE OF)',
+            _yes(caps.of) + ("" if caps.of else ": related rows are locked too"),
+        ),
+        ("no_key (FOR NO KEY UPDATE)", _yes(caps.no_key)),
+        ("lock_timeout", caps.lock_timeout or "not applied"),
+        ("statement_timeout", caps.statement_timeout or "not supported"),
+    ]
+    if caps.error is not None:
+        rows = [("server", f"unreachable: {caps.error}")]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{caps.alias} ({caps.vendor})"]
+    lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    lines += [f"  warning: {warning}" for warning in caps.warnings]
+    return "\n".join(lines)
+
+
+__all__ = ["Capabilities", "capabilities", "configuration_warnings", "format_table"]
