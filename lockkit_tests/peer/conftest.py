@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from django.db import connections
 
-from lockkit.backends import Backend, backend_for
 from lockkit_tests.models import PeerCity, PeerCountry, PeerEUCountry, PeerPerson, PeerProfile
 
 pytestmark = pytest.mark.contention
@@ -35,19 +32,3 @@ def make_world(alias: str) -> World:
     person = PeerPerson.objects.using(alias).create(name="Reinhardt", born=city1, died=city2)
     profile = PeerProfile.objects.using(alias).create(person=person)
     return World(alias, country, eu_country, city1, city2, person, profile)
-
-
-@pytest.fixture
-def pending_mysql_backend(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
-    """Mark the running test ``xfail(strict=True)`` on MariaDB while lockkit has no MariaDB backend (issue 5).
-
-    Strict: once the backend lands, the test passes, the xfail turns into a failure, and the mark must go.
-    """
-
-    def mark(alias: str, why: str) -> None:
-        connection = connections[alias]
-        if connection.vendor == "mysql" and type(backend_for(connection)) is Backend:
-            reason = f"needs lockkit's MariaDB backend (issue 5): {why}"
-            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-    return mark

@@ -8,7 +8,6 @@ parent row would not wait.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -58,10 +57,7 @@ def test_locking_a_child_model_locks_its_parents_rows(alias: str, parent: type[A
 
 
 @pytest.mark.parametrize("alias", BOTH)
-def test_a_proxy_locks_the_concrete_rows(
-    alias: str, pending_mysql_backend: Callable[[str, str], None]
-) -> None:
-    pending_mysql_backend(alias, "MariaDB reports NOWAIT as error 1205, read as LockTimeout")
+def test_a_proxy_locks_the_concrete_rows(alias: str) -> None:
     world = make_world(alias)
     with hold_lock(PeerCountry.objects.using(alias).filter(pk=world.country.pk)):
         with pytest.raises(LockNotAvailable), locked(alias, nowait=True) as scope:
