@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
-
 from lockkit_tests.models import PeerCity, PeerCountry, PeerEUCountry, PeerPerson, PeerProfile
-
-pytestmark = pytest.mark.contention
 
 
 @dataclass
