@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from urllib.parse import quote
 
@@ -20,6 +21,10 @@ def database_url() -> str:
     url = os.environ.get(DATABASE_URL_ENV, "").strip()
     if url:
         return url
+    if "mypy" in sys.modules:
+        # mypy's Django plugin imports the settings to read the models and then leaves with os._exit(), which would
+        # strand a server started here; it never connects, so a placeholder URL serves.
+        return "postgres://postgres@localhost/lockkit_typecheck"
     return _start_embedded()
 
 

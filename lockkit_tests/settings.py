@@ -19,7 +19,8 @@ from lockkit_tests.dbserver import database_url
 SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["lockkit", "lockkit_tests"]
+# The sample project's apps too: its tests run in the same pytest session (one command for the whole suite).
+INSTALLED_APPS = ["lockkit", "lockkit_tests", "sample_project.inventory", "sample_project.jobs"]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,0 +1,10 @@
+"""``python -m sample_project``: the command line (``demo``, ``serve``, ``manage``)."""
+
+from __future__ import annotations
+
+import sys
+
+from sample_project.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""``python -m sample_project``: ``demo`` (the contention demo), ``serve`` (gunicorn), ``manage`` (Django).
+
+Every command takes ``--database-url`` (a PostgreSQL URL; default ``$SAMPLE_DATABASE_URL``, else an embedded
+PostgreSQL started for the run and removed afterwards). The sample's tables are created with ``migrate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+from sample_project.demo.bootstrap import DATABASE_URL_ENV, SETTINGS_MODULE
+
+HTTP_DEFAULT_ORDERS = 3_000
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _check_demo_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad demo options before a database is started (argparse exits with status 2)."""
+    from sample_project.demo.orders import ORDERS_FILE, load_orders  # no models: Django is not set up yet
+
+    if args.workers < 2:
+        parser.error("--workers must be at least 2")
+    if args.jobs < 0:
+        parser.error("--jobs must be 0 or more")
+    try:
+        load_orders(args.orders or ORDERS_FILE, args.limit)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--orders: {exc}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--database-url",
+        help=f"PostgreSQL URL (default ${DATABASE_URL_ENV}, else an embedded server for this run)",
+    )
+    parser = argparse.ArgumentParser(prog="python -m sample_project", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser(
+        "demo", parents=[common], help="run the flash sale and the job queue under contention"
+    )
+    demo.add_argument(
+        "--workers", type=_positive_int, default=4, help="worker processes (default 4, at least 2)"
+    )
+    demo.add_argument(
+        "--orders", type=Path, help="orders file, CSV 'sku,quantity' (default: the bundled 10,000)"
+    )
+    demo.add_argument("--limit", type=_positive_int, help="use only the first N orders")
+    demo.add_argument("--jobs", type=int, default=400, help="jobs in the job queue (default 400; 0 skips it)")
+    demo.add_argument(
+        "--stock-ratio",
+        type=_positive_float,
+        default=0.6,
+        help="starting stock as a share of the units ordered (0.6)",
+    )
+    demo.add_argument(
+        "--guarded", action="store_true", help="also run the sale with the guarded single-statement UPDATE"
+    )
+    demo.add_argument(
+        "--http", action="store_true", help="drive the flash sale through gunicorn and HTTP clients instead"
+    )
+
+    serve = commands.add_parser("serve", parents=[common], help="serve the JSON endpoints with gunicorn")
+    serve.add_argument("--bind", default="127.0.0.1:8000")
+    serve.add_argument("--workers", type=_positive_int, default=3)
+
+    manage = commands.add_parser("manage", parents=[common], help="run a Django management command")
+    manage.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _setup(database_url: str | None) -> str:
+    if database_url:
+        os.environ[DATABASE_URL_ENV] = database_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
+    import django
+
+    django.setup()  # the settings start the embedded server when no URL is set, and export its URL
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return os.environ[DATABASE_URL_ENV]
+
+
+def _demo(args: argparse.Namespace, url: str) -> int:
+    from rich.console import Console
+
+    from sample_project.demo.orders import ORDERS_FILE
+    from sample_project.demo.report import queue_table, sale_table
+    from sample_project.demo.runner import DemoOptions, broken_invariants, run_demo
+
+    options = DemoOptions(
+        url=url,
+        workers=args.workers,
+        orders_file=args.orders or ORDERS_FILE,
+        limit=args.limit,
+        jobs=args.jobs,
+        stock_ratio=args.stock_ratio,
+        implementations=("naive", "guarded", "lockkit") if args.guarded else ("naive", "lockkit"),
+    )
+    console = Console()
+    started = time.monotonic()
+    if args.http:
+        from sample_project.demo.http_sale import run_http_demo
+
+        if args.limit is None:
+            options = dataclasses.replace(options, limit=HTTP_DEFAULT_ORDERS)
+            console.print(f"HTTP mode: the first {HTTP_DEFAULT_ORDERS:,} orders (--limit to change)")
+        status: int = run_http_demo(options, console)
+        return status
+    result = run_demo(options, console)
+    console.print(sale_table(result.sales, orders=result.orders, workers=options.workers, skus=result.skus))
+    if result.queues:
+        console.print(queue_table(result.queues))
+    broken = broken_invariants(result)
+    for problem in broken:
+        console.print(f"[bold red]lockkit invariant broken:[/bold red] {problem}")
+    verdict = "[bold red]FAILED[/bold red]" if broken else "[bold green]lockkit invariants hold[/bold green]"
+    console.print(f"{verdict} ({time.monotonic() - started:.1f}s)")
+    return 1 if broken else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gunicorn.app.wsgiapp import run
+
+    sys.argv = ["gunicorn", "--bind", args.bind, "--workers", str(args.workers), "sample_project.wsgi"]
+    run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        _check_demo_args(parser, args)
+    url = _setup(args.database_url)
+    if args.command == "demo":
+        return _demo(args, url)
+    if args.command == "serve":
+        return _serve(args)
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["python -m sample_project manage", *args.args])
+    return 0

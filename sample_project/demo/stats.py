@@ -1,0 +1,80 @@
+"""What a demo worker measured, and the totals of a scenario."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerStats:
+    """Counters and latencies of one worker process (sent back to the parent when it finishes)."""
+
+    operations: int = 0
+    successes: int = 0
+    refusals: int = 0
+    retries: int = 0
+    lock_timeouts: int = 0
+    errors: int = 0
+    units: int = 0
+    stale: int = 0
+    reclaimed: int = 0
+    latencies: list[float] = field(default_factory=list)
+    started: float = 0.0
+    finished: float = 0.0
+    first_error: str = ""
+
+
+@dataclass
+class Totals:
+    """The sum of a scenario's ``WorkerStats``, with latency percentiles and throughput."""
+
+    operations: int = 0
+    successes: int = 0
+    refusals: int = 0
+    retries: int = 0
+    lock_timeouts: int = 0
+    errors: int = 0
+    units: int = 0
+    stale: int = 0
+    reclaimed: int = 0
+    p50_ms: float = math.nan
+    p99_ms: float = math.nan
+    seconds: float = math.nan
+    first_error: str = ""
+
+    @property
+    def throughput(self) -> float:
+        return self.operations / self.seconds if self.seconds and self.seconds > 0 else math.nan
+
+    @classmethod
+    def of(cls, workers: list[WorkerStats]) -> Totals:
+        totals = cls()
+        latencies: list[float] = []
+        for w in workers:
+            for name in (
+                "operations",
+                "successes",
+                "refusals",
+                "retries",
+                "lock_timeouts",
+                "errors",
+                "units",
+            ):
+                setattr(totals, name, getattr(totals, name) + getattr(w, name))
+            totals.stale += w.stale
+            totals.reclaimed += w.reclaimed
+            latencies.extend(w.latencies)
+            totals.first_error = totals.first_error or w.first_error
+        if latencies:
+            latencies.sort()
+            totals.p50_ms = 1000 * _percentile(latencies, 0.50)
+            totals.p99_ms = 1000 * _percentile(latencies, 0.99)
+        if workers:
+            totals.seconds = max(w.finished for w in workers) - min(w.started for w in workers)
+        return totals
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    index = min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))
+    return ordered[index]

@@ -1,0 +1,87 @@
+"""Inventory JSON endpoints.
+
+``reserve`` and ``order`` own their transactions (``non_atomic_requests``), so lockkit retries them in fresh
+transactions. ``reserve_in_request`` runs inside the request's transaction (``ATOMIC_REQUESTS``): lockkit
+makes one attempt there and never retries inside it, so the view answers at once with 409/503 and the client
+decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET, require_POST
+
+from lockkit import LockError
+from sample_project.api import BadRequest, error_response, json_body, json_errors
+from sample_project.inventory.guarded import reserve_stock_guarded
+from sample_project.inventory.models import Stock
+from sample_project.inventory.naive import reserve_stock_naive
+from sample_project.inventory.services import reserve_order, reserve_stock
+
+IMPLEMENTATIONS: dict[str, Callable[[str, int], int]] = {
+    "lockkit": reserve_stock,
+    "guarded": reserve_stock_guarded,
+    "naive": reserve_stock_naive,  # for the demo's comparison only
+}
+
+
+@require_GET
+@transaction.non_atomic_requests
+@json_errors
+def stock(request: HttpRequest, sku: str) -> JsonResponse:
+    """``GET /inventory/stock/<sku>``: ``{"sku", "available"}``."""
+    row = Stock.objects.get(pk=sku)
+    return JsonResponse({"sku": row.sku, "available": row.available})
+
+
+@require_POST
+@transaction.non_atomic_requests
+@json_errors
+def reserve(request: HttpRequest) -> JsonResponse:
+    """``POST /inventory/reserve`` ``{"sku", "quantity", "impl"?}``: ``{"sku", "remaining"}``.
+
+    ``impl`` is ``"lockkit"`` (default), ``"guarded"`` or ``"naive"`` (the demo compares them).
+    """
+    data = json_body(request)
+    impl = data.get("impl", "lockkit")
+    if impl not in IMPLEMENTATIONS:
+        raise BadRequest(f"impl must be one of {sorted(IMPLEMENTATIONS)}")
+    remaining = IMPLEMENTATIONS[impl](data.get("sku"), data.get("quantity"))  # type: ignore[arg-type]
+    return JsonResponse({"sku": data["sku"], "remaining": remaining})
+
+
+@require_POST
+@transaction.non_atomic_requests
+@json_errors
+def order(request: HttpRequest) -> JsonResponse:
+    """``POST /inventory/orders`` ``{"lines": [[sku, quantity], ...]}``: ``{"remaining": {sku: units}}``."""
+    lines = json_body(request).get("lines")
+    return JsonResponse({"remaining": reserve_order(lines)})
+
+
+@require_POST
+@json_errors
+def reserve_in_request(request: HttpRequest) -> JsonResponse:
+    """``POST /inventory/reserve-in-request``: ``reserve`` inside the request transaction (ATOMIC_REQUESTS).
+
+    The reservation is nested in the request's ``atomic()``, so lockkit makes exactly one attempt: a held row
+    answers 409 ``lock_not_available`` at once with ``"nowait": true``, or 503 ``lock_timeout`` after the lock
+    timeout; both with ``Retry-After``. The failed attempt rolled back its savepoint only, so the request's
+    transaction is still usable: the error body reports the stock as this transaction reads it.
+    """
+    data = json_body(request)
+    sku = data.get("sku")
+    nowait = data.get("nowait", False)
+    try:
+        remaining = reserve_stock(sku, data.get("quantity"), nowait=nowait)  # type: ignore[arg-type]
+    except LockError as exc:
+        # Still inside the request transaction, which the failed nested attempt left usable: read from it.
+        available = Stock.objects.filter(pk=sku).values_list("available", flat=True).first()
+        response = error_response(exc, available=available, retried_inside_request=False)
+        if response is None:
+            raise
+        return response
+    return JsonResponse({"sku": sku, "remaining": remaining})

@@ -1,0 +1,43 @@
+"""Django settings for the sample project.
+
+The database is PostgreSQL at ``SAMPLE_DATABASE_URL`` (``python -m sample_project --database-url`` sets it),
+or an embedded server started for the run when it is unset. Requests are atomic (``ATOMIC_REQUESTS``) unless
+a view opts out with ``transaction.non_atomic_requests``: the views that own their locked operation opt out,
+so lockkit can retry them in fresh transactions; one view stays atomic to show the nested case failing fast.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dj_database_url
+
+from sample_project.embedded import database_url
+
+DATABASE_URL_ENV = "SAMPLE_DATABASE_URL"
+
+SECRET_KEY = os.environ.get("SAMPLE_SECRET_KEY", "sample-project-not-secret")
+DEBUG = False
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+INSTALLED_APPS = ["lockkit", "sample_project.inventory", "sample_project.jobs"]
+# A JSON API for a demo: no sessions, no CSRF middleware. A real project keeps its usual middleware.
+MIDDLEWARE: list[str] = []
+ROOT_URLCONF = "sample_project.urls"
+WSGI_APPLICATION = "sample_project.wsgi.application"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_default: dict[str, Any] = dict(dj_database_url.parse(database_url(DATABASE_URL_ENV), conn_max_age=60))
+_default["ATOMIC_REQUESTS"] = True
+DATABASES: dict[str, dict[str, Any]] = {"default": _default}
+
+LOCKKIT: dict[str, Any] = {"LOCK_TIMEOUT": 2.0}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"lockkit": {"handlers": ["console"], "level": "WARNING"}},
+}

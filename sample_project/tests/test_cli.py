@@ -1,0 +1,90 @@
+"""The demo's command line: options refused before a database starts, the invariant check, and a real run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from sample_project.cli import main
+from sample_project.demo.bootstrap import url_of
+from sample_project.demo.flash_sale import SaleAudit, SaleResult
+from sample_project.demo.runner import DemoResult, broken_invariants
+from sample_project.demo.stats import Totals
+
+
+def _sale(implementation: str, *, oversold: int, lost: int, units: int) -> SaleResult:
+    audit = SaleAudit(
+        initial=10, remaining=10 - units + lost, reserved=units, oversold=oversold, lost_updates=lost
+    )
+    return SaleResult(implementation, Totals(operations=5, successes=5, units=units), audit)
+
+
+def test_a_broken_lockkit_invariant_is_reported_and_a_naive_one_is_not() -> None:
+    """What makes ``python -m sample_project demo`` exit with status 1."""
+    honest = DemoResult(orders=5, skus=1, sales=[_sale("naive", oversold=2, lost=2, units=12)])
+    assert broken_invariants(honest) == []
+    broken = DemoResult(orders=5, skus=1, sales=[_sale("lockkit", oversold=1, lost=1, units=11)])
+    problems = broken_invariants(broken)
+    assert any("1 units oversold" in p for p in problems)
+    assert any("remaining stock" in p for p in problems)
+
+
+def test_the_command_line_refuses_bad_options_before_starting_a_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "orders.csv"
+    bad.write_text("sku,quantity\na,0\n")
+    cases = [
+        (["demo", "--workers", "0"], "must be a positive integer"),
+        (["demo", "--workers", "1"], "at least 2"),
+        (["demo", "--limit", "-3"], "must be a positive integer"),
+        (["demo", "--stock-ratio", "0"], "must be a positive number"),
+        (["demo", "--orders", str(tmp_path / "missing.csv")], "No such file"),
+        (["demo", "--orders", str(bad)], "orders.csv:2"),
+        (["nonsense"], "invalid choice"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m sample_project ...`` in a fresh interpreter, as a user runs it (no Django set up yet)."""
+    clean = {
+        k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "SAMPLE_DATABASE_URL"}
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "sample_project", *args],
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_python_m_sample_project_refuses_bad_options_with_status_2() -> None:
+    result = _run_cli("demo", "--workers", "1")
+    assert result.returncode == 2, result.stderr
+    assert "at least 2" in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.contention
+def test_python_m_sample_project_demo_runs_and_exits_0() -> None:
+    """The command line end to end, on the test database: tables printed, invariants hold, status 0."""
+    url = url_of(connections["default"].settings_dict)
+    result = _run_cli(
+        "demo", "--workers", "2", "--limit", "200", "--jobs", "20", env={"SAMPLE_DATABASE_URL": url}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "units oversold" in result.stdout
+    assert "jobs lost" in result.stdout
+    assert "lockkit invariants hold" in result.stdout

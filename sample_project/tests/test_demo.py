@@ -1,0 +1,82 @@
+"""The demo, scaled down: real worker processes on the test database, invariants asserted on the tables."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from rich.console import Console
+
+from sample_project.demo.bootstrap import url_of
+from sample_project.demo.orders import ORDERS_FILE, load_orders, starting_stock
+from sample_project.demo.report import queue_table, sale_table
+from sample_project.demo.runner import DemoOptions, broken_invariants, run_demo
+from sample_project.inventory.models import Stock
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
+
+ORDERS = 600
+JOBS = 40
+
+
+def test_bundled_orders_file_is_a_flash_sale() -> None:
+    orders = load_orders(ORDERS_FILE)
+    assert len(orders) >= 10_000
+    hot = sum(1 for sku, _ in orders if sku.startswith("flash-"))
+    assert 0.3 < hot / len(orders) < 0.5  # three SKUs take a large share of the orders
+    assert all(quantity >= 1 for _, quantity in orders)
+
+
+@pytest.mark.parametrize(
+    "bad", ["sku,qty\na,1\n", "sku,quantity\na,0\n", "sku,quantity\na,x\n", "sku,quantity\n"]
+)
+def test_a_malformed_orders_file_is_refused(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "orders.csv"
+    path.write_text(bad)
+    with pytest.raises(ValueError, match=r"orders\.csv"):
+        load_orders(path)
+
+
+def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
+    url = url_of(connections["default"].settings_dict)
+    options = DemoOptions(
+        url=url,
+        workers=3,
+        limit=ORDERS,
+        jobs=JOBS,
+        implementations=("naive", "guarded", "lockkit"),
+        lease=1.0,
+    )
+    console = Console(file=io.StringIO(), width=120)
+    result = run_demo(options, console)
+
+    assert broken_invariants(result) == []
+    stock = starting_stock(load_orders(ORDERS_FILE, ORDERS), options.stock_ratio)
+    for sale in result.sales:
+        totals = sale.totals
+        assert totals.operations == ORDERS
+        assert totals.successes + totals.refusals + totals.lock_timeouts + totals.errors == ORDERS
+        assert sale.audit.initial == sum(stock.values())
+        if sale.implementation != "naive":
+            assert totals.errors == 0
+            assert sale.audit.oversold == 0
+            assert sale.audit.lost_updates == 0
+            assert sale.audit.reserved == totals.units
+            assert sale.audit.remaining == sale.audit.initial - sale.audit.reserved
+    # The last run (lockkit) left its stock in the table: per SKU, remaining = initial - reserved.
+    remaining = dict(Stock.objects.values_list("sku", "available"))
+    assert sum(remaining.values()) == result.sales[-1].audit.initial - result.sales[-1].audit.reserved
+
+    assert [q.implementation for q in result.queues] == ["naive", "lockkit"]
+    queue = result.queues[-1]
+    assert queue.killed
+    assert queue.totals.reclaimed >= 1
+    assert (queue.audit.jobs, queue.audit.done, queue.audit.run_twice, queue.audit.lost) == (JOBS, JOBS, 0, 0)
+
+    console.print(sale_table(result.sales, orders=result.orders, workers=3, skus=result.skus))
+    console.print(queue_table(result.queues))
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "units oversold" in output
+    assert "jobs lost" in output
