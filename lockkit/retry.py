@@ -150,7 +150,10 @@ def check_retry(value: object, name: str = "retry") -> RetrySetting:
     if value is None or isinstance(value, RetryPolicy | tenacity.Retrying):
         return value
     if isinstance(value, dict):
-        return RetryPolicy(**value)
+        try:
+            return RetryPolicy(**value)
+        except TypeError as exc:
+            raise TypeError(f"{name}: {exc}") from None
     raise TypeError(
         f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}"
     )

@@ -38,6 +38,14 @@ class _Unset:
 
 _UNSET: Any = _Unset()
 
+
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+
 _scopes: ContextVar[tuple[LockScope, ...]] = ContextVar("lockkit_scopes", default=())
 
 
@@ -605,10 +613,10 @@ def locked_operation(
     no_key: bool = False,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 def locked_operation(
-    using_or_func: Any = _UNSET,
+    using_or_func: Any = _NOT_GIVEN,
     /,
     *,
-    using: Any = _UNSET,
+    using: Any = _NOT_GIVEN,
     model: type[models.Model] | None = None,
     retry: Any = _UNSET,
     lock_timeout: Any = _UNSET,
@@ -646,16 +654,16 @@ def locked_operation(
         LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
             ReadOnlyDatabase: the failure of the last attempt, with ``.attempts`` set.
     """
-    if using_or_func is not _UNSET and using is not _UNSET:
+    if using_or_func is not _NOT_GIVEN and using is not _NOT_GIVEN:
         raise TypeError("locked_operation() got using both positionally and as a keyword")
     if (
-        using is _UNSET
+        using is _NOT_GIVEN
         and callable(using_or_func)
         and _all_defaults(model, retry, lock_timeout, statement_timeout, nowait, skip_locked, no_key)
     ):
         return _LockedOperation(_DEFAULT_OPTIONS, _UNSET)(using_or_func)
-    if using is _UNSET:
-        using = None if using_or_func is _UNSET else using_or_func
+    if using is _NOT_GIVEN:
+        using = None if using_or_func is _NOT_GIVEN else using_or_func
     options = _Options.build(
         using,
         model=model,

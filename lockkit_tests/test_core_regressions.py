@@ -207,3 +207,9 @@ def test_claim_next_refuses_aggregates_and_huge_limits_before_sql() -> None:
         with pytest.raises(ValueError, match="aggregate"):
             claim_next(Job.objects.annotate(n=Count("tags")).filter(n=0), worker="w", lease=5)
     assert len(queries) == 0
+
+
+def test_bad_retry_setting_dict_names_the_setting(settings: Any) -> None:
+    settings.LOCKKIT = {"RETRY": {"attempt": 5}}
+    with pytest.raises(TypeError, match=r"LOCKKIT\['RETRY'\]"):
+        lockkit.locked_operation(lambda: None)()
