@@ -30,10 +30,9 @@ def database_url() -> str:
 
 
 def _start_embedded() -> str:
-    import pgserver
-
     # pgserver asks platformdirs for a runtime directory; without XDG_RUNTIME_DIR it warns and uses /tmp, harmlessly.
     warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
+    import pgserver
 
     data_dir = tempfile.mkdtemp(prefix="lockkit-pg-")
     server = pgserver.get_server(data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]

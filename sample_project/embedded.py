@@ -29,10 +29,9 @@ def database_url(env_var: str) -> str:
 
 
 def _start_embedded() -> str:
-    from pgserver import get_server  # type: ignore[attr-defined]  # not re-exported in its __all__
-
     # pgserver asks platformdirs for a runtime directory; without XDG_RUNTIME_DIR it warns and uses /tmp, harmlessly.
     warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
+    from pgserver import get_server  # type: ignore[attr-defined]  # not re-exported in its __all__
 
     data_dir = tempfile.mkdtemp(prefix="lockkit-sample-pg-")
     server = get_server(data_dir, cleanup_mode="stop")
