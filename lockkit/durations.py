@@ -23,7 +23,10 @@ def seconds(value: object, name: str, *, allow_none: bool = False) -> float | No
         raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not None")
     if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
         raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not {type(value).__name__}")
-    result = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    try:
+        result = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:.0f} seconds, got an int too large") from None
     if math.isnan(result) or math.isinf(result):
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if result <= 0:

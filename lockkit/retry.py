@@ -34,7 +34,7 @@ class RetryEvent:
         failure: The failure kind, or ``None`` for an error lockkit does not classify.
         alias: The database alias of the operation.
         wait: Seconds before the next attempt (0.0 on give-up).
-        error: The exception the attempt raised.
+        error: The exception the attempt raised (``None`` when a tenacity result predicate asked for the retry).
         sqlstate: Its SQLSTATE or vendor code, when known.
         operation: The qualified name of the decorated function.
     """
@@ -43,7 +43,7 @@ class RetryEvent:
     failure: Failure | None
     alias: str
     wait: float
-    error: BaseException
+    error: BaseException | None
     sqlstate: str | None
     operation: str
 
@@ -150,7 +150,10 @@ def check_retry(value: object, name: str = "retry") -> RetrySetting:
     if value is None or isinstance(value, RetryPolicy | tenacity.Retrying):
         return value
     if isinstance(value, dict):
-        return RetryPolicy(**value)
+        try:
+            return RetryPolicy(**value)
+        except TypeError as exc:
+            raise TypeError(f"{name}: {exc}") from None
     raise TypeError(
         f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}"
     )
@@ -160,10 +163,9 @@ def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: flo
     from lockkit.sqlstate import code_of
 
     assert state.outcome is not None
-    error = state.outcome.exception()
-    assert error is not None
+    error = state.outcome.exception()  # None when a tenacity result predicate asked for the retry
     failure = error.failure if isinstance(error, LockError) else None
-    sqlstate = error.sqlstate if isinstance(error, LockError) else code_of(error)
+    sqlstate = error.sqlstate if isinstance(error, LockError) else (code_of(error) if error else None)
     return RetryEvent(state.attempt_number, failure, alias, wait, error, sqlstate, operation)
 
 
@@ -230,6 +232,6 @@ def build_retrying(
         if user_error_callback is not None:
             return user_error_callback(state)
         assert state.outcome is not None
-        return state.outcome.result()  # re-raises the last attempt's error
+        return state.outcome.result()  # re-raises the last attempt's error (or returns its result)
 
     return base.copy(before_sleep=before_sleep, retry_error_callback=give_up, reraise=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -36,6 +37,14 @@ class _Unset:
 
 
 _UNSET: Any = _Unset()
+
+
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
 
 _scopes: ContextVar[tuple[LockScope, ...]] = ContextVar("lockkit_scopes", default=())
 
@@ -169,7 +178,7 @@ class LockScope:
         self.skip_locked = options.skip_locked
         self.no_key = options.no_key
         self.lock_timeout, self.statement_timeout = options.timeouts()
-        self.nested = connection.in_atomic_block
+        self.nested = _in_transaction(connection)
         # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
         self._sfu_kwargs = backend.select_for_update_kwargs(
             connection, nowait=self.nowait, skip_locked=self.skip_locked, no_key=self.no_key
@@ -178,6 +187,10 @@ class LockScope:
         self._atomic = transaction.atomic(using=alias)
         self._token: TimeoutToken = None
         self._active = False
+        self._committed = (
+            False  # set by the first commit hook: later errors come from callbacks, not the commit
+        )
+        self._owner: object = None  # the Locked or decorator call that opened the scope (it exits its own)
 
     def __repr__(self) -> str:
         return f"<LockScope alias={self.alias!r} attempt={self.attempt} nested={self.nested}>"
@@ -208,29 +221,48 @@ class LockScope:
             self._atomic.__exit__(type(exc), exc, exc.__traceback__)
             self._reraise_classified(exc)
             raise
+        if not self.nested:
+            # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
+            # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
+            transaction.on_commit(self._mark_committed, using=self.alias)
         self._active = True
         _scopes.set((*_scopes.get(), self))
+
+    def _mark_committed(self) -> None:
+        self._committed = True
+
+    @property
+    def committed(self) -> bool:
+        """Whether the scope's own transaction has committed (only an outermost scope commits)."""
+        return self._committed
 
     def _exit(self, exc: BaseException | None) -> None:
         self._active = False
         stack = _scopes.get()
         _scopes.set(tuple(s for s in stack if s is not self))
         connection = connections[self.alias]
+        restore_error: BaseException | None = None
         # After an error swallowed inside the block the savepoint is rolled back anyway, which reverts the timeouts.
         if exc is None and self.nested and self._token and not connection.needs_rollback:
             try:
                 self._backend.end_scope(connection, self._token)
             except BaseException as restore_exc:
-                exc = restore_exc
+                # Typically 25P02: the body swallowed a database error, so the savepoint cannot be released.
+                # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
+                exc = restore_error = restore_exc
         try:
             self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except BaseException as commit_exc:
             self._after_scope(pending=True)
+            if self._committed:
+                raise  # an on_commit callback failed after the COMMIT: not a failure of the transaction
             self._reraise_classified(commit_exc)
             raise
         self._after_scope(pending=exc is not None)
         if exc is not None:
             self._reraise_classified(exc)
+            if restore_error is not None:
+                raise restore_error
 
     def _after_scope(self, *, pending: bool) -> None:
         """Let the backend restore session settings a rollback does not revert (MySQL), after success or error.
@@ -293,7 +325,12 @@ class LockScope:
             TypeError: ``target`` is neither a queryset nor a model class.
         """
         self._check_active()
-        return aliases.queryset_on(target, self.alias, "target").select_for_update(**self._sfu_kwargs)
+        queryset = aliases.queryset_on(target, self.alias, "target")
+        kwargs = self._sfu_kwargs
+        if "of" in kwargs:
+            # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
+            kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
+        return queryset.select_for_update(**kwargs)
 
     def get(self, target: QuerySet[M] | type[M], *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
@@ -319,7 +356,10 @@ class LockScope:
             NotInLockedScope, AliasMismatch: as ``lock()``.
         """
         queryset = self.lock(target)
-        if pks is not None:
+        if isinstance(pks, QuerySet):
+            # A subquery on the scope's alias (refused if bound elsewhere), not evaluated on another database.
+            queryset = queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks"))
+        elif pks is not None:
             if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
                 raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
             queryset = queryset.filter(pk__in=list(pks))
@@ -338,8 +378,21 @@ class LockScope:
         """
         if not callable(func):
             raise TypeError(f"func must be callable, not {type(func).__name__}")
+        _check_flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
+    """The ``of=`` paths of a model's multi-table parents (``country_ptr``, ``country_ptr__entity_ptr``)."""
+    paths: list[str] = []
+    concrete = model._meta.concrete_model or model
+    for parent, link in concrete._meta.parents.items():
+        if link is None:  # pragma: no cover - only proxies have parents without a link, and they are resolved
+            continue
+        path = f"{prefix}{link.name}"
+        paths += [path, *_parent_links(parent, f"{path}__")]
+    return tuple(paths)
 
 
 class Locked:
@@ -354,14 +407,17 @@ class Locked:
     def __enter__(self) -> LockScope:
         alias = self._options.alias_for_call((), {})
         scope = LockScope(self._options, alias, attempt=1)
+        scope._owner = self
         scope._enter()
         return scope
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # The innermost scope this object opened: a generator or another alias's scope may have opened others
+        # since, and exiting those instead would end the wrong transaction.
         for scope in reversed(_scopes.get()):
-            if scope._active:
+            if scope._active and scope._owner is self:
                 scope._exit(exc)
                 return
         raise NotInLockedScope("locked() exited without an active scope")  # pragma: no cover - misuse only
@@ -380,11 +436,37 @@ class Locked:
 def _refuse_async(func: object, name: str) -> None:
     if not callable(func):
         raise TypeError(f"{name}(...) decorates a callable, not {type(func).__name__}")
+    if isinstance(func, type) and issubclass(func, models.Model):
+        raise TypeError(
+            f"{name}() got the model {func.__name__} as `using`; pass it as model={func.__name__}"
+        )
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         raise TypeError(
             f"{name} cannot decorate the async function {getattr(func, '__qualname__', func)!r}: lockkit scopes "
             "are synchronous; call a sync locked operation through asgiref.sync.sync_to_async"
         )
+    if inspect.isgeneratorfunction(func):
+        raise TypeError(
+            f"{name} cannot decorate the generator function {getattr(func, '__qualname__', func)!r}: its body "
+            "would run after the scope has ended; collect the results in a list inside a plain function"
+        )
+
+
+def _in_transaction(connection: Any) -> bool:
+    """Whether the connection is inside a transaction someone else began (``atomic`` or autocommit turned off)."""
+    return bool(connection.in_atomic_block or not connection.get_autocommit())
+
+
+class _Committed(BaseException):
+    """Carries an error raised after an attempt committed (an ``on_commit`` callback) past the retry loop.
+
+    A ``BaseException`` so that no retry predicate (``retry_if_exception_type()`` matches ``Exception``) retries
+    work that is already committed.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 @overload
@@ -480,7 +562,12 @@ class _LockedOperation:
             except BaseException as exc:
                 scope._exit(exc)
                 raise
-            scope._exit(None)
+            try:
+                scope._exit(None)
+            except BaseException as exc:
+                if scope.committed:
+                    raise _Committed(exc) from exc
+                raise
             return result
 
         @functools.wraps(func)
@@ -489,15 +576,18 @@ class _LockedOperation:
             retry = retry_option
             if isinstance(retry, _Unset):
                 retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
-            if retry is None or connections[alias].in_atomic_block:
-                # Nested in an outer transaction (ATOMIC_REQUESTS included): a retry here would run inside the
-                # failed transaction, so make one attempt and let the owner of the transaction decide.
-                return attempt(alias, 1, args, kwargs)
-            retrying = build_retrying(retry, alias=alias, operation=operation)
-            for try_ in retrying:
-                with try_:
-                    return attempt(alias, try_.retry_state.attempt_number, args, kwargs)
-            raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+            try:
+                if retry is None or _in_transaction(connections[alias]):
+                    # Nested in an outer transaction (ATOMIC_REQUESTS included): a retry here would run inside
+                    # the failed transaction, so make one attempt and let the owner of the transaction decide.
+                    return attempt(alias, 1, args, kwargs)
+                numbers = itertools.count(1)  # per call: the attempt number each try runs with
+                retrying = build_retrying(retry, alias=alias, operation=operation)
+                # The call form (not the iterator) so that result predicates and a retry_error_callback's
+                # return value work as tenacity documents them.
+                return retrying(lambda: attempt(alias, next(numbers), args, kwargs))
+            except _Committed as committed:
+                raise committed.error from None
 
         return wrapper
 
@@ -523,10 +613,10 @@ def locked_operation(
     no_key: bool = False,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 def locked_operation(
-    using_or_func: Any = _UNSET,
+    using_or_func: Any = _NOT_GIVEN,
     /,
     *,
-    using: Any = _UNSET,
+    using: Any = _NOT_GIVEN,
     model: type[models.Model] | None = None,
     retry: Any = _UNSET,
     lock_timeout: Any = _UNSET,
@@ -564,16 +654,16 @@ def locked_operation(
         LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
             ReadOnlyDatabase: the failure of the last attempt, with ``.attempts`` set.
     """
-    if using_or_func is not _UNSET and using is not _UNSET:
+    if using_or_func is not _NOT_GIVEN and using is not _NOT_GIVEN:
         raise TypeError("locked_operation() got using both positionally and as a keyword")
     if (
-        using is _UNSET
+        using is _NOT_GIVEN
         and callable(using_or_func)
         and _all_defaults(model, retry, lock_timeout, statement_timeout, nowait, skip_locked, no_key)
     ):
         return _LockedOperation(_DEFAULT_OPTIONS, _UNSET)(using_or_func)
-    if using is _UNSET:
-        using = None if using_or_func is _UNSET else using_or_func
+    if using is _NOT_GIVEN:
+        using = None if using_or_func is _NOT_GIVEN else using_or_func
     options = _Options.build(
         using,
         model=model,

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from lockkit.errors import Failure
 
-# How many links of __cause__/__context__ to follow: Django wraps once, TransactionManagementError once more.
-_MAX_CHAIN = 8
+# How many links of __cause__/__context__ to follow: Django wraps once, TransactionManagementError once more,
+# user code may wrap a few times; a bound keeps a pathological chain cheap.
+_MAX_CHAIN = 32
 
 
 @dataclass(frozen=True)

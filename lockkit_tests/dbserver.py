@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from urllib.parse import quote
 
 DATABASE_URL_ENV = "LOCKKIT_TEST_DATABASE_URL"
@@ -29,6 +30,8 @@ def database_url() -> str:
 
 
 def _start_embedded() -> str:
+    # pgserver asks platformdirs for a runtime directory; without XDG_RUNTIME_DIR it warns and uses /tmp, harmlessly.
+    warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
     import pgserver
 
     data_dir = tempfile.mkdtemp(prefix="lockkit-pg-")

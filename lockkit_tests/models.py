@@ -39,6 +39,51 @@ class RemoteItem(models.Model):
     value = models.IntegerField(default=0)
 
 
+# -- The peer suite (lockkit_tests/peer/): scenarios of Django's own select_for_update tests. --------------
+
+
+class PeerEntity(models.Model):
+    """The root of a multi-table inheritance chain: ``PeerEntity`` <- ``PeerCountry`` <- ``PeerEUCountry``."""
+
+    code = models.CharField(max_length=8, default="")
+
+
+class PeerCountry(PeerEntity):
+    name = models.CharField(max_length=40)
+
+
+class PeerEUCountry(PeerCountry):
+    joined = models.IntegerField(null=True)
+
+
+class PeerCountryProxy(PeerCountry):
+    class Meta:
+        proxy = True
+
+
+class PeerCity(models.Model):
+    name = models.CharField(max_length=40)
+    country = models.ForeignKey(PeerCountry, on_delete=models.CASCADE)
+
+
+class PeerPerson(models.Model):
+    """``died`` is nullable: ``select_related("died")`` is an outer join, which ``FOR UPDATE`` cannot lock."""
+
+    name = models.CharField(max_length=40)
+    born = models.ForeignKey(PeerCity, on_delete=models.CASCADE, related_name="+")
+    died = models.ForeignKey(PeerCity, null=True, on_delete=models.SET_NULL, related_name="+")
+
+
+class PeerProfile(models.Model):
+    person = models.OneToOneField(PeerPerson, on_delete=models.CASCADE, related_name="profile")
+
+
+class PeerReporter(models.Model):
+    first_name = models.CharField(max_length=40)
+    last_name = models.CharField(max_length=40, default="")
+    rank = models.IntegerField(default=0)
+
+
 # -- job claims (lockkit.claims) -------------------------------------------------------------------------------------
 # Imported here, not at the top: lockkit.claims defines a model mixin, and this module is loaded by the app registry.
 from lockkit.claims import Claimable  # noqa: E402

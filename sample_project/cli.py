@@ -88,16 +88,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup(database_url: str | None) -> str:
+def _setup(parser: argparse.ArgumentParser, database_url: str | None) -> str:
     if database_url:
+        scheme = database_url.split(":", 1)[0].lower()
+        if scheme not in {"postgres", "postgresql", "pgsql"}:
+            parser.error(f"--database-url must be a PostgreSQL URL (postgres://...), got a {scheme!r} URL")
         os.environ[DATABASE_URL_ENV] = database_url
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     import django
 
     django.setup()  # the settings start the embedded server when no URL is set, and export its URL
     from django.core.management import call_command
+    from django.db import OperationalError
 
-    call_command("migrate", verbosity=0)
+    try:
+        call_command("migrate", verbosity=0)
+    except (
+        OperationalError
+    ) as exc:  # the server is unreachable or the database does not exist: say so briefly
+        first_line = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        parser.exit(1, f"python -m sample_project: cannot use the database: {first_line}\n")
     return os.environ[DATABASE_URL_ENV]
 
 
@@ -126,6 +136,12 @@ def _demo(args: argparse.Namespace, url: str) -> int:
             options = dataclasses.replace(options, limit=HTTP_DEFAULT_ORDERS)
             console.print(f"HTTP mode: the first {HTTP_DEFAULT_ORDERS:,} orders (--limit to change)")
         status: int = run_http_demo(options, console)
+        if args.jobs:
+            console.print("(HTTP mode runs the flash sale only; the job queue runs without --http)")
+        verdict = (
+            "[bold red]FAILED[/bold red]" if status else "[bold green]lockkit invariants hold[/bold green]"
+        )
+        console.print(f"{verdict} ({time.monotonic() - started:.1f}s)")
         return status
     result = run_demo(options, console)
     console.print(sale_table(result.sales, orders=result.orders, workers=options.workers, skus=result.skus))
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         _check_demo_args(parser, args)
-    url = _setup(args.database_url)
+    url = _setup(parser, args.database_url)
     if args.command == "demo":
         return _demo(args, url)
     if args.command == "serve":

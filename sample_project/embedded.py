@@ -11,6 +11,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import warnings
 from urllib.parse import quote
 
 
@@ -28,6 +29,8 @@ def database_url(env_var: str) -> str:
 
 
 def _start_embedded() -> str:
+    # pgserver asks platformdirs for a runtime directory; without XDG_RUNTIME_DIR it warns and uses /tmp, harmlessly.
+    warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
     from pgserver import get_server  # type: ignore[attr-defined]  # not re-exported in its __all__
 
     data_dir = tempfile.mkdtemp(prefix="lockkit-sample-pg-")

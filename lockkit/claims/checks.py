@@ -56,7 +56,13 @@ def positive_int(value: object, name: str) -> int:
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
+    if value > _MAX_BIGINT:
+        raise ValueError(f"{name} must be at most {_MAX_BIGINT} (a PostgreSQL bigint), got {value}")
     return value
+
+
+# LIMIT takes a bigint.
+_MAX_BIGINT = 2**63 - 1
 
 
 def condition(value: object) -> Q | None:
@@ -125,6 +131,13 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
         raise ValueError(f"{name} must not use distinct(): rows cannot be locked from a DISTINCT query")
     if query.combinator:
         raise ValueError(f"{name} must not be a union/intersection/difference of querysets")
+    if query.group_by is not None or any(
+        getattr(annotation, "contains_aggregate", False) for annotation in query.annotations.values()
+    ):
+        raise ValueError(
+            f"{name} must not aggregate (GROUP BY): rows cannot be locked from a grouped query; "
+            "filter with a subquery (pk__in=..., Exists(...)) instead"
+        )
     return target
 
 

@@ -1,0 +1,71 @@
+"""pytest plugin (entry point ``pytest11``): the ``contention`` marker and fixture for pytest-django users.
+
+Everything Django is imported lazily, inside fixtures that run only for contention tests, so installing
+lockkit never breaks a pytest run where Django is not configured. See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from lockkit.testing import ContentionKit
+
+MARKER = "contention"
+_MARKER_HELP = (
+    "contention(timeout=10.0): a test that runs real concurrent database sessions. It gets a transactional "
+    "database (pytest-django's django_db(transaction=True)) unless it has a django_db mark of its own, "
+    "which must then be transactional; the contention fixture's waits default to timeout seconds."
+)
+_NOT_TRANSACTIONAL = (
+    "{nodeid}: a contention test needs django_db(transaction=True): inside a TestCase transaction the rows "
+    "the test wrote are invisible to the other sessions, and the locks it takes are never contended"
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER_HELP)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("django"):
+        return
+    for item in items:
+        uses_fixture = MARKER in getattr(item, "fixturenames", ())
+        if item.get_closest_marker(MARKER) is None and not uses_fixture:
+            continue
+        # Marked here, at collection: pytest-django decides on a transactional database from the mark.
+        if item.get_closest_marker("django_db") is None:
+            item.add_marker(pytest.mark.django_db(transaction=True))
+
+
+@pytest.fixture(autouse=True)
+def _lockkit_contention_requires_transaction(request: pytest.FixtureRequest) -> None:
+    """Fail a contention test whose django_db mark is not transactional, before it runs."""
+    if request.node.get_closest_marker(MARKER) is None and MARKER not in request.fixturenames:
+        return
+    mark = request.node.get_closest_marker("django_db")
+    if mark is not None and not (mark.kwargs.get("transaction") or (mark.args and mark.args[0])):
+        pytest.fail(_NOT_TRANSACTIONAL.format(nodeid=request.node.nodeid), pytrace=False)
+
+
+@pytest.fixture
+def contention(request: pytest.FixtureRequest) -> Iterator[ContentionKit]:
+    """The contention helpers (``hold_lock``, ``wait_until_blocked``, ``in_thread``, ``run_concurrently``,
+    ``assert_single_alias``...) bound to this test, on a transactional database.
+
+    Threads started with ``contention.in_thread`` must have finished by the end of the test: one still running
+    is cancelled and fails the test. The default timeout is the ``contention`` marker's ``timeout`` (10 s).
+    """
+    from lockkit.testing import ContentionKit
+
+    marker = request.node.get_closest_marker(MARKER)
+    timeout = marker.kwargs.get("timeout", 10.0) if marker is not None else 10.0
+    kit = ContentionKit(timeout=timeout)
+    try:
+        yield kit
+    finally:
+        kit.close()
