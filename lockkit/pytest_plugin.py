@@ -50,6 +50,17 @@ def _lockkit_contention_requires_transaction(request: pytest.FixtureRequest) -> 
     mark = request.node.get_closest_marker("django_db")
     if mark is not None and not (mark.kwargs.get("transaction") or (mark.args and mark.args[0])):
         pytest.fail(_NOT_TRANSACTIONAL.format(nodeid=request.node.nodeid), pytrace=False)
+    test_class = getattr(request.node, "cls", None)
+    if test_class is not None and _wraps_in_transaction(test_class):
+        pytest.fail(_NOT_TRANSACTIONAL.format(nodeid=request.node.nodeid), pytrace=False)
+
+
+def _wraps_in_transaction(test_class: type) -> bool:
+    """Whether a unittest class is Django's ``TestCase`` (each test inside a transaction) rather than
+    ``TransactionTestCase``."""
+    from django.test import TestCase
+
+    return issubclass(test_class, TestCase)
 
 
 @pytest.fixture
@@ -63,7 +74,9 @@ def contention(request: pytest.FixtureRequest) -> Iterator[ContentionKit]:
     from lockkit.testing import ContentionKit
 
     marker = request.node.get_closest_marker(MARKER)
-    timeout = marker.kwargs.get("timeout", 10.0) if marker is not None else 10.0
+    timeout = 10.0
+    if marker is not None:  # contention(timeout=3) or contention(3)
+        timeout = marker.kwargs.get("timeout", marker.args[0] if marker.args else 10.0)
     kit = ContentionKit(timeout=timeout)
     try:
         yield kit

@@ -20,6 +20,7 @@ from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.backends.mysql import lock_wait_seconds
 from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Item, Owner, Stock
+from lockkit_tests.util import reserve_one_on
 
 ALIAS = "mariadb"
 
@@ -222,15 +223,7 @@ def test_deadlock_is_retried_and_both_operations_succeed() -> None:
 
 def test_no_oversell_under_contention() -> None:
     stock(5)
-
-    @lockkit.locked_operation(ALIAS, lock_timeout=10)
-    def reserve() -> bool:
-        item = lockkit.current_scope().get(Stock, pk="widget")
-        if item.available == 0:
-            return False
-        item.available -= 1
-        item.save(using=ALIAS)
-        return True
+    reserve = reserve_one_on(ALIAS)
 
     outcomes = run_concurrently(reserve, 8, timeout=JOIN)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]

@@ -113,12 +113,25 @@ def test_plugin_fails_a_contention_test_that_is_not_transactional(tmp_path: Path
         """
         import pytest
 
+        from django.test import TestCase
+
         @pytest.mark.contention
         @pytest.mark.django_db
         def test_in_a_transaction():
             pass
+
+        @pytest.mark.contention
+        class TestInATestCase(TestCase):  # Django's TestCase wraps each test in a transaction too
+            def test_in_a_testcase(self):
+                pass
         """,
         env=env,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "a contention test needs django_db(transaction=True)" in result.stdout
+    assert "2 failed" in result.stdout or "2 errors" in result.stdout, result.stdout
+
+
+@pytest.mark.contention(0.3)
+def test_contention_marker_takes_its_timeout_positionally(contention: ContentionKit) -> None:
+    assert contention.timeout == 0.3

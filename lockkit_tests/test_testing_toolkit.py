@@ -135,6 +135,27 @@ def test_hold_lock_raises_when_the_block_outlives_its_timeout() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_hold_lock_timeout_caps_the_whole_hold_even_with_run_calls() -> None:
+    item = Item.objects.create(name="a", value=1)
+    block = hold_lock(item, timeout=0.5)
+    holder = block.__enter__()
+    assert holder.thread is not None
+    deadline = time.monotonic() + 3
+    while not holder.expired and time.monotonic() < deadline:
+        try:
+            holder.run(lambda: None)  # activity must not extend the hold
+        except (RuntimeError, ContentionTimeout):
+            break
+        holder.thread.join(0.1)
+    holder.thread.join(5)
+    assert holder.expired
+    assert time.monotonic() < deadline  # it ended near 0.5 s, not after the 3 s of run() calls
+    with pytest.raises(ContentionTimeout):
+        block.__exit__(None, None, None)
+    assert _nowait_value("default", item.pk) == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_hold_lock_releases_when_the_block_raises() -> None:
     item = Item.objects.create(name="a", value=1)
     with pytest.raises(ZeroDivisionError), hold_lock(item) as holder:

@@ -22,6 +22,7 @@ from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
 from lockkit_tests import topology
 from lockkit_tests.models import Stock
+from lockkit_tests.util import reserve_one_on
 
 MISSING = topology.missing()
 ALIAS = "pgbouncer"
@@ -189,15 +190,7 @@ def test_deadlock_is_retried_through_the_pooler() -> None:
 
 def test_no_oversell_through_the_pooler() -> None:
     Stock.objects.using("primary").create(sku="widget", available=3)
-
-    @lockkit.locked_operation(ALIAS, lock_timeout=10)
-    def reserve() -> bool:
-        item = lockkit.current_scope().get(Stock, pk="widget")
-        if item.available == 0:
-            return False
-        item.available -= 1
-        item.save(using=ALIAS)
-        return True
+    reserve = reserve_one_on(ALIAS)
 
     outcomes = run_concurrently(reserve, 6, timeout=JOIN)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]

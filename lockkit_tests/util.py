@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import DEFAULT_DB_ALIAS, connections
 
 import lockkit
@@ -38,3 +40,18 @@ def reserve(sku: str, quantity: int) -> int:
     stock.available -= quantity
     stock.save(update_fields=["available"])
     return stock.available
+
+
+def reserve_one_on(alias: str) -> Callable[[], bool]:
+    """A locked operation on ``alias`` that takes one unit of the ``widget`` row; ``False`` when none is left."""
+
+    @lockkit.locked_operation(alias, lock_timeout=10)
+    def reserve() -> bool:
+        item = lockkit.current_scope().get(Stock, pk="widget")
+        if item.available == 0:
+            return False
+        item.available -= 1
+        item.save(using=alias)
+        return True
+
+    return reserve

@@ -6,13 +6,14 @@ worker is fenced by the claim's token. See docs/claims.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from django.db import models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
+from django.db.models.expressions import BaseExpression
 
 from lockkit.claims import checks, sql
 from lockkit.claims.mixin import Claimable
@@ -83,7 +84,8 @@ def claim(
         if target.pk is None:
             raise ValueError(f"target is an unsaved {model.__name__} instance: it has no row to claim")
         queryset: QuerySet[Any] = model._base_manager.filter(pk=target.pk)
-        if target._state.db is not None and using is None:
+        if target._state.db is not None:
+            # The instance's row lives on its own database: a different using= would claim an unrelated row.
             queryset = queryset.using(target._state.db)
         hint = target
     elif isinstance(target, QuerySet):
@@ -124,7 +126,7 @@ def claim_next(
     lease: float | timedelta,
     limit: int = 1,
     set: dict[str, Any] | None = None,
-    order_by: list[str] | tuple[str, ...] | None = None,
+    order_by: Sequence[str | BaseExpression] | None = None,
     using: str | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
@@ -312,7 +314,9 @@ def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) 
 
 def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
     if not claims:
-        return
+        if values is not None and not isinstance(values, dict):
+            raise TypeError(f"set must be a dict of field names to values, not {type(values).__name__}")
+        return  # no model to check the field names against, and nothing to write
     model = claims[0].model
     _fenced_update(claims, {"lease_expires_at": None, **checks.assignments(model, values, "set")})
 

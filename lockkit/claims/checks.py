@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import NotSupportedError, connections, models, router
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import BaseExpression
@@ -42,6 +43,8 @@ def worker(value: object) -> str:
         raise ValueError("worker must be a non-empty name")
     if len(value) > WORKER_MAX_LENGTH:
         raise ValueError(f"worker must be at most {WORKER_MAX_LENGTH} characters, got {len(value)}")
+    if "\x00" in value:
+        raise ValueError("worker must not contain NUL characters (PostgreSQL text cannot store them)")
     return value
 
 
@@ -81,6 +84,10 @@ def order(value: object) -> tuple[Any, ...] | None:
     for item in value:
         if not isinstance(item, str | BaseExpression):
             raise TypeError(f"order_by items must be field names or expressions, not {type(item).__name__}")
+        if isinstance(item, BaseExpression) and (item.contains_aggregate or item.contains_over_clause):
+            raise ValueError(
+                "order_by must not use aggregates or window functions: rows cannot be locked then"
+            )
     return tuple(value)
 
 
@@ -183,7 +190,8 @@ def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:
         first = result[0]
         if any(c.model is not first.model or c.alias != first.alias for c in result):
             raise ValueError(f"{name} must all be claims of one model on one database alias")
-        if len({c.pk for c in result}) != len(result):
+        # Compared as the field reads them: 1 and "1" are the same row of an integer primary key.
+        if len({_row_key(c) for c in result}) != len(result):
             raise ValueError(f"{name} holds the same row more than once")
     return result
 
@@ -192,4 +200,23 @@ def claim(value: object, name: str = "claim") -> Claim:
     if not isinstance(value, Claim):
         raise TypeError(f"{name} must be a Claim (from claim() or claim_next()), not {type(value).__name__}")
     claimable_model(value.model, f"{name}.model")
+    # A Claim is plain data that may have travelled (pickled, JSON): check what the fenced write will use.
+    if value.pk is None:
+        raise ValueError(f"{name}.pk is None: a claim names a saved row")
+    _row_key(value, name)
+    token = value.token
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= _MAX_BIGINT:
+        raise ValueError(f"{name}.token must be an int between 0 and {_MAX_BIGINT}, got {token!r}")
+    if value.lease is not None:
+        lease(value.lease, f"{name}.lease")
     return value
+
+
+def _row_key(value: Claim, name: str = "claim") -> Any:
+    """The claim's primary key as its model field reads it (``"1"`` and ``1`` alike for an integer key)."""
+    pk_field = value.model._meta.pk
+    assert pk_field is not None
+    try:
+        return pk_field.to_python(value.pk)
+    except ValidationError as exc:
+        raise ValueError(f"{name}.pk {value.pk!r} is not a valid {value.model.__name__} primary key") from exc

@@ -10,6 +10,7 @@ import contextlib
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,9 +118,10 @@ class Holder:
 
     def _serve(self, end: _Job | None) -> _Job | None:
         """Run jobs until one ends the transaction; return it (or ``None`` when the holder expired)."""
+        deadline = time.monotonic() + self._timeout  # the cap on the whole hold, however many run() calls
         while True:
             try:
-                job = self._jobs.get(timeout=self._timeout)
+                job = self._jobs.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 self.expired = True
                 return end

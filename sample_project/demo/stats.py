@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
-class WorkerStats:
-    """Counters and latencies of one worker process (sent back to the parent when it finishes)."""
+class Counters:
+    """What every worker counts; ``Totals`` sums them field by field."""
 
     operations: int = 0
     successes: int = 0
@@ -19,29 +19,28 @@ class WorkerStats:
     units: int = 0
     stale: int = 0
     reclaimed: int = 0
+    first_error: str = ""
+
+
+COUNTED = tuple(f.name for f in fields(Counters) if f.type in ("int", int))
+
+
+@dataclass
+class WorkerStats(Counters):
+    """Counters and latencies of one worker process (sent back to the parent when it finishes)."""
+
     latencies: list[float] = field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0
-    first_error: str = ""
 
 
 @dataclass
-class Totals:
+class Totals(Counters):
     """The sum of a scenario's ``WorkerStats``, with latency percentiles and throughput."""
 
-    operations: int = 0
-    successes: int = 0
-    refusals: int = 0
-    retries: int = 0
-    lock_timeouts: int = 0
-    errors: int = 0
-    units: int = 0
-    stale: int = 0
-    reclaimed: int = 0
     p50_ms: float = math.nan
     p99_ms: float = math.nan
     seconds: float = math.nan
-    first_error: str = ""
 
     @property
     def throughput(self) -> float:
@@ -52,18 +51,8 @@ class Totals:
         totals = cls()
         latencies: list[float] = []
         for w in workers:
-            for name in (
-                "operations",
-                "successes",
-                "refusals",
-                "retries",
-                "lock_timeouts",
-                "errors",
-                "units",
-            ):
+            for name in COUNTED:
                 setattr(totals, name, getattr(totals, name) + getattr(w, name))
-            totals.stale += w.stale
-            totals.reclaimed += w.reclaimed
             latencies.extend(w.latencies)
             totals.first_error = totals.first_error or w.first_error
         if latencies:
