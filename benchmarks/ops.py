@@ -16,7 +16,6 @@ from django.db.models import F
 import lockkit
 from benchmarks.models import Item, Job
 from lockkit import Failure, RetryEvent, RetryPolicy
-from lockkit.backends.postgresql import PostgreSQLBackend
 from lockkit.claims import claim_next, complete, complete_many
 
 Op = Callable[[], int]
@@ -146,16 +145,6 @@ def _orders(func: Callable[[list[int]], None]) -> Builder:
     return build
 
 
-def _unfolded(builder: Builder) -> Builder:
-    """The same operation with lockkit's one-round-trip BEGIN switched off (in this forked process only)."""
-
-    def build(rng: random.Random, worker: int) -> Op:
-        PostgreSQLBackend.fold_begin = False
-        return builder(rng, worker)
-
-    return build
-
-
 def _claims(limit: int) -> Builder:
     def build(rng: random.Random, worker: int) -> Op:
         pending = Job.objects.filter(state="pending")
@@ -183,9 +172,7 @@ BUILDERS: dict[str, Builder] = {
     "hot_hand": _hot(reserve_hand),
     "hot_lockkit": _hot(reserve_lockkit),
     "hot_guarded": _hot(decrement_guarded),
-    "reserve_lockkit_unfolded": _unfolded(_uncontended(reserve_lockkit)),
     "reserve_lockkit_scope": _uncontended(reserve_lockkit_scope),
-    "hot_lockkit_unfolded": _unfolded(_hot(reserve_lockkit)),
     "order_hand_sorted": _orders(order_hand_sorted),
     "order_lock_all": _orders(order_lock_all),
     "order_unordered": _orders(order_unordered),

@@ -42,7 +42,6 @@ class Workload:
 
 HAND = "hand-written Django"
 PGBENCH = "pgbench (same SQL, prepared)"
-UNFOLDED = "lockkit, BEGIN and set_config in two round trips (fold_begin=False)"
 
 WORKLOADS: tuple[Workload, ...] = (
     Workload(
@@ -51,7 +50,6 @@ WORKLOADS: tuple[Workload, ...] = (
         impls=(
             Impl("hand", HAND, op="reserve_hand"),
             Impl("lockkit", "lockkit", op="reserve_lockkit"),
-            Impl("unfolded", UNFOLDED, op="reserve_lockkit_unfolded"),
             Impl("scope", "lockkit locked() context manager (no retry wrapper)", op="reserve_lockkit_scope"),
             Impl("pgbench", PGBENCH, script="reserve"),
         ),
@@ -60,8 +58,6 @@ WORKLOADS: tuple[Workload, ...] = (
         unit="reservations",
         pairs=(
             ("lockkit", "hand"),
-            ("lockkit", "unfolded"),
-            ("unfolded", "hand"),
             ("scope", "hand"),
             ("lockkit", "scope"),
             ("lockkit", "pgbench"),
@@ -74,7 +70,6 @@ WORKLOADS: tuple[Workload, ...] = (
         impls=(
             Impl("hand", HAND, op="hot_hand"),
             Impl("lockkit", "lockkit", op="hot_lockkit"),
-            Impl("unfolded", UNFOLDED, op="hot_lockkit_unfolded"),
             Impl("pgbench", PGBENCH, script="hot"),
         ),
         procs=(1, 2, 4, 8),
@@ -82,8 +77,6 @@ WORKLOADS: tuple[Workload, ...] = (
         unit="reservations",
         pairs=(
             ("lockkit", "hand"),
-            ("lockkit", "unfolded"),
-            ("unfolded", "hand"),
             ("lockkit", "pgbench"),
             ("hand", "pgbench"),
         ),

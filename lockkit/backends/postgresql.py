@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
-from lockkit.backends.psycopg_begin import begin_with_settings
 from lockkit.durations import milliseconds
 
 if TYPE_CHECKING:
@@ -22,13 +21,7 @@ _NAMES = ("lock_timeout", "statement_timeout")
 class PostgreSQLBackend(Backend):
     """Timeouts with ``is_local = true``: they end with the transaction, so nothing reaches the next user of a
     pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
-    back when it ends; on error the savepoint rollback reverts them by itself.
-
-    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` in one round trip (see
-    ``lockkit.backends.psycopg_begin``); ``fold_begin = False`` sends them separately, as psycopg2 always does.
-    """
-
-    fold_begin: bool = True
+    back when it ends; on error the savepoint rollback reverts them by itself."""
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
         return (
@@ -63,8 +56,6 @@ class PostgreSQLBackend(Backend):
             if value is not None
         }
         if not values:
-            return None
-        if not nested and self.fold_begin and begin_with_settings(connection, values):
             return None
         setters = ", ".join("set_config(%s, %s, true)" for _ in values)
         params: list[str] = [item for pair in values.items() for item in pair]
