@@ -5,14 +5,12 @@ Also turns the URL into what libpq tools (pgbench) need, so that pgbench reaches
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
-from urllib.parse import quote
 
 import dj_database_url
+
+from sample_project.embedded import start_embedded
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ def target(url: str | None) -> Target:
     """Return the database at ``url``, or start an embedded PostgreSQL for this process when ``url`` is empty."""
     embedded = not url
     if not url:
-        url = _start_embedded()
+        url = start_embedded()
     parsed = dj_database_url.parse(url)
     return Target(
         url=url,
@@ -57,18 +55,3 @@ def target(url: str | None) -> Target:
         password=str(parsed.get("PASSWORD") or ""),
         embedded=embedded,
     )
-
-
-def _start_embedded() -> str:
-    import pgserver
-
-    data_dir = tempfile.mkdtemp(prefix="lockkit-bench-pg-")
-    server = pgserver.get_server(data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
-    socket_dir = server.get_uri().split("host=", 1)[1]
-
-    def _cleanup() -> None:
-        server.cleanup()
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-    atexit.register(_cleanup)
-    return f"postgres://postgres@{quote(socket_dir, safe='')}/postgres"

@@ -1,5 +1,8 @@
 """A throwaway PostgreSQL for a process tree: started with ``pgserver`` when no database URL is configured.
 
+The one place the repository starts an embedded server: the demo, the test suite (lockkit_tests/dbserver.py) and
+the benchmarks (benchmarks/dbserver.py) all come here.
+
 ``pgserver`` is a PyPI package that ships PostgreSQL binaries, so the demo runs on a machine with Python only.
 The server's URL is written to the environment variable the caller names, so child processes reuse the same
 server.
@@ -23,17 +26,18 @@ def database_url(env_var: str) -> str:
     url = os.environ.get(env_var, "").strip()
     if url:
         return url
-    url = _start_embedded()
+    url = start_embedded()
     os.environ[env_var] = url
     return url
 
 
-def _start_embedded() -> str:
+def start_embedded() -> str:
+    """Start an embedded PostgreSQL and return its URL; it is stopped when the process that started it exits."""
     # pgserver asks platformdirs for a runtime directory; without XDG_RUNTIME_DIR it warns and uses /tmp, harmlessly.
     warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
     from pgserver import get_server  # type: ignore[attr-defined]  # not re-exported in its __all__
 
-    data_dir = tempfile.mkdtemp(prefix="lockkit-sample-pg-")
+    data_dir = tempfile.mkdtemp(prefix="lockkit-pg-")
     server = get_server(data_dir, cleanup_mode="stop")
     socket_dir = server.get_uri().split("host=", 1)[1]
     owner = os.getpid()
