@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import NotSupportedError, connections, models, router
+from django.db import connections, models, router
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import BaseExpression
 
@@ -14,8 +14,6 @@ from lockkit import aliases
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
 from lockkit.claims.value import Claim
 from lockkit.durations import seconds
-
-SUPPORTED_VENDORS = frozenset({"postgresql"})
 
 
 def claimable_model(model: object, name: str) -> type[Claimable]:
@@ -37,6 +35,12 @@ def claimable_model(model: object, name: str) -> type[Claimable]:
 
 
 def worker(value: object) -> str:
+    """Return ``value`` when it is a worker name ``claimed_by`` stores unchanged.
+
+    Raises:
+        TypeError: not a ``str``.
+        ValueError: empty, too long, or with characters the database cannot store.
+    """
     if not isinstance(value, str):
         raise TypeError(f"worker must be a str naming the worker, not {type(value).__name__}")
     if not value.strip():
@@ -49,12 +53,23 @@ def worker(value: object) -> str:
 
 
 def lease(value: object, name: str = "lease") -> float:
+    """Return ``value`` (seconds or a ``timedelta``) as a positive, finite number of seconds.
+
+    Raises:
+        TypeError, ValueError: as ``lockkit.durations.seconds``.
+    """
     result = seconds(value, name)
     assert result is not None
     return result
 
 
 def positive_int(value: object, name: str) -> int:
+    """Return ``value`` when it is an ``int`` (not a ``bool``) from 1 to the largest bigint.
+
+    Raises:
+        TypeError: not an ``int``.
+        ValueError: out of range.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < 1:
@@ -69,12 +84,23 @@ _MAX_BIGINT = 2**63 - 1
 
 
 def condition(value: object) -> Q | None:
+    """Return ``value`` when it is a ``Q`` or ``None``.
+
+    Raises:
+        TypeError: anything else.
+    """
     if value is not None and not isinstance(value, Q):
         raise TypeError(f"when must be a django.db.models.Q or None, not {type(value).__name__}")
     return value
 
 
 def order(value: object) -> tuple[Any, ...] | None:
+    """Return ``order_by`` as a tuple of field names and expressions, or ``None``.
+
+    Raises:
+        TypeError: not a list or tuple of field names and expressions.
+        ValueError: an aggregate or window expression (rows cannot be locked then).
+    """
     if value is None:
         return None
     if isinstance(value, str) or not isinstance(value, Sequence):
@@ -159,7 +185,6 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
 
     Raises:
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
-        NotSupportedError: the alias is not a PostgreSQL database.
     """
     if using is not None:
         alias = aliases.check_alias(using)
@@ -171,9 +196,6 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
             router.db_for_write(queryset.model, **kwargs), "router.db_for_write(model)"
         )
     aliases.queryset_on(queryset, alias, "target" if hint is not None else "queryset")
-    vendor = connections[alias].vendor
-    if vendor not in SUPPORTED_VENDORS:
-        raise NotSupportedError(f"lockkit.claims supports PostgreSQL only; database {alias!r} is {vendor}")
     return alias
 
 
@@ -197,6 +219,12 @@ def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:
 
 
 def claim(value: object, name: str = "claim") -> Claim:
+    """Return ``value`` when it is a ``Claim`` whose every value the fenced write uses is valid.
+
+    Raises:
+        TypeError: not a ``Claim``, or its model is not a concrete ``Claimable`` model.
+        ValueError: a missing or invalid primary key, a token out of range, a bad lease.
+    """
     if not isinstance(value, Claim):
         raise TypeError(f"{name} must be a Claim (from claim() or claim_next()), not {type(value).__name__}")
     claimable_model(value.model, f"{name}.model")
@@ -220,3 +248,11 @@ def _row_key(value: Claim, name: str = "claim") -> Any:
         return pk_field.to_python(value.pk)
     except ValidationError as exc:
         raise ValueError(f"{name}.pk {value.pk!r} is not a valid {value.model.__name__} primary key") from exc
+
+
+def prepared_pks(claims: Sequence[Claim], alias: str) -> list[Any]:
+    """The claims' primary keys as the driver takes them for the pk column on ``alias``."""
+    pk_field = claims[0].model._meta.pk
+    assert pk_field is not None
+    connection = connections[alias]
+    return [pk_field.get_db_prep_value(c.pk, connection, prepared=False) for c in claims]
