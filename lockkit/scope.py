@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import aliases, conf
+from lockkit import aliases, conf, relations
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.durations import seconds
 from lockkit.errors import ERROR_FOR_FAILURE, LockError, NotInLockedScope, classify
@@ -330,6 +330,10 @@ class LockScope:
         if "of" in kwargs:
             # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
             kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
+            if relations.is_qualified(queryset.model, self.alias):
+                # FOR UPDATE OF takes unqualified names only: lock a schema-qualified table through an alias.
+                queryset = queryset.all()
+                relations.alias_base_table(queryset.query)
         return queryset.select_for_update(**kwargs)
 
     def get(self, target: QuerySet[M] | type[M], *args: Any, **lookups: Any) -> M:

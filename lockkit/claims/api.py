@@ -82,13 +82,10 @@ def claim(
         )
     name = inputs.worker(worker)
     seconds = inputs.lease(lease)
-    condition = inputs.condition(when)
     alias = inputs.alias_for(using, queryset, hint)
     statements = sql.for_table(model, alias)
-    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set"))
-    candidates = queryset.using(alias).filter(lease_expires_at__isnull=True)
-    if condition is not None:
-        candidates = candidates.filter(condition)
+    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
+    candidates = inputs.condition(when, queryset.using(alias).filter(lease_expires_at__isnull=True))
     with locked(alias, no_key=True) as scope:
         rows = list(scope.lock(candidates).only("pk").order_by()[:2])
         if not rows:
@@ -108,7 +105,7 @@ def claim_next(
     lease: float | timedelta,
     limit: int = 1,
     set: dict[str, Any] | None = None,
-    order_by: Sequence[str | BaseExpression] | None = None,
+    order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
@@ -150,15 +147,10 @@ def claim_next(
     name = inputs.worker(worker)
     seconds = inputs.lease(lease)
     count = inputs.positive_int(limit, "limit")
-    ordering = inputs.order(order_by)
     alias = inputs.alias_for(using, candidates)
     statements = sql.for_table(model, alias)
-    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set"))
-    candidates = candidates.using(alias).filter(lease_expires_at__isnull=True)
-    if ordering is not None:
-        candidates = candidates.order_by(*ordering)
-    elif not candidates.ordered:
-        candidates = candidates.order_by("pk")
+    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
+    candidates = inputs.order(order_by, candidates.using(alias).filter(lease_expires_at__isnull=True))
     rows = statements.claim_next(candidates, count, values)
     return [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
 
@@ -177,12 +169,13 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
     inputs.alias_for(alias, model._base_manager.all())
     statements = sql.for_table(model, alias)
     pks = inputs.prepared_pks(claims, alias)
-    rows = statements.fenced_update(pks, [c.token for c in claims], values)
+    rows = statements.fenced_update(pks, [c.token for c in claims], [c.worker for c in claims], values)
     written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
     if len(written) != len(claims):
+        # The statement writes all rows or none, so nothing was written here.
         live = {row["pk"] for row in rows}
-        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live)
-        listing = ", ".join(f"pk={c.pk!r} token={c.token}" for c in stale)
+        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
+        listing = ", ".join(f"pk={c.pk!r} token={c.token} worker={c.worker!r}" for c in stale)
         raise StaleClaim(
             f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row "
             f"(reclaimed, completed or released; a newer claim may own it): {listing}; nothing was written",
@@ -293,7 +286,8 @@ def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
             raise TypeError(f"set must be a dict of field names to values, not {type(values).__name__}")
         return  # no model to check the field names against, and nothing to write
     model = claims[0].model
-    _fenced_update(claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set")})
+    alias = claims[0].alias
+    _fenced_update(claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)})
 
 
 def reclaim_expired(
@@ -333,13 +327,14 @@ def reclaim_expired(
     """
     candidates = inputs.queryset(queryset)
     model = inputs.claimable_model(candidates.model, "queryset")
-    back = inputs.assignments(model, set, "set")
+    alias = inputs.alias_for(using, candidates)
+    back = inputs.assignments(model, set, "set", alias)
     if (max_attempts is None) != (exhausted_set is None):
         raise ValueError("max_attempts and exhausted_set must be given together")
     values: dict[str, Any] = {"lease_expires_at": None}
     if max_attempts is not None:
         ceiling = inputs.positive_int(max_attempts, "max_attempts")
-        exhausted = inputs.assignments(model, exhausted_set, "exhausted_set")
+        exhausted = inputs.assignments(model, exhausted_set, "exhausted_set", alias)
         for field_name in {**back, **exhausted}:
             field = model._meta.get_field(field_name)
             assert isinstance(field, Field)
@@ -352,7 +347,6 @@ def reclaim_expired(
             )
     else:
         values.update(back)
-    alias = inputs.alias_for(using, candidates)
     return sql.for_table(model, alias).reclaim_expired(candidates.using(alias), values)
 
 

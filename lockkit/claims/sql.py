@@ -21,8 +21,9 @@ from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
 
+from lockkit import relations
 from lockkit.claims.mixin import Claimable
-from lockkit.claims.table import ROW, ROW_ALIAS, ClaimTable
+from lockkit.claims.table import ROW, ClaimTable
 from lockkit.errors import ERROR_FOR_FAILURE, LockError, classify
 from lockkit.sqlstate import code_of
 
@@ -99,8 +100,12 @@ class ClaimsSQL(abc.ABC):
         """
 
     @abc.abstractmethod
-    def fenced_update(self, pks: Sequence[Any], tokens: Sequence[int], values: dict[str, Any]) -> list[Row]:
-        """Write ``values`` to every row in ``pks`` if each still carries its token and is claimed; else none.
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
+        """Write ``values`` to every row in ``pks`` if each is still claimed with its token by its worker.
+
+        All rows are written, or none (also when the database compares two of ``pks`` as the same row).
 
         Returns one row per live row found: ``pk``, ``written`` (bool), ``lease_expires_at`` (after the write).
         """
@@ -127,12 +132,12 @@ class ClaimsSQL(abc.ABC):
     def select_pks(
         self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool
     ) -> tuple[str, list[Any]] | None:
-        """Compile ``SELECT <pk> FROM <table> AS lockkit_row ... [LIMIT n] FOR NO KEY UPDATE OF lockkit_row``.
+        """Compile ``SELECT <pk> FROM <table> ... [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF <table>``.
 
-        The filters and ordering come from Django's compiler (values as parameters). The job table is given
-        the alias ``ROW`` so the locking clause names it unqualified (``FOR UPDATE OF`` refuses a
-        schema-qualified name) and locks only the job rows; ``FOR NO KEY UPDATE`` lets other sessions insert
-        rows that reference the job. ``None`` when no row can match (``.none()``, ``pk__in=[]``).
+        The filters and ordering come from Django's compiler (values as parameters). The locking clause names
+        only the job table, so only job rows are locked; a schema-qualified table is named by an alias there
+        (``FOR UPDATE OF`` refuses a qualified name). ``FOR NO KEY UPDATE`` lets other sessions insert rows
+        that reference the job. ``None`` when no row can match (``.none()``, ``pk__in=[]``).
         """
         selection = queryset.values_list("pk")
         if limit is not None:
@@ -141,22 +146,15 @@ class ClaimsSQL(abc.ABC):
         base = query.get_initial_alias()
         if not isinstance(query.alias_map[base], BaseTable):  # pragma: no cover - Django invariant
             raise AssertionError(f"cannot find the base table of {query}")
-        # Every alias is renamed, in order, so the base table stays first in the FROM clause; the cached base
-        # alias is dropped so ordering by field names resolves against the new one.
-        query.change_aliases(
-            {
-                alias: ROW_ALIAS if alias == base else f"lockkit_t{n}"
-                for n, alias in enumerate(query.alias_map)
-            }
-        )
-        query.__dict__.pop("base_table", None)
+        if relations.is_qualified(self.table.model, self.alias):
+            base = relations.alias_base_table(query)
         compiler = query.get_compiler(self.alias)
         try:
             sql, params = compiler.as_sql()
         except EmptyResultSet:
             return None
         locking = connections[self.alias].ops.for_update_sql(
-            skip_locked=skip_locked, of=(compiler.quote_name_unless_alias(ROW_ALIAS),), no_key=True
+            skip_locked=skip_locked, of=(compiler.quote_name_unless_alias(base),), no_key=True
         )
         return f"{sql} {locking}", list(params)
 
@@ -219,8 +217,13 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         rows.sort(key=lambda row: int(row["position"]))
         return rows
 
-    def fenced_update(self, pks: Sequence[Any], tokens: Sequence[int], values: dict[str, Any]) -> list[Row]:
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
         """One statement: lock the live rows in a ``MATERIALIZED`` CTE, update them only if all are live.
+
+        Live: the row carries the claim's token and worker name and is claimed. The update runs only when as
+        many distinct rows are live as claims were given.
 
         The primary keys travel as an array of the column's type without modifiers, so each is compared
         exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would round).
@@ -228,20 +231,22 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         table = self.table
         update, set_params = self.update(values)
         token, lease = table.column("claim_token", ROW), table.column("lease_expires_at", ROW)
+        worker = table.column("claimed_by", ROW)
         statement = (
-            f'WITH "lockkit_given" (pk, token) AS '
-            f"(SELECT * FROM unnest(%s::{table.pk_type}[], %s::bigint[])), "
+            f'WITH "lockkit_given" (pk, token, worker) AS '
+            f"(SELECT * FROM unnest(%s::{table.pk_type}[], %s::bigint[], %s::text[])), "
             f'"lockkit_live" (pk) AS MATERIALIZED (SELECT {table.pk_of(ROW)} FROM {table.name} AS {ROW} '
             f'JOIN "lockkit_given" ON {table.pk_of(ROW)} = "lockkit_given".pk '
-            f'AND {token} = "lockkit_given".token WHERE {lease} IS NOT NULL FOR NO KEY UPDATE OF {ROW}), '
+            f'AND {token} = "lockkit_given".token AND {worker} = "lockkit_given".worker '
+            f"WHERE {lease} IS NOT NULL FOR NO KEY UPDATE OF {ROW}), "
             f'"lockkit_done" AS ({update} FROM "lockkit_live" WHERE {table.pk_of()} = "lockkit_live".pk '
-            f'AND (SELECT count(*) FROM "lockkit_live") = %s '
+            f'AND (SELECT count(DISTINCT pk) FROM "lockkit_live") = %s '
             f"RETURNING {table.pk_of()} AS pk, {table.column('lease_expires_at')} AS lease) "
             f'SELECT "lockkit_live".pk AS "pk", "lockkit_done".pk IS NOT NULL AS "written", '
             f'"lockkit_done".lease AS "lease_expires_at" '
             f'FROM "lockkit_live" LEFT JOIN "lockkit_done" ON "lockkit_done".pk = "lockkit_live".pk'
         )
-        rows, _ = self.run(statement, [list(pks), list(tokens), *set_params, len(pks)])
+        rows, _ = self.run(statement, [list(pks), list(tokens), list(workers), *set_params, len(pks)])
         return rows
 
     def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:

@@ -13,11 +13,11 @@ from django.db import connections
 from django.db.models import Field
 
 from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
+from lockkit.relations import BASE_ALIAS
 
 #: The alias every claims statement gives the job table where it needs one (``FOR UPDATE OF`` takes only an
 #: unqualified name, so a schema-qualified table is always locked through this alias).
-ROW_ALIAS = "lockkit_row"
-ROW = f'"{ROW_ALIAS}"'
+ROW = f'"{BASE_ALIAS}"'
 
 # A type modifier: varchar(12), numeric(5, 2). An explicit cast to such a type truncates or rounds.
 _MODIFIER = re.compile(r"\s*\([^)]*\)")
