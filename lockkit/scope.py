@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from django.db import DatabaseError, connections, models, transaction
+from django.db import connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import aliases, conf
+from lockkit import aliases, codes, conf
 from lockkit.backends import TimeoutToken, backend_for
-from lockkit.durations import seconds
-from lockkit.errors import ERROR_FOR_FAILURE, LockError, NotInLockedScope, classify
+from lockkit.errors import Failure, NotInLockedScope
 from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry
-from lockkit.sqlstate import code_of
+from lockkit.translate import translating
+from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -79,10 +79,28 @@ def lock(target: QuerySet[M] | type[M]) -> QuerySet[M]:
     return current_scope().lock(target)
 
 
-def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
-    return value
+def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
+    """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
+
+    The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
+    driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
+    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
+    apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
+    outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
+    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+
+    Args:
+        exc: Any exception.
+        nowait: Whether the failing statement used ``NOWAIT``; ``None`` to take it from the active scope.
+
+    Returns:
+        The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+    """
+    if nowait is None:
+        scope = _innermost_scope()
+        nowait = None if scope is None else scope.nowait
+    return codes.classify(exc, nowait=nowait)
 
 
 @dataclass(frozen=True)
@@ -121,12 +139,12 @@ class _Options:
             aliases.check_alias(using)
         checked_model = aliases.check_model(model)
         if lock_timeout is not _UNSET:
-            seconds(lock_timeout, "lock_timeout", allow_none=True)
+            optional_duration(lock_timeout, "lock_timeout")
         if statement_timeout is not _UNSET:
-            seconds(statement_timeout, "statement_timeout", allow_none=True)
-        nowait_ = _check_flag(nowait, "nowait")
-        skip_locked_ = _check_flag(skip_locked, "skip_locked")
-        no_key_ = _check_flag(no_key, "no_key")
+            optional_duration(statement_timeout, "statement_timeout")
+        nowait_ = flag(nowait, "nowait")
+        skip_locked_ = flag(skip_locked, "skip_locked")
+        no_key_ = flag(no_key, "no_key")
         if nowait_ and skip_locked_:
             raise ValueError("nowait and skip_locked are mutually exclusive")
         return cls(
@@ -148,8 +166,8 @@ class _Options:
         if statement_timeout is _UNSET:
             statement_timeout = conf.setting("STATEMENT_TIMEOUT", None)
         return (
-            seconds(lock_timeout, "LOCKKIT['LOCK_TIMEOUT']", allow_none=True),
-            seconds(statement_timeout, "LOCKKIT['STATEMENT_TIMEOUT']", allow_none=True),
+            optional_duration(lock_timeout, "LOCKKIT['LOCK_TIMEOUT']"),
+            optional_duration(statement_timeout, "LOCKKIT['STATEMENT_TIMEOUT']"),
         )
 
     def alias_for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -280,22 +298,9 @@ class LockScope:
 
     def _reraise_classified(self, exc: BaseException) -> None:
         """Raise the typed lockkit error for a database failure, ``from`` the original; return for anything else."""
-        if isinstance(exc, LockError):
-            if exc.alias is None:
-                exc.alias = self.alias
-            return
-        if not isinstance(exc, DatabaseError):
-            return
-        failure = classify(exc, nowait=self.nowait)
-        if failure is None:
-            return
-        error = ERROR_FOR_FAILURE[failure](
-            f"{failure.value} on database {self.alias!r}: {exc}".strip(),
-            sqlstate=code_of(exc),
-            alias=self.alias,
-            attempts=self.attempt,
+        translating(self.alias, nowait=self.nowait, attempts=self.attempt).__exit__(
+            type(exc), exc, exc.__traceback__
         )
-        raise error from exc
 
     def _check_active(self) -> None:
         if not self._active or self not in _scopes.get():
@@ -378,7 +383,7 @@ class LockScope:
         """
         if not callable(func):
             raise TypeError(f"func must be callable, not {type(func).__name__}")
-        _check_flag(robust, "robust")
+        flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
 

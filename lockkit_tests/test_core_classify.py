@@ -13,7 +13,7 @@ from django.db.transaction import TransactionManagementError
 
 import lockkit
 from lockkit import Failure
-from lockkit.sqlstate import CODES, code_of, lookup
+from lockkit.codes import CODES, code_of, lookup
 from lockkit_tests.util import raise_sqlstate
 
 # The table, pinned: a change to a row must change this test too.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

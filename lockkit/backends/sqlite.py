@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import NotSupportedError
 
 from lockkit.backends.base import Backend
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
