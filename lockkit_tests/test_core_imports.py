@@ -54,7 +54,9 @@ def _imports(module: str) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base]) if base else ".".join(anchor)
             # ``from lockkit import claims`` imports the submodule; ``from lockkit.errors import X`` the module.
-            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names
+            ]
         found.update(name for name in names if name in MODULES and name != module)
     return found
 
@@ -63,7 +65,9 @@ GRAPH = {module: _imports(module) for module in MODULES}
 
 
 def test_the_module_list_is_complete() -> None:
-    assert {"lockkit", "lockkit.errors", "lockkit.codes", "lockkit.translate", "lockkit.scope"} <= set(MODULES)
+    assert {"lockkit", "lockkit.errors", "lockkit.codes", "lockkit.translate", "lockkit.scope"} <= set(
+        MODULES
+    )
 
 
 def test_lockkit_has_no_import_cycles() -> None:
