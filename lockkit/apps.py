@@ -8,13 +8,13 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.core import checks
 
+from lockkit.system_checks import check_capabilities, check_configuration
+
 
 class LockkitConfig(AppConfig):
     name = "lockkit"
     verbose_name = "lockkit"
 
     def ready(self) -> None:
-        from lockkit.checks import check_capabilities, check_configuration
-
         checks.register(check_configuration)
         checks.register(check_capabilities, checks.Tags.database)

@@ -8,6 +8,7 @@ https://dev.mysql.com/doc/refman/8.0/en/server-system-variables.html#sysvar_max_
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
@@ -59,14 +60,14 @@ class MySQLBackend(Backend):
             return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
         return []
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
         wanted: dict[str, float | int] = {}
         if lock_timeout is not None:
             wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
@@ -80,14 +81,16 @@ class MySQLBackend(Backend):
             cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
             row = cursor.fetchone()
             assert row is not None
-            previous = dict(zip(wanted, row, strict=True))
+            previous = TimeoutToken(dict(zip(wanted, row, strict=True)))
             _set(cursor, wanted)
         return previous
 
-    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
         try:
             with connection.cursor() as cursor:
-                _set(cursor, token)
+                _set(cursor, token.previous)
         except BaseException:
             if not connection.in_atomic_block:
                 # A session whose settings could not be put back must not serve anyone else.
@@ -95,6 +98,6 @@ class MySQLBackend(Backend):
             raise
 
 
-def _set(cursor: object, values: dict[str, float | int]) -> None:
+def _set(cursor: object, values: Mapping[str, str | float | int]) -> None:
     assignments = ", ".join(f"SESSION {name} = %s" for name in values)
     cursor.execute(f"SET {assignments}", list(values.values()))  # type: ignore[attr-defined]

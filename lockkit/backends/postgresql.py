@@ -42,14 +42,14 @@ class PostgreSQLBackend(Backend):
             return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
         return []
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
         values = {
             name: f"{milliseconds(value)}ms"
             for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
@@ -71,11 +71,9 @@ class PostgreSQLBackend(Backend):
             )
             row = cursor.fetchone()
         assert row is not None
-        return dict(zip(values, row[: len(values)], strict=True))
+        return TimeoutToken(dict(zip(values, row[: len(values)], strict=True)))
 
-    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        if not token:
-            return
-        setters = ", ".join("set_config(%s, %s, true)" for _ in token)
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {setters}", [item for pair in token.items() for item in pair])
+            cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])

@@ -37,7 +37,7 @@ class SQLiteBackend(Backend):
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
         return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
 
-    def begin_transaction(
+    def open_transaction(
         self,
         connection: BaseDatabaseWrapper,
         atomic: Atomic,
