@@ -12,9 +12,12 @@ from lockkit.system_checks import check_capabilities, check_configuration
 
 
 class LockkitConfig(AppConfig):
+    """lockkit's app config: registers the system checks."""
+
     name = "lockkit"
     verbose_name = "lockkit"
 
     def ready(self) -> None:
+        """Register the configuration check and the database capability check."""
         checks.register(check_configuration)
         checks.register(check_capabilities, checks.Tags.database)

@@ -65,6 +65,7 @@ class LockError(Exception):
         alias: str | None = None,
         attempts: int = 1,
     ) -> None:
+        """Build the error; every argument but ``message`` is keyword-only (see the class attributes)."""
         super().__init__(message)
         self.sqlstate = sqlstate
         self.alias = alias
@@ -137,6 +138,7 @@ class StaleClaim(LockError):
         alias: str | None = None,
         claims: tuple[Any, ...] = (),
     ) -> None:
+        """Build the error for the stale ``claims`` on ``alias``."""
         super().__init__(message, alias=alias)
         self.claims = claims
 

@@ -145,7 +145,12 @@ def locked_operation(
         model: The model whose ``router.db_for_write`` gives the alias when ``using`` is ``None``.
         retry: A ``RetryPolicy``, a tenacity ``Retrying`` (copied per call, with ``reraise=True``) or ``None`` for
             no retries. Default ``settings.LOCKKIT["RETRY"]``, itself ``RetryPolicy()``.
-        lock_timeout, statement_timeout, nowait, skip_locked, no_key: As for ``locked()``.
+        using_or_func: The function to decorate, or an alias (``None`` included) given positionally.
+        lock_timeout: As for ``locked()``.
+        statement_timeout: As for ``locked()``.
+        nowait: As for ``locked()``.
+        skip_locked: As for ``locked()``.
+        no_key: As for ``locked()``.
 
     Returns:
         A decorator; the decorated function returns what the function returns.

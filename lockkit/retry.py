@@ -85,6 +85,11 @@ class RetryPolicy:
     on_give_up: Hook | None = None
 
     def __post_init__(self) -> None:
+        """Validate and normalise the fields (durations to seconds, ``retry_on`` to a frozenset).
+
+        Raises:
+            TypeError, ValueError: a field has the wrong type or value, named.
+        """
         positive_int(self.attempts, "attempts")
         if isinstance(self.retry_on, str | bytes | Failure) or not isinstance(self.retry_on, Iterable):
             raise TypeError("retry_on must be an iterable of lockkit.Failure")

@@ -41,6 +41,7 @@ class ScopeTransaction:
         nowait: bool,
         attempt: int,
     ) -> None:
+        """Prepare the transaction (no SQL yet); ``nested`` is decided now, from the connection."""
         connection = connections[alias]
         self.alias = alias
         self.nested = in_transaction(connection)

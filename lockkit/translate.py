@@ -55,6 +55,7 @@ class translating:  # a context manager named like a function, as Django's atomi
     """
 
     def __init__(self, alias: str, *, nowait: bool, attempts: int = 1) -> None:
+        """Hold what the typed errors will carry."""
         self.alias = alias
         self.nowait = nowait
         self.attempts = attempts

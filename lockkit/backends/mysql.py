@@ -44,6 +44,7 @@ class MySQLBackend(Backend):
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: session variables, restored when the scope ends."""
         statement = (
             "max_statement_time, session value restored on exit, microseconds"
             if connection.mysql_is_mariadb  # type: ignore[attr-defined]
@@ -52,6 +53,7 @@ class MySQLBackend(Backend):
         return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn when the server is read-only (``@@GLOBAL.read_only``)."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT @@GLOBAL.read_only")
             row = cursor.fetchone()
@@ -68,6 +70,7 @@ class MySQLBackend(Backend):
         statement_timeout: float | None,
         nested: bool,
     ) -> TimeoutToken | None:
+        """Set the session variables and return their previous values (a rollback does not revert them)."""
         wanted: dict[str, float | int] = {}
         if lock_timeout is not None:
             wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
@@ -88,6 +91,7 @@ class MySQLBackend(Backend):
     def after_transaction_end(
         self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
     ) -> None:
+        """Put the previous session values back; close the connection if that fails outside a transaction."""
         try:
             with connection.cursor() as cursor:
                 _set(cursor, token.previous)
