@@ -349,9 +349,9 @@ def test_locked_operation_with_hostile_options(data: st.DataObject, leftovers: L
         scope = lockkit.current_scope()
         return scope.lock(Job).filter(pk=-1).count() + (1 if value is argument else 0)
 
-    def run() -> int:
-        decorated = lockkit.locked_operation(using, retry=retry, **options)(operation)
-        return decorated(argument)
+    def run() -> Any:
+        decorator: Any = lockkit.locked_operation(using=using, retry=retry, **options)
+        return decorator(operation)(argument)
 
     result, _ = outcome(run)
     if not isinstance(result, BaseException):

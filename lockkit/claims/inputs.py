@@ -14,7 +14,8 @@ from lockkit import aliases
 from lockkit.claims import storable
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
 from lockkit.claims.value import Claim
-from lockkit.durations import seconds
+from lockkit.validation import duration
+from lockkit.validation import positive_int as _positive_int
 
 
 def claimable_model(model: object, name: str) -> type[Claimable]:
@@ -55,30 +56,21 @@ def lease(value: object, name: str = "lease") -> float:
     """Return ``value`` (seconds or a ``timedelta``) as a positive, finite number of seconds.
 
     Raises:
-        TypeError, ValueError: as ``lockkit.durations.seconds``.
+        TypeError, ValueError: as ``lockkit.validation.duration``.
     """
-    result = seconds(value, name)
-    assert result is not None
-    return result
+    return duration(value, name)
 
 
 def positive_int(value: object, name: str) -> int:
-    """Return ``value`` when it is an ``int`` (not a ``bool``) from 1 to the largest bigint.
+    """Return ``value`` when it is an ``int`` (not a ``bool``) from 1 to the largest bigint (``LIMIT`` takes one).
 
     Raises:
         TypeError: not an ``int``.
         ValueError: out of range.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    if value > _MAX_BIGINT:
-        raise ValueError(f"{name} must be at most {_MAX_BIGINT} (a PostgreSQL bigint), got {value}")
-    return value
+    return _positive_int(value, name, maximum=_MAX_BIGINT, bound=" (a PostgreSQL bigint)")
 
 
-# LIMIT takes a bigint.
 _MAX_BIGINT = 2**63 - 1
 
 

@@ -9,13 +9,12 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.core.exceptions import EmptyResultSet
-from django.db import DatabaseError, NotSupportedError, connections
+from django.db import NotSupportedError, connections
 from django.db.models import DateTimeField, DurationField, Expression, F, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
@@ -24,8 +23,7 @@ from django.db.models.sql.datastructures import BaseTable
 from lockkit import relations
 from lockkit.claims.mixin import Claimable
 from lockkit.claims.table import ROW, ClaimTable
-from lockkit.errors import ERROR_FOR_FAILURE, LockError, classify
-from lockkit.sqlstate import code_of
+from lockkit.translate import translating
 
 #: One result row, keyed by the names the statement gives its columns.
 Row = dict[str, Any]
@@ -169,7 +167,7 @@ class ClaimsSQL(abc.ABC):
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
         """Execute one statement; return its rows keyed by column name, and its row count."""
-        with classified(self.alias), connections[self.alias].cursor() as cursor:
+        with translating(self.alias, nowait=False), connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)
             if cursor.description is None:
                 return [], cursor.rowcount
@@ -288,19 +286,3 @@ def for_table(model: type[Claimable], alias: str) -> ClaimsSQL:
         supported = ", ".join(sorted(_VENDOR_NAMES.get(name, name) for name in VENDORS))
         raise NotSupportedError(f"lockkit.claims supports {supported} only; database {alias!r} is {vendor}")
     return VENDORS[vendor](ClaimTable.of(model, alias))
-
-
-@contextmanager
-def classified(alias: str) -> Iterator[None]:
-    """Re-raise a database-reported locking failure as its typed lockkit error, ``from`` the original."""
-    try:
-        yield
-    except LockError:
-        raise
-    except DatabaseError as exc:
-        failure = classify(exc, nowait=False)
-        if failure is None:
-            raise
-        raise ERROR_FOR_FAILURE[failure](
-            f"{failure.value} on database {alias!r}: {exc}".strip(), sqlstate=code_of(exc), alias=alias
-        ) from exc
