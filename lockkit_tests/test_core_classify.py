@@ -205,3 +205,15 @@ def test_lockkit_errors_are_operational_errors_and_misuse_is_transaction_managem
         assert issubclass(misuse, TransactionManagementError)
     assert issubclass(lockkit.LockTimeout, lockkit.TransientLockError)
     assert not issubclass(lockkit.ReadOnlyDatabase, lockkit.TransientLockError)
+
+
+def test_long_exception_chains_are_still_classified() -> None:
+    import psycopg
+
+    exc: BaseException = psycopg.errors.DeadlockDetected("deadlock")
+    for _ in range(20):
+        try:
+            raise RuntimeError("wrapped") from exc
+        except RuntimeError as wrapped:
+            exc = wrapped
+    assert lockkit.classify(exc) is lockkit.Failure.DEADLOCK_DETECTED

@@ -12,12 +12,14 @@ import tenacity
 from django.db import connection, connections, transaction
 
 import lockkit
-from lockkit import Failure, RetryEvent, RetryPolicy
+from lockkit import Failure, LockTimeout, RetryEvent, RetryPolicy
 from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Stock
-from lockkit_tests.util import InsufficientStock, raise_sqlstate, reserve
+from lockkit_tests.util import InsufficientStock, raise_sqlstate, reserve, show
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
+
+FAST = RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.001)
 
 
 def _deadlock_pair(retry: Any) -> tuple[list[Any], list[RetryEvent]]:
@@ -395,3 +397,62 @@ def test_nested_operation_failure_retries_the_outer_operation_as_a_whole() -> No
     assert outer_calls == [1, 2]
     assert inner_calls == [1, 1]  # the nested call never retried on its own
     assert Stock.objects.get(sku="n").available == 2  # the first attempt's write was rolled back with it
+
+
+def test_manual_transaction_counts_as_nested_no_retry_no_leak() -> None:
+    stock = Stock.objects.create(sku="m", available=1)
+    calls: list[int] = []
+
+    @lockkit.locked_operation(lock_timeout=0.05, retry=FAST)
+    def op() -> None:
+        calls.append(1)
+        lockkit.current_scope().get(Stock, pk="m")
+
+    with hold_lock(stock):
+        transaction.set_autocommit(False)
+        try:
+            with pytest.raises(LockTimeout):
+                op()
+            with lockkit.locked(lock_timeout=0.25) as scope:
+                assert scope.nested
+            after = show("lock_timeout")
+        finally:
+            transaction.rollback()
+            transaction.set_autocommit(True)
+    assert calls == [1]
+    assert after == "0"
+
+
+def test_tenacity_retry_error_callback_value_is_returned() -> None:
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(2),
+        wait=tenacity.wait_none(),
+        retry=tenacity.retry_if_exception_type(LockTimeout),
+        retry_error_callback=lambda state: "fallback",
+    )
+    calls: list[int] = []
+
+    @lockkit.locked_operation(retry=retrying)
+    def op() -> str:
+        calls.append(lockkit.current_scope().attempt)
+        raise LockTimeout("x", alias="default")
+
+    assert op() == "fallback"
+    assert calls == [1, 2]
+
+
+def test_tenacity_result_predicate_retries() -> None:
+    calls: list[int] = []
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(3),
+        wait=tenacity.wait_none(),
+        retry=tenacity.retry_if_result(lambda value: value is None),
+    )
+
+    @lockkit.locked_operation(retry=retrying)
+    def op() -> str | None:
+        calls.append(lockkit.current_scope().attempt)
+        return None if len(calls) < 2 else "ok"
+
+    assert op() == "ok"
+    assert calls == [1, 2]

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Generator
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection, connections, transaction
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 import lockkit
+from lockkit import LockTimeout
 from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
-from lockkit_tests.models import Item, Owner, Stock
+from lockkit_tests.models import Item, Owner, RemoteItem, Stock
 from lockkit_tests.util import reserve, show
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
@@ -258,3 +261,72 @@ def test_nested_scope_with_swallowed_inner_error_still_restores_timeouts() -> No
 def test_test_databases_resolve_deadlocks_fast() -> None:
     for alias in ("default", "other"):
         assert show("deadlock_timeout", alias) == "100ms"  # set by conftest.py on each test database
+
+
+def test_on_commit_callback_failure_never_reruns_committed_work() -> None:
+    counter = Stock.objects.create(sku="counter", available=0)
+    calls: list[int] = []
+
+    def bump_counter() -> None:
+        with lockkit.locked(lock_timeout=0.05) as scope:
+            row = scope.get(Stock, pk="counter")
+            row.available += 1
+            row.save()
+
+    @lockkit.locked_operation(retry=lockkit.RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.001))
+    def place_order(n: int) -> None:
+        calls.append(n)
+        Stock.objects.create(sku=f"order-{len(calls)}", available=n)
+        lockkit.current_scope().on_commit(bump_counter)
+
+    with hold_lock(counter), pytest.raises(LockTimeout):
+        place_order(1)
+    assert calls == [1]  # committed once, never re-run
+    assert list(Stock.objects.filter(sku__startswith="order-").values_list("sku", flat=True)) == ["order-1"]
+
+
+def test_callback_database_error_after_commit_is_not_reclassified() -> None:
+    def broken() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40001'; END $$")
+
+    with pytest.raises(OperationalError) as info, lockkit.locked() as scope:
+        Stock.objects.create(sku="kept", available=1)
+        scope.on_commit(broken)
+    assert not isinstance(info.value, lockkit.LockError)  # the callback's own error, not a "failed commit"
+    assert Stock.objects.filter(sku="kept").exists()
+
+
+def test_on_commit_robust_must_be_a_bool() -> None:
+    with lockkit.locked() as scope, pytest.raises(TypeError, match="robust"):
+        scope.on_commit(lambda: None, robust="no")  # type: ignore[arg-type]
+
+
+def test_nested_scope_that_swallowed_a_database_error_raises_and_keeps_nothing() -> None:
+    held = Stock.objects.create(sku="held", available=1)
+    with hold_lock(held), lockkit.locked():
+        with pytest.raises(DatabaseError), lockkit.locked(lock_timeout=0.05) as inner:
+            Stock.objects.create(sku="audit", available=1)
+            with contextlib.suppress(
+                OperationalError
+            ):  # swallowed: the savepoint cannot be released any more
+                inner.get(Stock, pk="held")
+        assert not Stock.objects.filter(sku="audit").exists()
+        assert show("lock_timeout") == "5s"  # the enclosing scope's value, restored by the rollback
+
+
+def _generator() -> Generator[int, None, None]:
+    with lockkit.locked("default"):
+        yield 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_scope_exit_ends_its_own_scope_not_the_innermost() -> None:
+    generator = _generator()
+    next(generator)
+    with lockkit.locked("other"):
+        RemoteItem.objects.create(name="x")
+        generator.close()  # exits the default scope, opened first
+        assert connections["other"].in_atomic_block
+        assert not connections["default"].in_atomic_block
+    assert RemoteItem.objects.filter(name="x").exists()
