@@ -22,55 +22,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
 FAST = RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.001)
 
 
-def _deadlock_pair(retry: Any) -> tuple[list[Any], list[RetryEvent]]:
-    """Two operations lock A,B and B,A, meeting at a barrier between the two locks on their first attempt."""
-    Stock.objects.create(sku="A", available=10)
-    Stock.objects.create(sku="B", available=10)
-    barrier = threading.Barrier(2)
-    events: list[RetryEvent] = []
-
-    @lockkit.locked_operation(retry=retry, lock_timeout=10)
-    def transfer(first: str, second: str) -> int:
-        scope = lockkit.current_scope()
-        rows = {first: scope.get(Stock, sku=first)}
-        if scope.attempt == 1:
-            barrier.wait(30)  # generous: a loaded CI machine must not break the barrier
-        rows[second] = scope.get(Stock, sku=second)
-        rows[first].available -= 1
-        rows[second].available += 1
-        for row in rows.values():
-            row.save(update_fields=["available"])
-        return scope.attempt
-
-    if isinstance(retry, RetryPolicy):
-        retry = RetryPolicy(attempts=retry.attempts, before_retry=events.append)
-        transfer = lockkit.locked_operation(retry=retry, lock_timeout=10)(transfer.__wrapped__)  # type: ignore[attr-defined]
-    outcomes = run_concurrently(transfer, 2, args=[("A", "B"), ("B", "A")], timeout=30)
-    return [o.error if o.error is not None else o.result for o in outcomes], events
-
-
-def test_deadlock_without_retry_raises_deadlock_detected_for_one() -> None:
-    results, _ = _deadlock_pair(None)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert len(errors) == 1, results
-    assert isinstance(errors[0], lockkit.DeadlockDetected)
-    assert errors[0].sqlstate == "40P01"
-    assert errors[0].attempts == 1
-    assert 1 in results  # the survivor finished on its first attempt
-    # The survivor's transfer only: A and B each moved by one in opposite directions or not at all.
-    assert sum(Stock.objects.values_list("available", flat=True)) == 20
-
-
-def test_deadlock_with_default_policy_both_finish() -> None:
-    results, events = _deadlock_pair(RetryPolicy())
-    assert all(isinstance(r, int) for r in results), results
-    assert sorted(results) == [1, 2]  # the deadlock victim finished on its second attempt
-    assert [e.failure for e in events] == [Failure.DEADLOCK_DETECTED]
-    assert events[0].sqlstate == "40P01"
-    # Both transfers applied: A gave one and got one back.
-    assert dict(Stock.objects.values_list("sku", "available")) == {"A": 10, "B": 10}
-
-
 def test_lock_all_never_deadlocks() -> None:
     """A,B and B,A through lock_all: the second waits on the first (seen by the database), no deadlock, no retry."""
     Stock.objects.create(sku="A", available=10)
@@ -347,32 +298,6 @@ def test_stock_reservation_under_contention_never_oversells() -> None:
         0 <= remaining < 3
     )  # demand (~400 units) exceeded stock, so it was drained to below the largest ask
     assert refused > 0
-
-
-def test_second_operation_blocks_until_first_commits_via_decorator() -> None:
-    Stock.objects.create(sku="x", available=3)
-    with lockkit.locked() as scope:
-        scope.get(Stock, sku="x")
-        holder = backend_pid()
-        result: list[Any] = []
-
-        def contender() -> None:
-            try:
-                result.append(reserve("x", 3))
-            except InsufficientStock as exc:
-                result.append(exc)
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=contender, daemon=True)
-        thread.start()
-        wait_until_blocked(holder, timeout=10)
-        Stock.objects.filter(sku="x").update(available=2)
-    thread.join(15)
-    assert not thread.is_alive()
-    assert len(result) == 1
-    assert isinstance(result[0], InsufficientStock)  # it decided on the committed 2 < 3: nothing reserved
-    assert Stock.objects.get(sku="x").available == 2
 
 
 def test_nested_operation_failure_retries_the_outer_operation_as_a_whole() -> None:

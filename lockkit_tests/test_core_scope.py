@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Generator
 from typing import Any
 
@@ -13,43 +12,11 @@ from django.db.transaction import TransactionManagementError
 
 import lockkit
 from lockkit import LockTimeout
-from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
+from lockkit.testing import hold_lock, run_concurrently
 from lockkit_tests.models import Item, Owner, RemoteItem, Stock
-from lockkit_tests.util import reserve, show
+from lockkit_tests.util import show
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
-
-
-def test_second_operation_waits_then_decides_on_committed_value() -> None:
-    Stock.objects.create(sku="book-1", available=10)
-    started = threading.Event()
-    result: dict[str, Any] = {}
-
-    def contender() -> None:
-        try:
-            started.set()
-            result["remaining"] = reserve("book-1", 3)
-        except BaseException as exc:  # surfaced in the main thread
-            result["error"] = exc
-        finally:
-            connections.close_all()
-
-    with lockkit.locked() as scope:
-        stock = scope.get(Stock, sku="book-1")
-        stock.available = 5
-        stock.save(update_fields=["available"])
-        holder = backend_pid()
-        thread = threading.Thread(target=contender, daemon=True)
-        thread.start()
-        assert started.wait(5)
-        blocked = wait_until_blocked(holder, timeout=10)
-        assert len(blocked) == 1
-        assert "remaining" not in result  # still waiting while we hold the row
-    thread.join(15)
-    assert not thread.is_alive()
-    assert "error" not in result, result.get("error")
-    assert result["remaining"] == 2  # decided on the committed 5, not the 10 it could have read
-    assert Stock.objects.get(sku="book-1").available == 2
 
 
 def test_nowait_on_held_row_raises_lock_not_available() -> None:

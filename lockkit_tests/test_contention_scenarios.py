@@ -1,0 +1,119 @@
+"""The contention scenarios every vendor must pass, each written once: PostgreSQL, MariaDB, PgBouncer.
+
+A waiter decides on the value committed before it got the lock; a deadlock is retried (or reported) and both
+transfers keep the totals; concurrent buyers never oversell.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db.models import F
+
+import lockkit
+from lockkit import Failure, RetryEvent, RetryPolicy
+from lockkit.testing import backend_pid, hold_lock, in_thread, run_concurrently, wait_until_blocked
+from lockkit_tests.models import Stock
+from lockkit_tests.util import InsufficientStock, reserve_one_on
+from lockkit_tests.vendors import Target, target_params
+
+pytestmark = pytest.mark.contention
+TARGETS = target_params()
+JOIN = 30.0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_waiters_decide_on_the_value_committed_before_they_got_the_lock(target: Target) -> None:
+    row = Stock.objects.using(target.data).create(sku="widget", available=10)
+    pids: list[int] = []
+
+    @lockkit.locked_operation(target.alias, lock_timeout=10)
+    def buy(quantity: int) -> int:
+        pids.append(backend_pid(target.alias))  # inside the transaction: the server session that will wait
+        stock = lockkit.current_scope().get(Stock, pk="widget")
+        if stock.available < quantity:
+            raise InsufficientStock(f"{stock.available} < {quantity}")
+        stock.available -= quantity
+        stock.save(update_fields=["available"], using=target.alias)
+        return stock.available
+
+    with hold_lock(row) as holder:  # on the data alias: PgBouncer's waiters queue on its primary
+        buyers = [in_thread(buy, 3) for _ in range(2)]
+        assert sorted(wait_until_blocked(holder, count=2, contenders=buyers, timeout=JOIN)) == sorted(pids)
+        assert not any(buyer.done() for buyer in buyers)  # still waiting while the row is held
+        holder.run(lambda: Stock.objects.using(target.data).filter(pk="widget").update(available=5))
+        holder.release(commit=True)
+    outcomes = [buyer.outcome(timeout=JOIN) for buyer in buyers]
+    # The first decided on the committed 5 (not the 10 it could have read), the second on the 2 it left.
+    assert sorted((type(o.error).__name__, o.result) for o in outcomes) == [
+        ("InsufficientStock", None),
+        ("NoneType", 2),
+    ]
+    assert Stock.objects.using(target.data).get(pk="widget").available == 2
+
+
+def _deadlock_pair(target: Target, retry: RetryPolicy | None) -> tuple[list[Any], list[RetryEvent]]:
+    """Two transfers lock a,b and b,a, meeting at a barrier between the two locks on their first attempt."""
+    for sku in ("a", "b"):
+        Stock.objects.using(target.data).create(sku=sku, available=10)
+    barrier = threading.Barrier(2)
+    events: list[RetryEvent] = []
+    if retry is not None:
+        retry = RetryPolicy(attempts=retry.attempts, before_retry=events.append)
+
+    @lockkit.locked_operation(target.alias, retry=retry, lock_timeout=10)
+    def transfer(first: str, second: str) -> int:
+        scope = lockkit.current_scope()
+        scope.get(Stock, pk=first)
+        if scope.attempt == 1:
+            barrier.wait(JOIN)  # both hold their first row before either asks for the second
+        scope.get(Stock, pk=second)
+        Stock.objects.using(target.alias).filter(pk=first).update(available=F("available") - 1)
+        Stock.objects.using(target.alias).filter(pk=second).update(available=F("available") + 1)
+        return scope.attempt
+
+    outcomes = run_concurrently(transfer, 2, args=[("a", "b"), ("b", "a")], timeout=JOIN)
+    return [o.error if o.error is not None else o.result for o in outcomes], events
+
+
+def _totals(target: Target) -> dict[str, int]:
+    return dict(Stock.objects.using(target.data).values_list("sku", "available"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_deadlock_is_retried_and_both_transfers_finish(target: Target) -> None:
+    results, events = _deadlock_pair(target, RetryPolicy(attempts=5))
+    assert all(isinstance(r, int) for r in results), results
+    assert 1 in results  # the survivor finished on its first attempt...
+    assert len(events) >= 1  # ...the victim after a retry (a loaded machine may deadlock the retry again)
+    assert sum(results) == 2 + len(events)  # each retry was one more attempt of one transfer
+    assert {(e.failure, e.sqlstate, e.alias) for e in events} == {
+        (Failure.DEADLOCK_DETECTED, target.deadlock_code, target.alias)
+    }
+    assert _totals(target) == {"a": 10, "b": 10}  # both applied: a gave one and got one back
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_deadlock_without_retry_raises_deadlock_detected_for_one(target: Target) -> None:
+    results, _ = _deadlock_pair(target, None)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1, results
+    assert isinstance(errors[0], lockkit.DeadlockDetected)
+    assert (errors[0].sqlstate, errors[0].alias, errors[0].attempts) == (
+        target.deadlock_code,
+        target.alias,
+        1,
+    )
+    assert 1 in results  # the survivor finished on its first attempt
+    assert sorted(_totals(target).values()) == [9, 11]  # the survivor's transfer only
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_concurrent_buyers_never_oversell(target: Target) -> None:
+    Stock.objects.using(target.data).create(sku="widget", available=3)
+    outcomes = run_concurrently(reserve_one_on(target.alias), 6, timeout=JOIN)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert sum(1 for o in outcomes if o.result) == 3
+    assert Stock.objects.using(target.data).get(pk="widget").available == 0
