@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import tenacity
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 import lockkit
 from lockkit import Failure, LockTimeout, RetryEvent, RetryPolicy
-from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
+from lockkit.testing import backend_pid, hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Stock
 from lockkit_tests.util import InsufficientStock, raise_sqlstate, reserve, show
 
@@ -42,26 +42,14 @@ def test_lock_all_never_deadlocks() -> None:
             row.save(update_fields=["available"])
         return list(rows)
 
-    results: dict[str, Any] = {}
-
-    def run(source: str, target: str) -> None:
-        try:
-            results[source] = transfer(source, target)
-        except BaseException as exc:
-            results[source] = exc
-        finally:
-            connections.close_all()
-
-    first = threading.Thread(target=run, args=("A", "B"), daemon=True)
-    first.start()
+    first = in_thread(transfer, "A", "B")
     assert first_locked.wait(10)
-    second = threading.Thread(target=run, args=("B", "A"), daemon=True)
-    second.start()
-    assert len(wait_until_blocked(pids[0], timeout=10)) == 1  # B,A really waits on A,B's lock of row A
+    second = in_thread(transfer, "B", "A")
+    assert (
+        len(wait_until_blocked(pids[0], contenders=second, timeout=10)) == 1
+    )  # B,A waits on A,B's lock of A
     release.set()
-    for thread in (first, second):
-        thread.join(15)
-        assert not thread.is_alive()
+    results = {"A": first.result(timeout=15), "B": second.result(timeout=15)}
     assert results == {"A": ["A", "B"], "B": ["A", "B"]}  # both locked in key order, neither failed
     assert dict(Stock.objects.values_list("sku", "available")) == {"A": 10, "B": 10}
 
@@ -85,31 +73,18 @@ def test_serialization_failure_is_retried_to_success() -> None:
         stock.save(update_fields=["available"], using="serializable")
         return stock.available
 
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = increment()
-        except BaseException as exc:
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    incrementing = in_thread(increment)
     assert read_done.wait(10)
     with lockkit.locked("serializable"):
         stock = Stock.objects.using("serializable").get(sku="s")
         stock.available += 10
         stock.save(update_fields=["available"], using="serializable")
     first_committed_update.set()
-    thread.join(20)
-    assert not thread.is_alive()
-    assert "error" not in outcome, outcome.get("error")
+    value = incrementing.result(timeout=20)
     assert calls == [1, 2]
     assert [e.failure for e in events] == [Failure.SERIALIZATION_FAILURE]
     assert events[0].sqlstate == "40001"
-    assert outcome["value"] == 11
+    assert value == 11
     assert Stock.objects.get(sku="s").available == 11
 
 
