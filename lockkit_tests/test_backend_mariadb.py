@@ -9,7 +9,7 @@ import time
 
 import pytest
 from django.conf import settings
-from django.db import NotSupportedError, OperationalError, connections, transaction
+from django.db import NotSupportedError, OperationalError, connections
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
@@ -46,27 +46,6 @@ def fail_inside(lock_timeout: float, seen: list[int]) -> None:
 
 def stock(available: int, sku: str = "widget") -> Stock:
     return Stock.objects.using(ALIAS).create(sku=sku, available=available)
-
-
-def test_nowait_failure_is_1205_on_mariadb_and_raises_lock_not_available() -> None:
-    """MariaDB reports a NOWAIT failure with error 1205, the lock wait timeout number (MySQL 8 uses 3572)."""
-    row = stock(1)
-    with hold_lock(row, using=ALIAS):
-        started = time.monotonic()
-        with pytest.raises(lockkit.LockNotAvailable) as caught, lockkit.locked(ALIAS, nowait=True) as scope:
-            scope.get(Stock, pk=row.pk)
-        elapsed = time.monotonic() - started
-    error = caught.value
-    django_error = error.__cause__
-    assert django_error is not None
-    driver_error = django_error.__cause__  # lockkit <- django OperationalError <- MySQLdb
-    assert driver_error is not None
-    assert type(driver_error).__module__.startswith("MySQLdb")
-    expected = 1205 if connections[ALIAS].mysql_is_mariadb else 3572  # type: ignore[attr-defined]
-    assert driver_error.args[0] == expected
-    assert error.sqlstate == str(expected)
-    assert error.alias == ALIAS
-    assert elapsed < 1.0  # failed at once, not after innodb_lock_wait_timeout
 
 
 def test_lock_timeout_rounds_up_to_whole_seconds_and_raises_lock_timeout() -> None:
@@ -126,29 +105,6 @@ def test_statement_timeout_raises_statement_timeout_and_is_restored() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT @@SESSION.max_statement_time")
         assert cursor.fetchone() == before
-
-
-def test_nested_operation_never_retries_and_outer_transaction_stays_usable() -> None:
-    row = stock(1)
-    other = stock(3, "other")
-    events: list[RetryEvent] = []
-
-    @lockkit.locked_operation(
-        ALIAS, retry=RetryPolicy(attempts=5, before_retry=events.append), lock_timeout=1
-    )
-    def take() -> None:
-        lockkit.current_scope().get(Stock, pk=row.pk)
-
-    before = session_lock_wait()
-    with hold_lock(row, using=ALIAS), transaction.atomic(using=ALIAS):
-        with pytest.raises(lockkit.LockTimeout) as caught:
-            take()
-        assert caught.value.attempts == 1
-        assert session_lock_wait() == before
-        # The failure rolled back the nested savepoint only: the outer transaction goes on.
-        Stock.objects.using(ALIAS).filter(pk=other.pk).update(available=2)
-    assert events == []
-    assert Stock.objects.using(ALIAS).get(pk=other.pk).available == 2
 
 
 def test_of_is_not_passed_on_mariadb_and_no_key_is_refused_before_sql() -> None:

@@ -1,15 +1,18 @@
 """The contention scenarios every vendor must pass, each written once: PostgreSQL, MariaDB, PgBouncer.
 
-A waiter decides on the value committed before it got the lock; a deadlock is retried (or reported) and both
-transfers keep the totals; concurrent buyers never oversell.
+NOWAIT fails at once; a nested operation never retries and leaves the outer transaction usable; a waiter decides
+on the value committed before it got the lock; a deadlock is retried (or reported) and both transfers keep the
+totals; concurrent buyers never oversell.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connections, transaction
 from django.db.models import F
 
 import lockkit
@@ -22,6 +25,64 @@ from lockkit_tests.vendors import Target, target_params
 pytestmark = pytest.mark.contention
 TARGETS = target_params()
 JOIN = 30.0
+
+
+def _nowait_code(target: Target) -> str:
+    """MariaDB reports a NOWAIT failure with 1205, the lock wait timeout's number; MySQL 8 with 3572."""
+    connection = connections[target.alias]
+    if connection.vendor == "postgresql":
+        return "55P03"
+    return "1205" if connection.mysql_is_mariadb else "3572"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nowait_on_a_held_row_raises_lock_not_available_at_once(target: Target) -> None:
+    row = Stock.objects.using(target.data).create(sku="widget", available=1)
+    with hold_lock(row):
+        started = time.monotonic()
+        with (
+            pytest.raises(lockkit.LockNotAvailable) as caught,
+            lockkit.locked(target.alias, nowait=True) as scope,
+        ):
+            scope.get(Stock, pk="widget")
+        elapsed = time.monotonic() - started
+    error = caught.value
+    assert (error.sqlstate, error.alias, error.attempts) == (_nowait_code(target), target.alias, 1)
+    assert isinstance(error, OperationalError)
+    assert isinstance(error.__cause__, OperationalError)  # lockkit <- Django <- the driver's own error
+    driver = {"postgresql": "psycopg", "mysql": "MySQLdb"}[connections[target.alias].vendor]
+    assert type(error.__cause__.__cause__).__module__.startswith(driver)
+    assert lockkit.classify(error) is Failure.LOCK_NOT_AVAILABLE
+    assert elapsed < 1.0  # failed at once, not after the lock timeout
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_nested_operation_makes_one_attempt_and_the_outer_transaction_goes_on(target: Target) -> None:
+    row = Stock.objects.using(target.data).create(sku="widget", available=1)
+    calls: list[int] = []
+    events: list[RetryEvent] = []
+
+    @lockkit.locked_operation(
+        target.alias, lock_timeout=0.1, retry=RetryPolicy(attempts=5, before_retry=events.append)
+    )
+    def take() -> None:
+        calls.append(lockkit.current_scope().attempt)
+        lockkit.current_scope().get(Stock, pk="widget")
+
+    with transaction.atomic(using=target.alias):
+        Stock.objects.using(target.alias).create(sku="before", available=1)
+        with hold_lock(row), pytest.raises(lockkit.LockTimeout) as caught:
+            take()
+        assert caught.value.attempts == 1
+        # The failure rolled back the nested savepoint only: the outer transaction goes on.
+        Stock.objects.using(target.alias).create(sku="after", available=2)
+    assert calls == [1]
+    assert events == []
+    assert sorted(Stock.objects.using(target.data).values_list("sku", flat=True)) == [
+        "after",
+        "before",
+        "widget",
+    ]
 
 
 @pytest.mark.parametrize("target", TARGETS)

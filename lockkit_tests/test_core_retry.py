@@ -99,27 +99,6 @@ def test_serialization_failure_without_retry_is_classified() -> None:
     assert info.value.attempts == 1
 
 
-def test_nested_operation_makes_exactly_one_attempt_and_outer_commits() -> None:
-    stock = Stock.objects.create(sku="a", available=1)
-    calls: list[int] = []
-    events: list[RetryEvent] = []
-
-    @lockkit.locked_operation(lock_timeout=0.1, retry=RetryPolicy(attempts=5, before_retry=events.append))
-    def take() -> None:
-        calls.append(lockkit.current_scope().attempt)
-        lockkit.current_scope().get(Stock, sku="a")
-
-    with transaction.atomic():
-        Stock.objects.create(sku="before", available=1)
-        with hold_lock(stock), pytest.raises(lockkit.LockTimeout) as info:
-            take()
-        assert info.value.attempts == 1
-        Stock.objects.create(sku="after", available=2)  # the outer transaction is still usable
-    assert calls == [1]
-    assert events == []
-    assert sorted(Stock.objects.values_list("sku", flat=True)) == ["a", "after", "before"]
-
-
 def test_outermost_operation_retries_lock_timeout_then_gives_up(caplog: pytest.LogCaptureFixture) -> None:
     stock = Stock.objects.create(sku="a", available=1)
     calls: list[int] = []

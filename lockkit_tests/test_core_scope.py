@@ -19,23 +19,6 @@ from lockkit_tests.util import show
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
 
 
-def test_nowait_on_held_row_raises_lock_not_available() -> None:
-    stock = Stock.objects.create(sku="a", available=1)
-    with (
-        hold_lock(stock),
-        pytest.raises(lockkit.LockNotAvailable) as info,
-        lockkit.locked(nowait=True) as scope,
-    ):
-        scope.get(Stock, sku="a")
-    error = info.value
-    assert error.sqlstate == "55P03"
-    assert error.alias == "default"
-    assert error.attempts == 1
-    assert isinstance(error, OperationalError)
-    assert isinstance(error.__cause__, OperationalError)
-    assert lockkit.classify(error) is lockkit.Failure.LOCK_NOT_AVAILABLE
-
-
 def test_lock_timeout_raises_lock_timeout() -> None:
     stock = Stock.objects.create(sku="a", available=1)
     with (
