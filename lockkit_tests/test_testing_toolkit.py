@@ -23,6 +23,7 @@ from lockkit.testing import (
     run_concurrently,
     wait_until_blocked,
 )
+from lockkit.testing.dialects import dialect_of
 from lockkit_tests.models import Item, RemoteItem
 from lockkit_tests.vendors import vendor_params
 
@@ -43,12 +44,8 @@ def _locked_value(alias: str, pk: int) -> int:
 
 
 def _session_gone(alias: str, pid: int) -> bool:
-    sql = {
-        "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
-        "mysql": "SELECT count(*) FROM information_schema.processlist WHERE id = %s",
-    }[connections[alias].vendor]
     with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [pid])
+        cursor.execute(dialect_of(connections[alias]).session_exists, [pid])
         (count,) = cursor.fetchone()
     return int(count) == 0
 
