@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import connections, models, router, transaction
+from django.db import connections, models, transaction
 
-from lockkit.aliases import check_alias
+from lockkit import aliases
 from lockkit.durations import seconds
 from lockkit.scope import locked
 from lockkit.testing.failures import ContentionTimeout, NothingLocked
@@ -200,7 +200,8 @@ def hold_lock(
         django.db.NotSupportedError: the database cannot honour ``nowait``/``no_key``.
     """
     queryset, bound = _as_queryset(target)
-    alias = check_alias(using) if using is not None else bound or router.db_for_write(queryset.model)
+    # lockkit's own rule (the explicit alias, else the router's write alias), after the target's own binding.
+    alias = aliases.resolve(using if using is not None else bound, queryset.model)
     limit = seconds(timeout, "timeout")
     assert limit is not None
     # Built here, so that bad options fail in the caller's thread before any SQL; entered by the helper thread.
