@@ -29,6 +29,10 @@ def test_contention_fixture_gives_a_transactional_database(contention: Contentio
     assert not connection.in_atomic_block  # a TestCase-style test would run inside a transaction
     Item.objects.create(name="seen", value=1)
     assert contention.in_thread(Item.objects.filter(name="seen").count).result(timeout=5) == 1
+    with contention.monitor(interval=0.005) as monitor:  # the kit's LockWaitMonitor: nobody waits here
+        assert Item.objects.update(value=2) == 1
+    assert monitor.polls >= 1
+    assert monitor.waits == []
 
 
 @pytest.mark.contention
