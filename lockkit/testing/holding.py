@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 from django.db import connections, models, transaction
 
 from lockkit import aliases
-from lockkit.durations import seconds
 from lockkit.scope import locked
 from lockkit.testing.failures import ContentionTimeout, NothingLocked
 from lockkit.testing.sessions import backend_pid
+from lockkit.validation import duration
 
 T = TypeVar("T")
 
@@ -202,8 +202,7 @@ def hold_lock(
     queryset, bound = _as_queryset(target)
     # lockkit's own rule (the explicit alias, else the router's write alias), after the target's own binding.
     alias = aliases.resolve(using if using is not None else bound, queryset.model)
-    limit = seconds(timeout, "timeout")
-    assert limit is not None
+    limit = duration(timeout, "timeout")
     # Built here, so that bad options fail in the caller's thread before any SQL; entered by the helper thread.
     # locked() bounds the lock wait for this transaction only and turns database failures into lockkit's typed
     # errors (LockNotAvailable, LockTimeout...), exactly as for the code under test.

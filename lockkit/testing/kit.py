@@ -13,7 +13,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS
 
-from lockkit.durations import seconds
 from lockkit.testing.blocking import blocked_by, wait_until_blocked
 from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.holding import Holder, hold_lock
@@ -21,6 +20,7 @@ from lockkit.testing.monitor import LockWaitMonitor
 from lockkit.testing.querylog import AliasLog, assert_single_alias
 from lockkit.testing.sessions import backend_pid
 from lockkit.testing.threads import Outcome, ThreadCall, in_thread, run_concurrently
+from lockkit.validation import duration
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -42,9 +42,7 @@ class ContentionKit:
     """
 
     def __init__(self, timeout: float = 10.0) -> None:
-        limit = seconds(timeout, "timeout")
-        assert limit is not None
-        self.timeout = limit
+        self.timeout = duration(timeout, "timeout")
         self._calls: list[ThreadCall[Any]] = []
 
     def _or_default(self, timeout: float | None) -> float:

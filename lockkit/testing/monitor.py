@@ -15,8 +15,8 @@ from types import TracebackType
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from lockkit.aliases import check_alias
-from lockkit.durations import seconds
 from lockkit.testing.dialects import dialect_of
+from lockkit.validation import duration
 
 # How long ``stop()`` waits for the sampling thread to finish its current read.
 _STOP_SECONDS = 10.0
@@ -89,9 +89,7 @@ class LockWaitMonitor:
 
     def __post_init__(self) -> None:
         check_alias(self.using, "using")
-        pause = seconds(self.interval, "interval")
-        assert pause is not None
-        self.interval = pause
+        self.interval = duration(self.interval, "interval")
 
     # -- what it saw -----------------------------------------------------------------------------------------
 

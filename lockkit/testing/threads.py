@@ -14,9 +14,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from django.db import connections
 
-from lockkit.durations import seconds
 from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.sessions import SessionTracker
+from lockkit.validation import duration
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -52,9 +52,7 @@ class Outcome(Generic[T]):
 
 
 def _limit(value: object, name: str) -> float:
-    limit = seconds(value, name)
-    assert limit is not None
-    return limit
+    return duration(value, name)
 
 
 class ThreadCall(Generic[T]):
