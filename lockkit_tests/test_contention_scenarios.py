@@ -1,6 +1,6 @@
 """The contention scenarios every vendor must pass, each written once: PostgreSQL, MariaDB, PgBouncer.
 
-NOWAIT fails at once; a nested operation never retries and leaves the outer transaction usable; a waiter decides
+NOWAIT fails at once; a lock wait ends at the scope's lock timeout; a nested operation never retries and leaves the outer transaction usable; a waiter decides
 on the value committed before it got the lock; a deadlock is retried (or reported) and both transfers keep the
 totals; concurrent buyers never oversell.
 """
@@ -54,6 +54,41 @@ def test_nowait_on_a_held_row_raises_lock_not_available_at_once(target: Target) 
     assert type(error.__cause__.__cause__).__module__.startswith(driver)
     assert lockkit.classify(error) is Failure.LOCK_NOT_AVAILABLE
     assert elapsed < 1.0  # failed at once, not after the lock timeout
+
+
+def _session_lock_timeout(target: Target) -> str:
+    """The lock timeout of this thread's session, outside any scope (PgBouncer: of the server it lands on)."""
+    connection = connections[target.alias]
+    sql = {
+        "postgresql": "SELECT current_setting('lock_timeout')",
+        "mysql": "SELECT @@SESSION.innodb_lock_wait_timeout",
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        (value,) = cursor.fetchone()
+    return str(value)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_held_row_raises_lock_timeout_after_the_scope_lock_timeout(target: Target) -> None:
+    row = Stock.objects.using(target.data).create(sku="widget", available=1)
+    before = _session_lock_timeout(target)
+    # InnoDB takes whole seconds: 0.3 s becomes innodb_lock_wait_timeout = 1.
+    waited = 1.0 if connections[target.alias].vendor == "mysql" else 0.3
+    with hold_lock(row):
+        started = time.monotonic()
+        with (
+            pytest.raises(lockkit.LockTimeout) as caught,
+            lockkit.locked(target.alias, lock_timeout=0.3) as scope,
+        ):
+            scope.get(Stock, pk="widget")
+        elapsed = time.monotonic() - started
+    error = caught.value
+    assert error.sqlstate == {"postgresql": "55P03", "mysql": "1205"}[connections[target.alias].vendor]
+    assert not isinstance(error, lockkit.LockNotAvailable)
+    assert lockkit.classify(error) is Failure.LOCK_TIMEOUT
+    assert waited - 0.1 <= elapsed < waited + 3.0
+    assert _session_lock_timeout(target) == before  # restored after the failure
 
 
 @pytest.mark.parametrize("target", TARGETS)

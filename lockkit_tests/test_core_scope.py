@@ -19,19 +19,6 @@ from lockkit_tests.util import show
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
 
 
-def test_lock_timeout_raises_lock_timeout() -> None:
-    stock = Stock.objects.create(sku="a", available=1)
-    with (
-        hold_lock(stock),
-        pytest.raises(lockkit.LockTimeout) as info,
-        lockkit.locked(lock_timeout=0.2) as scope,
-    ):
-        scope.get(Stock, sku="a")
-    assert info.value.sqlstate == "55P03"
-    assert not isinstance(info.value, lockkit.LockNotAvailable)
-    assert lockkit.classify(info.value) is lockkit.Failure.LOCK_TIMEOUT
-
-
 def test_statement_timeout_raises_statement_timeout() -> None:
     with pytest.raises(lockkit.StatementTimeout) as info, lockkit.locked(statement_timeout=0.2):
         with connection.cursor() as cursor:

@@ -7,7 +7,6 @@ without a pooler.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg
@@ -15,9 +14,7 @@ import pytest
 from django.db import connections
 
 import lockkit
-from lockkit.testing import hold_lock
 from lockkit_tests import topology
-from lockkit_tests.models import Stock
 
 MISSING = topology.missing()
 ALIAS = "pgbouncer"
@@ -81,6 +78,9 @@ def test_scope_timeouts_apply_inside_and_never_reach_the_next_client_of_the_serv
     seen = every_server_connection()
     assert server_pid in seen  # another client got the very server connection the scope ran on...
     assert seen[server_pid] == ("0", "0")  # ...with the server defaults, not the scope's values
+    with pytest.raises(ZeroDivisionError), lockkit.locked(ALIAS, lock_timeout=0.25, statement_timeout=3):
+        _ = 1 / 0
+    assert set(every_server_connection().values()) == {("0", "0")}  # after a failed scope too
 
     # The control: a session-level SET (what lockkit avoids) does reach the next client of that connection.
     with connections[ALIAS].cursor() as cursor:
@@ -91,15 +91,3 @@ def test_scope_timeouts_apply_inside_and_never_reach_the_next_client_of_the_serv
     finally:
         with connections["primary"].cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [leaky_pid])  # do not leave it to later tests
-
-
-def test_lock_timeout_applies_through_the_pooler() -> None:
-    Stock.objects.using("primary").create(sku="widget", available=1)
-    with hold_lock(Stock.objects.filter(pk="widget"), using="primary"):
-        started = time.monotonic()
-        with pytest.raises(lockkit.LockTimeout) as caught, lockkit.locked(ALIAS, lock_timeout=0.3) as scope:
-            scope.get(Stock, pk="widget")
-        elapsed = time.monotonic() - started
-    assert caught.value.sqlstate == "55P03"
-    assert 0.3 <= elapsed < 3.0
-    assert set(every_server_connection().values()) == {("0", "0")}
