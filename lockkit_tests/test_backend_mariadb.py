@@ -77,25 +77,6 @@ def test_session_timeouts_are_restored_after_success_and_failure() -> None:
     assert session_lock_wait() == before
 
 
-def test_statement_timeout_raises_statement_timeout_and_is_restored() -> None:
-    connection = connections[ALIAS]
-    if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-        pytest.skip("max_execution_time on MySQL applies to SELECT only; this test uses MariaDB's variable")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@SESSION.max_statement_time")
-        before = cursor.fetchone()
-    with (
-        pytest.raises(lockkit.StatementTimeout) as caught,
-        lockkit.locked(ALIAS, statement_timeout=0.2),
-        connection.cursor() as cursor,
-    ):
-        cursor.execute("SELECT SLEEP(5)")
-    assert caught.value.sqlstate == "1969"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@SESSION.max_statement_time")
-        assert cursor.fetchone() == before
-
-
 def test_of_is_not_passed_on_mariadb_and_no_key_is_refused_before_sql() -> None:
     connection = connections[ALIAS]
     owner = Owner.objects.using(ALIAS).create(name="o")

@@ -1,8 +1,9 @@
 """The contention scenarios every vendor must pass, each written once: PostgreSQL, MariaDB, PgBouncer.
 
-NOWAIT fails at once; a lock wait ends at the scope's lock timeout; a nested operation never retries and leaves the outer transaction usable; a waiter decides
-on the value committed before it got the lock; a deadlock is retried (or reported) and both transfers keep the
-totals; concurrent buyers never oversell.
+NOWAIT fails at once; a lock wait ends at the scope's lock timeout, a slow statement at its statement timeout;
+a nested operation never retries and leaves the outer transaction usable; a waiter decides on the value committed
+before it got the lock; a deadlock is retried (or reported) and both transfers keep the totals; concurrent buyers
+never oversell.
 """
 
 from __future__ import annotations
@@ -56,23 +57,25 @@ def test_nowait_on_a_held_row_raises_lock_not_available_at_once(target: Target) 
     assert elapsed < 1.0  # failed at once, not after the lock timeout
 
 
-def _session_lock_timeout(target: Target) -> str:
-    """The lock timeout of this thread's session, outside any scope (PgBouncer: of the server it lands on)."""
+def _read(target: Target, sql: dict[str, str]) -> str:
+    """One value read on this thread's session, outside any scope (PgBouncer: on the server it lands on)."""
     connection = connections[target.alias]
-    sql = {
-        "postgresql": "SELECT current_setting('lock_timeout')",
-        "mysql": "SELECT @@SESSION.innodb_lock_wait_timeout",
-    }[connection.vendor]
     with connection.cursor() as cursor:
-        cursor.execute(sql)
+        cursor.execute(sql[connection.vendor])
         (value,) = cursor.fetchone()
     return str(value)
+
+
+LOCK_TIMEOUT = {
+    "postgresql": "SELECT current_setting('lock_timeout')",
+    "mysql": "SELECT @@SESSION.innodb_lock_wait_timeout",
+}
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_held_row_raises_lock_timeout_after_the_scope_lock_timeout(target: Target) -> None:
     row = Stock.objects.using(target.data).create(sku="widget", available=1)
-    before = _session_lock_timeout(target)
+    before = _read(target, LOCK_TIMEOUT)
     # InnoDB takes whole seconds: 0.3 s becomes innodb_lock_wait_timeout = 1.
     waited = 1.0 if connections[target.alias].vendor == "mysql" else 0.3
     with hold_lock(row):
@@ -88,7 +91,27 @@ def test_a_held_row_raises_lock_timeout_after_the_scope_lock_timeout(target: Tar
     assert not isinstance(error, lockkit.LockNotAvailable)
     assert lockkit.classify(error) is Failure.LOCK_TIMEOUT
     assert waited - 0.1 <= elapsed < waited + 3.0
-    assert _session_lock_timeout(target) == before  # restored after the failure
+    assert _read(target, LOCK_TIMEOUT) == before  # restored after the failure
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_slow_statement_raises_statement_timeout_and_the_setting_is_restored(target: Target) -> None:
+    connection = connections[target.alias]
+    if connection.vendor == "mysql" and not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        pytest.skip("max_execution_time on MySQL applies to SELECT only; this test uses MariaDB's variable")
+    setting = {
+        "postgresql": "SELECT current_setting('statement_timeout')",
+        "mysql": "SELECT @@SESSION.max_statement_time",
+    }
+    before = _read(target, setting)
+    with (
+        pytest.raises(lockkit.StatementTimeout) as caught,
+        lockkit.locked(target.alias, statement_timeout=0.2),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute({"postgresql": "SELECT pg_sleep(5)", "mysql": "SELECT SLEEP(5)"}[connection.vendor])
+    assert caught.value.sqlstate == {"postgresql": "57014", "mysql": "1969"}[connection.vendor]
+    assert _read(target, setting) == before
 
 
 @pytest.mark.parametrize("target", TARGETS)
