@@ -161,3 +161,19 @@ class QueuedJob(Claimable):
     class Meta:
         managed = False
         db_table = f'{QUEUE_SCHEMA}"."queued_job'
+
+
+class JobEffect(models.Model):
+    """A database effect of running a job, with no uniqueness: the tests count how often each job's was applied."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="effects")
+    worker = models.CharField(max_length=40)
+    token = models.BigIntegerField()
+
+
+class RankedJob(Claimable):
+    """A job with a nullable priority, for ordering expressions (``F("priority").desc(nulls_last=True)``)."""
+
+    name = models.CharField(max_length=40, default="")
+    priority = models.IntegerField(null=True)
+    state = models.CharField(max_length=20, default="pending")

@@ -16,6 +16,8 @@ from lockkit.claims.api import (
     release,
     release_many,
 )
+from lockkit.claims.beat import heartbeat_every
+from lockkit.claims.fencing import fenced
 from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
@@ -29,7 +31,9 @@ __all__ = [
     "claim_next",
     "complete",
     "complete_many",
+    "fenced",
     "heartbeat",
+    "heartbeat_every",
     "reclaim_expired",
     "release",
     "release_many",

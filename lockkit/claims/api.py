@@ -1,4 +1,4 @@
-"""Claiming jobs and everything a worker does with a claim afterwards, on PostgreSQL.
+"""Claiming jobs and everything a worker does with a claim afterwards (PostgreSQL, MariaDB/MySQL, SQLite).
 
 Claims are made in short transactions that commit before the caller works on the job; every later write by the
 worker is fenced by the claim's token. See docs/claims.md.
@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
@@ -33,7 +33,8 @@ def claim(
     """Claim one specific row if it is free and ``when`` holds, waiting for its lock within the lock timeout.
 
     Runs in ``lockkit.locked(alias, no_key=True)`` (so ``settings.LOCKKIT["LOCK_TIMEOUT"]`` bounds the wait
-    and failures are classified): the row is locked with ``SELECT ... FOR NO KEY UPDATE``, which re-checks the
+    and failures are classified): the row is locked with ``SELECT ... FOR NO KEY UPDATE`` (``FOR UPDATE`` on
+    MariaDB/MySQL; on SQLite the scope's ``BEGIN IMMEDIATE`` holds the database write lock), which re-checks the
     filters, "not claimed" and ``when`` on the row's latest version after any wait, then updated. The
     transaction commits before this returns (unless the caller's own ``atomic()`` is open on the alias; then
     the claim commits with it). See
@@ -48,8 +49,10 @@ def claim(
         when: A ``Q`` the locked row must still satisfy (e.g. ``Q(state="pending")``); ``None`` for no
             condition.
         set: Fields to write with the claim, e.g. ``{"state": "running"}`` (values or expressions).
-        using: The database alias; default the queryset's or instance's database, else
-            ``router.db_for_write``.
+        using: The database alias. Default for an instance: ``router.db_for_write(type(target),
+            instance=target)``, as ``Model.save()`` resolves it (an instance read from a replica is claimed on
+            the primary; without a router, the database it was read from); an explicit ``using`` must name
+            that same alias. Default for a queryset: its bound database, else ``router.db_for_write(model)``.
 
     Returns:
         The ``Claim``, or ``None`` when the row does not exist, is already claimed, or ``when`` does not hold.
@@ -58,8 +61,9 @@ def claim(
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
         ValueError: an unsaved instance, a non-positive lease, an empty worker name, an unknown field in
             ``set``.
-        AliasMismatch: ``using`` differs from the database the queryset is bound to.
-        django.db.NotSupportedError: the database is not PostgreSQL.
+        AliasMismatch: ``using`` differs from the database the queryset is bound to, or from the instance's
+            write database (the message names both and the fix).
+        django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
         MultipleObjectsReturned: the queryset matches more than one claimable row (nothing is claimed).
         LockTimeout: another session held the row longer than the lock timeout.
     """
@@ -69,9 +73,6 @@ def claim(
         if target.pk is None:
             raise ValueError(f"target is an unsaved {model.__name__} instance: it has no row to claim")
         queryset: QuerySet[Any] = model._base_manager.filter(pk=target.pk)
-        if target._state.db is not None:
-            # The instance's row lives on its own database: a different using= would claim an unrelated row.
-            queryset = queryset.using(target._state.db)
         hint = target
     elif isinstance(target, QuerySet):
         queryset = inputs.queryset(target, "target")
@@ -86,7 +87,7 @@ def claim(
     statements = sql.for_table(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     candidates = inputs.condition(when, queryset.using(alias).filter(lease_expires_at__isnull=True))
-    with locked(alias, no_key=True) as scope:
+    with locked(alias, no_key=connections[alias].features.has_select_for_no_key_update) as scope:
         rows = list(scope.lock(candidates).only("pk").order_by()[:2])
         if not rows:
             return None
@@ -138,7 +139,7 @@ def claim_next(
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
         ValueError: a non-positive ``lease`` or ``limit``, a sliced or distinct queryset, a bad ``set``.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
-        django.db.NotSupportedError: the database is not PostgreSQL.
+        django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
         LockTimeout, StatementTimeout: the connection's own ``lock_timeout``/``statement_timeout`` expired
             (row locks are never waited for; table locks, e.g. during a migration, can be).
     """
@@ -323,7 +324,7 @@ def reclaim_expired(
         TypeError, ValueError: a wrong type, a non-positive ``max_attempts``, ``max_attempts`` without
             ``exhausted_set`` (or the reverse), a bad ``set``, a sliced or distinct queryset.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
-        django.db.NotSupportedError: the database is not PostgreSQL.
+        django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
     """
     candidates = inputs.queryset(queryset)
     model = inputs.claimable_model(candidates.model, "queryset")

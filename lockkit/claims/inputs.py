@@ -14,6 +14,7 @@ from lockkit import aliases
 from lockkit.claims import storable
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
 from lockkit.claims.value import Claim
+from lockkit.errors import AliasMismatch
 from lockkit.validation import duration
 from lockkit.validation import positive_int as _positive_int
 
@@ -211,22 +212,50 @@ def bound_alias(queryset: QuerySet[Any]) -> str | None:
 
 
 def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None = None) -> str:
-    """The alias: ``using``, else the queryset's own (``.using()``, instance database), else the router's.
+    """The alias: ``using``, else the queryset's own (``.using()``), else the router's; for an instance (``hint``),
+    ``instance_alias``.
 
     Raises:
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
     """
+    if hint is not None:
+        return instance_alias(using, hint)
     if using is not None:
         alias = aliases.check_alias(using)
     elif bound_alias(queryset) is not None:
         alias = str(bound_alias(queryset))
     else:
-        kwargs = {"instance": hint} if hint is not None else {}
-        alias = aliases.check_alias(
-            router.db_for_write(queryset.model, **kwargs), "router.db_for_write(model)"
-        )
-    aliases.queryset_on(queryset, alias, "target" if hint is not None else "queryset")
+        alias = aliases.check_alias(router.db_for_write(queryset.model), "router.db_for_write(model)")
+    aliases.queryset_on(queryset, alias, "queryset")
     return alias
+
+
+def instance_alias(using: object, instance: models.Model) -> str:
+    """The alias an instance is claimed on: ``router.db_for_write(type(instance), instance=instance)``.
+
+    The same resolution as ``Model.save()``: a router sends an instance read from a replica to the primary;
+    without a router, Django answers the database the instance was read from (or ``"default"``).
+
+    Raises:
+        AliasMismatch: ``using`` names another alias (its row there would be an unrelated row with the same pk).
+    """
+    model = type(instance)
+    routed = aliases.check_alias(
+        router.db_for_write(model, instance=instance), "router.db_for_write(model, instance=target)"
+    )
+    if using is None:
+        return routed
+    alias = aliases.check_alias(using)
+    if alias != routed:
+        read = f"read from {instance._state.db!r}" if instance._state.db else "not read from any database"
+        raise AliasMismatch(
+            f"claim(target, using={alias!r}): target is a {model.__name__} {read}, whose write database is "
+            f"{routed!r} (router.db_for_write(model, instance=target)); a row with pk={instance.pk!r} on "
+            f"{alias!r} would be another row. Pass using={routed!r} or omit using; to claim the row on {alias!r}, "
+            f"claim a queryset bound to it: {model.__name__}._base_manager.using({alias!r}).filter(pk=...)",
+            alias=alias,
+        )
+    return routed
 
 
 def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:

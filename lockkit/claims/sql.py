@@ -268,21 +268,33 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         return count
 
 
-#: The claims SQL of each supported vendor (``connection.vendor``).
+#: The claims SQL of each supported vendor (``connection.vendor``); MariaDB/MySQL and SQLite register theirs from
+#: ``lockkit.claims.serial`` (imported on first use: that module imports this one).
 VENDORS: dict[str, type[ClaimsSQL]] = {PostgreSQLClaimsSQL.vendor: PostgreSQLClaimsSQL}
 
 #: How ``NotSupportedError`` names the supported vendors.
-_VENDOR_NAMES = {"postgresql": "PostgreSQL"}
+_VENDOR_NAMES = {"postgresql": "PostgreSQL", "mysql": "MariaDB 10.6+/MySQL 8", "sqlite": "SQLite 3.35+"}
 
 
 def for_table(model: type[Claimable], alias: str) -> ClaimsSQL:
     """The claims statements of ``model``'s table on ``alias``, for the alias's vendor.
 
     Raises:
-        NotSupportedError: claims are not implemented for the alias's vendor.
+        NotSupportedError: claims are not implemented for the alias's vendor, or its version lacks what they
+            need (``SKIP LOCKED``: MariaDB 10.6, MySQL 8.0.1; ``RETURNING``: SQLite 3.35).
     """
-    vendor = connections[alias].vendor
+    from lockkit.claims import serial  # noqa: F401 - registers the MariaDB/MySQL and SQLite statements
+
+    connection = connections[alias]
+    vendor = connection.vendor
+    supported = ", ".join(sorted(_VENDOR_NAMES.get(name, name) for name in VENDORS))
     if vendor not in VENDORS:
-        supported = ", ".join(sorted(_VENDOR_NAMES.get(name, name) for name in VENDORS))
         raise NotSupportedError(f"lockkit.claims supports {supported} only; database {alias!r} is {vendor}")
+    features = connection.features
+    if (vendor == "mysql" and not features.has_select_for_update_skip_locked) or (
+        vendor == "sqlite" and not features.can_return_columns_from_insert
+    ):
+        raise NotSupportedError(
+            f"lockkit.claims supports {supported} only; database {alias!r} is an older {connection.display_name}"
+        )  # (SQLite's RETURNING arrived with its INSERT ... RETURNING, in 3.35)
     return VENDORS[vendor](ClaimTable.of(model, alias))

@@ -1,0 +1,212 @@
+"""Claims on MariaDB/MySQL and SQLite: a few statements in one short ``lockkit.locked()`` transaction.
+
+Neither has PostgreSQL's data-modifying CTEs, and MariaDB has no ``UPDATE ... RETURNING``, so each operation picks
+its rows first, then writes them by primary key, inside one transaction that holds the rows until it commits.
+MariaDB 10.6+/MySQL 8 lock the picked rows (``FOR UPDATE SKIP LOCKED``); SQLite has no row locks, and its
+transaction begins with ``BEGIN IMMEDIATE``, which takes the database write lock, so writers run one at a time.
+See https://mariadb.com/kb/en/select/#skip-locked and https://www.sqlite.org/lang_returning.html.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import EmptyResultSet
+from django.db import connections
+from django.db.models import DateTimeField, Expression, Func, QuerySet
+from django.db.models.functions import Now
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from lockkit.claims.sql import VENDORS, ClaimsSQL, Row
+from lockkit.scope import locked
+
+# Rows written per UPDATE by reclaim_expired (a parameter list per statement stays far below every driver limit).
+_CHUNK = 500
+
+
+class UTCTimestamp(Func):
+    """MariaDB/MySQL ``UTC_TIMESTAMP(6)``: the server clock in UTC, fixed for the statement, microseconds.
+
+    Django stores aware datetimes in MariaDB as naive UTC (the connection's ``TIME_ZONE`` is UTC by default), so
+    the session time zone must not shift the value (``NOW()`` would).
+    """
+
+    template = "UTC_TIMESTAMP(6)"
+    output_field = DateTimeField()
+
+
+class SerialClaimsSQL(ClaimsSQL):
+    """Claims as "pick, then write by primary key" inside one short transaction (see the module docstring)."""
+
+    @abc.abstractmethod
+    def lock_clause(self, *, skip_locked: bool) -> str:
+        """The clause appended to a ``SELECT`` that picks rows to write (empty where rows cannot be locked)."""
+
+    @abc.abstractmethod
+    def write(self, pks: Sequence[Any], values: dict[str, Any], condition: str = "") -> list[Row]:
+        """``UPDATE ... WHERE pk IN (pks) [AND condition]``; return the written rows' ``CLAIM_COLUMNS``."""
+
+    def read_datetime(self, value: Any) -> Any:
+        """A ``DATETIME`` the driver returned, as the model field reads it (aware with ``USE_TZ``)."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = parse_datetime(value)
+        if settings.USE_TZ and value is not None and timezone.is_naive(value):
+            value = timezone.make_aware(value, connections[self.alias].timezone)
+        return value
+
+    def pick(self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool) -> list[Any]:
+        """Run ``SELECT pk ... [ORDER BY ... LIMIT n] <lock clause>``; return the primary keys in order."""
+        selection = queryset.values_list("pk")
+        if limit is not None:
+            selection = selection[:limit]
+        try:
+            select, params = selection.query.get_compiler(self.alias).as_sql()
+        except EmptyResultSet:  # .none(), pk__in=[]: no row can match
+            return []
+        rows, _ = self.run(f"{select} {self.lock_clause(skip_locked=skip_locked)}".strip(), params)
+        return [next(iter(row.values())) for row in rows]
+
+    def where_pks(self, pks: Sequence[Any]) -> str:
+        """``<pk> IN (%s, ...)`` for ``pks`` (never empty)."""
+        return f"{self.table.pk_of()} IN ({', '.join(['%s'] * len(pks))})"
+
+    def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
+        """Write the claim to the row the caller locked (``claim()`` runs inside its own locked scope)."""
+        (row,) = self.write([pk], values)
+        return row
+
+    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+        """Pick up to ``limit`` free rows in order (skipping locked ones), then claim them, in one transaction."""
+        with locked(self.alias):
+            pks = self.pick(candidates, limit=limit, skip_locked=True)
+            if not pks:
+                return []
+            rows = self.write(pks, values, f"{self.table.column('lease_expires_at')} IS NULL")
+        position = {pk: index for index, pk in enumerate(pks)}
+        rows.sort(key=lambda row: position[row["pk"]])
+        return rows
+
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
+        """Lock the claimed rows, compare token and worker exactly, write all of them or none.
+
+        The comparison happens here, in Python, so a case- or accent-insensitive collation cannot make
+        ``"W1"`` match a row claimed by ``"w1"``.
+        """
+        table = self.table
+        given = set(zip(pks, tokens, workers, strict=True))
+        with locked(self.alias):
+            rows, _ = self.run(
+                f"SELECT {table.pk_of()}, {table.column('claim_token')}, {table.column('claimed_by')} "
+                f"FROM {table.name} WHERE {self.where_pks(pks)} "
+                f"AND {table.column('lease_expires_at')} IS NOT NULL {self.lock_clause(skip_locked=False)}",
+                list(pks),
+            )
+            live = [
+                pk
+                for pk, token, worker in (tuple(row.values()) for row in rows)
+                if (pk, token, worker) in given
+            ]
+            if len(set(live)) != len(pks):
+                return [{"pk": pk, "written": False, "lease_expires_at": None} for pk in live]
+            written = self.write(live, values)
+        return [
+            {"pk": row["pk"], "written": True, "lease_expires_at": row["lease_expires_at"]} for row in written
+        ]
+
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:
+        """Pick the expired rows (skipping locked ones), write them, re-checking the lease on each row."""
+        expired = candidates.order_by().filter(lease_expires_at__lt=self.now())
+        lease = self.table.column("lease_expires_at")
+        count = 0
+        with locked(self.alias):
+            pks = self.pick(expired, limit=None, skip_locked=True)
+            now_sql, now_params = self.compile(self.now())
+            for start in range(0, len(pks), _CHUNK):
+                chunk = pks[start : start + _CHUNK]
+                update, set_params = self.update(values)
+                _, written = self.run(
+                    f"{update} WHERE {self.where_pks(chunk)} AND {lease} < {now_sql}",
+                    [*set_params, *chunk, *now_params],
+                )
+                count += written
+        return count
+
+    def compile(self, expression: Expression) -> tuple[str, list[Any]]:
+        """Compile an expression for this alias (the clock, in hand-written statements)."""
+        query = QuerySet(self.table.model).query
+        compiler = query.get_compiler(self.alias)
+        sql, params = compiler.compile(expression.resolve_expression(query))
+        return sql, list(params)
+
+
+class MySQLClaimsSQL(SerialClaimsSQL):
+    """MariaDB 10.6+ and MySQL 8: ``SELECT ... FOR UPDATE SKIP LOCKED``, ``UPDATE``, then read the rows back.
+
+    The database clock is ``UTC_TIMESTAMP(6)`` (with ``USE_TZ``; ``NOW(6)`` without), fixed per statement.
+    """
+
+    vendor = "mysql"
+
+    def now(self) -> Expression:
+        """``UTC_TIMESTAMP(6)`` with ``USE_TZ`` (values are stored as naive UTC), else Django's ``Now()``."""
+        return UTCTimestamp() if settings.USE_TZ else Now()
+
+    def lock_clause(self, *, skip_locked: bool) -> str:
+        """``FOR UPDATE [SKIP LOCKED]`` (no ``OF``, no ``NO KEY``: MariaDB has neither)."""
+        return connections[self.alias].ops.for_update_sql(skip_locked=skip_locked)
+
+    def write(self, pks: Sequence[Any], values: dict[str, Any], condition: str = "") -> list[Row]:
+        """``UPDATE`` then ``SELECT`` the written rows back (MariaDB has no ``UPDATE ... RETURNING``).
+
+        The rows are locked by this transaction, so what is read back is what was written.
+        """
+        update, params = self.update(values)
+        extra = f" AND {condition}" if condition else ""
+        self.run(f"{update} WHERE {self.where_pks(pks)}{extra}", [*params, *pks])
+        rows, _ = self.run(
+            f"SELECT {self.returning()} FROM {self.table.name} WHERE {self.where_pks(pks)}", list(pks)
+        )
+        return [self.typed(row) for row in rows]
+
+    def typed(self, row: Row) -> Row:
+        """The row with its lease as an aware ``datetime``."""
+        return {**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])}
+
+
+class SQLiteClaimsSQL(SerialClaimsSQL):
+    """SQLite 3.35+: ``BEGIN IMMEDIATE`` serialises the writers; ``UPDATE ... RETURNING``.
+
+    The clock is the clock of the machine running the statement (SQLite is a library: ``STRFTIME(..., 'now')``
+    in UTC, milliseconds), so workers sharing a database file share that machine's clock.
+    """
+
+    vendor = "sqlite"
+
+    def now(self) -> Expression:
+        """Django's ``Now()``: ``STRFTIME('%Y-%m-%d %H:%M:%f', 'now')``, UTC, as Django stores datetimes."""
+        return Now()
+
+    def lock_clause(self, *, skip_locked: bool) -> str:
+        """Nothing: the transaction already holds the database write lock."""
+        return ""
+
+    def write(self, pks: Sequence[Any], values: dict[str, Any], condition: str = "") -> list[Row]:
+        """``UPDATE ... WHERE pk IN (...) RETURNING`` the claim columns."""
+        update, params = self.update(values)
+        extra = f" AND {condition}" if condition else ""
+        rows, _ = self.run(
+            f"{update} WHERE {self.where_pks(pks)}{extra} RETURNING {self.returning()}", [*params, *pks]
+        )
+        return [{**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])} for row in rows]
+
+
+VENDORS[MySQLClaimsSQL.vendor] = MySQLClaimsSQL
+VENDORS[SQLiteClaimsSQL.vendor] = SQLiteClaimsSQL

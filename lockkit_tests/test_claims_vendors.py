@@ -1,0 +1,345 @@
+"""lockkit.claims on PostgreSQL, MariaDB and SQLite: the same guarantees, proven by the same contention tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.db.backends.signals import connection_created
+from django.utils import timezone
+
+from lockkit import locked
+from lockkit.claims import (
+    Claim,
+    StaleClaim,
+    claim,
+    claim_next,
+    complete,
+    complete_many,
+    fenced,
+    heartbeat,
+    heartbeat_every,
+    reclaim_expired,
+    release,
+)
+from lockkit.testing import in_thread, run_concurrently
+from lockkit_tests.claims_vendors import claims_vendor_params, db_now, expire
+from lockkit_tests.models import Job, JobEffect, JobLog
+
+pytestmark = pytest.mark.contention
+VENDORS = claims_vendor_params()
+
+# Jobs drained by 8 workers per vendor: SQLite runs one writer at a time (BEGIN IMMEDIATE), so a smaller batch
+# keeps its run short; the assertions are the same.
+DRAIN = {"default": 2000, "mariadb": 2000, "sqlite": 600}
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_claim_heartbeat_complete_release_reclaim(alias: str) -> None:
+    jobs = Job.objects.using(alias).bulk_create([Job(name=f"j{i}") for i in range(3)])
+    pending = Job.objects.using(alias).filter(state="pending")
+    first = claim_next(pending, worker="w1", lease=30, limit=2, set={"state": "running"})
+    assert [c.pk for c in first] == [jobs[0].pk, jobs[1].pk]
+    assert [(c.token, c.attempt, c.worker, c.alias) for c in first] == [(1, 1, "w1", alias)] * 2
+    assert first[0].lease_expires_at.tzinfo is not None
+    assert abs((first[0].lease_expires_at - db_now(alias)).total_seconds() - 30) < 5  # the database clock
+    renewed = heartbeat(first[0], lease=60)
+    assert renewed.lease_expires_at > first[0].lease_expires_at
+    complete(renewed, set={"state": "done"})
+    with pytest.raises(StaleClaim):
+        complete(first[0], set={"state": "again"})
+    with pytest.raises(StaleClaim):  # the worker fence: another worker's name, the right token
+        release(Claim(**{**first[1].__dict__, "worker": "W1"}))
+    release(first[1], set={"state": "pending"})
+    again = claim(Job.objects.using(alias).filter(pk=jobs[1].pk), worker="w2", lease=30)
+    assert again is not None
+    assert (again.token, again.attempt) == (2, 2)
+    assert claim(Job.objects.using(alias).filter(pk=jobs[1].pk), worker="w3", lease=30) is None
+    expire(alias, again.pk)
+    assert reclaim_expired(Job.objects.using(alias), set={"state": "pending"}) == 1
+    with pytest.raises(StaleClaim):
+        heartbeat(again)
+    rows = {j.pk: (j.state, j.claim_token, j.lease_expires_at) for j in Job.objects.using(alias)}
+    assert rows == {
+        jobs[0].pk: ("done", 1, None),
+        jobs[1].pk: ("pending", 2, None),
+        jobs[2].pk: ("pending", 0, None),
+    }
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_eight_workers_drain_the_jobs_each_completed_exactly_once(alias: str) -> None:
+    total, workers, limit = DRAIN[alias], 8, 10
+    Job.objects.using(alias).bulk_create([Job(name=f"job-{i}") for i in range(total)])
+    pending = Job.objects.using(alias).filter(state="pending")
+
+    def work(i: int) -> int:
+        done = 0
+        while claims := claim_next(pending, worker=f"w{i}", lease=60, limit=limit, set={"state": "running"}):
+            assert len(claims) <= limit
+            with locked(alias):  # the side effect and the completion commit together
+                JobLog.objects.using(alias).bulk_create(
+                    [JobLog(job_id=c.pk, worker=f"w{i}", token=c.token) for c in claims]
+                )
+                complete_many(claims, set={"state": "done"})
+            done += len(claims)
+        return done
+
+    started = time.monotonic()
+    outcomes = run_concurrently(work, workers, args=[(i,) for i in range(workers)], timeout=300)
+    elapsed = time.monotonic() - started
+    assert [o.error for o in outcomes] == [None] * workers
+    done = [o.result or 0 for o in outcomes]
+    assert sum(done) == total
+    assert sum(1 for n in done if n) >= 2, done  # the work really was shared
+    logged = Counter(JobLog.objects.using(alias).values_list("job_id", flat=True))
+    assert set(logged) == set(Job.objects.using(alias).values_list("pk", flat=True))
+    assert set(logged.values()) == {1}
+    assert Counter(Job.objects.using(alias).values_list("state", "claim_token", "attempts")) == Counter(
+        {("done", 1, 1): total}
+    )
+    print(f"\n{alias}: {total} jobs by {workers} workers in {elapsed:.2f}s, per worker {done}")
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_concurrent_claims_of_one_row_give_exactly_one_winner(alias: str) -> None:
+    callers = 8
+    for _ in range(3):
+        job = Job.objects.using(alias).create(name="contested")
+        outcomes = run_concurrently(
+            lambda i, job=job: claim(job, worker=f"c{i}", lease=30, set={"state": "running"}),
+            callers,
+            args=[(i,) for i in range(callers)],
+            timeout=60,
+        )
+        assert [o.error for o in outcomes] == [None] * callers
+        winners = [o.result for o in outcomes if o.result is not None]
+        assert len(winners) == 1
+        row = Job.objects.using(alias).get(pk=job.pk)
+        assert (row.claim_token, row.attempts, row.claimed_by, row.state) == (
+            1,
+            1,
+            winners[0].worker,
+            "running",
+        )
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_concurrent_claim_next_never_exceeds_limit_nor_claims_a_row_twice(alias: str) -> None:
+    Job.objects.using(alias).bulk_create([Job(name=f"job-{i}") for i in range(300)])
+    pending = Job.objects.using(alias).filter(state="pending")
+    limit, callers, rounds = 7, 6, 5
+
+    def claim_rounds(i: int) -> list[list[Any]]:
+        return [
+            [c.pk for c in claim_next(pending, worker=f"c{i}", lease=30, limit=limit, order_by=["-pk"])]
+            for _ in range(rounds)
+        ]
+
+    outcomes = run_concurrently(claim_rounds, callers, args=[(i,) for i in range(callers)], timeout=120)
+    assert [o.error for o in outcomes] == [None] * callers
+    batches = [batch for o in outcomes for batch in (o.result or [])]
+    assert max(len(batch) for batch in batches) == limit
+    claimed = [pk for batch in batches for pk in batch]
+    assert len(claimed) == len(set(claimed)) == callers * rounds * limit
+    assert Job.objects.using(alias).filter(claim_token=1).count() == len(claimed)
+    assert Job.objects.using(alias).filter(claim_token__gt=1).count() == 0
+
+
+# -- fenced effects ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@pytest.mark.parametrize("mode", ["fenced", "unfenced"])
+def test_leases_expiring_mid_effect_apply_fenced_effects_exactly_once(alias: str, mode: str) -> None:
+    """A slow worker's leases run out while it computes; the reaper hands half its jobs back and a fast worker
+    does them. Fenced, the slow worker's late effects are refused (StaleClaim, nothing written); unfenced (the
+    effect commits before the fenced ``complete()``), they are applied a second time: the control that shows the
+    test can fail."""
+    n = 20
+    jobs = Job.objects.using(alias).bulk_create([Job(name=f"job-{i}") for i in range(n)])
+    pending = Job.objects.using(alias).filter(state="pending")
+
+    def apply(c: Claim) -> None:
+        if mode == "fenced":
+            with fenced(c) as scope:
+                JobEffect.objects.using(scope.alias).create(job_id=c.pk, worker=c.worker, token=c.token)
+                complete(c, set={"state": "done"})
+        else:
+            JobEffect.objects.using(alias).create(job_id=c.pk, worker=c.worker, token=c.token)
+            complete(c, set={"state": "done"})
+
+    slow_claims = claim_next(pending, worker="slow", lease=30, limit=n, set={"state": "running"})
+    computing, resume = threading.Event(), threading.Event()
+
+    def slow_worker() -> Counter[str]:
+        computing.set()
+        assert resume.wait(60)  # mid-effect: the leases run out while the worker computes
+        outcomes: Counter[str] = Counter()
+        for c in slow_claims:
+            try:
+                apply(c)
+            except StaleClaim:
+                outcomes["stale"] += 1
+            else:
+                outcomes["done"] += 1
+        return outcomes
+
+    slow = in_thread(slow_worker)
+    assert computing.wait(30)
+    stolen = sorted(c.pk for c in slow_claims[::2])
+    expire(alias, *stolen)
+    assert reclaim_expired(Job.objects.using(alias), set={"state": "pending"}) == len(stolen)
+    fast_claims = claim_next(pending, worker="fast", lease=30, limit=n, set={"state": "running"})
+    assert sorted(c.pk for c in fast_claims) == stolen
+    for c in fast_claims:
+        apply(c)
+    resume.set()
+    slow_outcomes = slow.result(timeout=60)
+
+    assert slow_outcomes == Counter({"stale": len(stolen), "done": n - len(stolen)})
+    effects = Counter(JobEffect.objects.using(alias).values_list("job_id", flat=True))
+    assert set(effects) == {j.pk for j in jobs}
+    twice = sorted(pk for pk, count in effects.items() if count > 1)
+    if mode == "fenced":
+        assert twice == []
+        assert set(
+            JobEffect.objects.using(alias).filter(job_id__in=stolen).values_list("worker", flat=True)
+        ) == {"fast"}
+    else:
+        assert twice == stolen  # the slow worker's effects were applied again, then its completion refused
+    assert Counter(Job.objects.using(alias).values_list("state", flat=True)) == Counter({"done": n})
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_fenced_refuses_a_stale_or_expired_claim_before_the_block_runs(alias: str) -> None:
+    job = Job.objects.using(alias).create(name="j")
+    current = claim(job, worker="w", lease=30)
+    assert current is not None
+    ran: list[str] = []
+    expire(alias, job.pk)  # expired by the database clock, not reclaimed yet
+    with pytest.raises(StaleClaim, match="lease expired"):
+        with fenced(current):
+            ran.append("expired")
+    reclaim_expired(Job.objects.using(alias))
+    newer = claim(job, worker="w2", lease=30)
+    assert newer is not None
+    with pytest.raises(StaleClaim, match="token 2"):
+        with fenced(current):
+            ran.append("stale")
+    assert ran == []
+    with fenced(newer) as scope:
+        assert scope.alias == alias
+        JobEffect.objects.using(alias).create(job_id=job.pk, worker="w2", token=newer.token)
+        complete(newer, set={"state": "done"})
+    with pytest.raises(StaleClaim, match="completed or released"):
+        with fenced(newer):
+            ran.append("completed")
+    assert ran == []
+    assert JobEffect.objects.using(alias).count() == 1
+    assert Job.objects.using(alias).get(pk=job.pk).state == "done"
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_an_error_in_the_fenced_block_writes_nothing(alias: str) -> None:
+    job = Job.objects.using(alias).create(name="j")
+    current = claim(job, worker="w", lease=30)
+    assert current is not None
+    with pytest.raises(RuntimeError, match="effect failed"):
+        with fenced(current):
+            JobEffect.objects.using(alias).create(job_id=job.pk, worker="w", token=current.token)
+            complete(current, set={"state": "done"})
+            raise RuntimeError("effect failed")
+    assert JobEffect.objects.using(alias).count() == 0
+    row = Job.objects.using(alias).get(pk=job.pk)
+    assert (row.state, row.lease_expires_at is not None) == ("pending", True)
+    complete(current)  # still the claim's: nothing of the failed block was committed
+
+
+# -- the heartbeat runner -----------------------------------------------------------------------------------------
+
+
+def _beat_connections(opened: list[Any]) -> Any:
+    def record(sender: object, connection: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name.startswith("lockkit-heartbeat-"):
+            opened.append(connection)
+
+    return record
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_heartbeat_runner_keeps_a_job_through_reclaims(alias: str) -> None:
+    job = Job.objects.using(alias).create(name="long")
+    first = claim(job, worker="w", lease=1.0)
+    assert first is not None
+    opened: list[Any] = []
+    record = _beat_connections(opened)
+    connection_created.connect(record, weak=False)
+    reclaimed = []
+    try:
+        with heartbeat_every(first, interval=0.2) as beat:
+            assert beat.interval == pytest.approx(0.2)
+            # A full lease of database time past the first lease's end, while a reaper runs constantly.
+            end = first.lease_expires_at + timedelta(seconds=1.0)
+            deadline = time.monotonic() + 15
+            while db_now(alias) <= end:
+                reclaimed.append(reclaim_expired(Job.objects.using(alias)))
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert not beat.lost.is_set()
+            renewed = beat.claim
+        assert renewed.lease_expires_at > first.lease_expires_at
+    finally:
+        connection_created.disconnect(record)
+    assert set(reclaimed) == {0}
+    assert len(reclaimed) >= 10
+    row = Job.objects.using(alias).get(pk=job.pk)
+    assert (row.claim_token, row.claimed_by, row.lease_expires_at is not None) == (1, "w", True)
+    complete(renewed)
+    assert opened, "the runner used no connection of its own"
+    assert [wrapper.connection for wrapper in opened] == [None] * len(opened)  # none left open
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_heartbeat_runner_reports_a_stolen_claim_within_one_interval(alias: str) -> None:
+    job = Job.objects.using(alias).create(name="stolen")
+    first = claim(job, worker="w", lease=30)
+    assert first is not None
+    interval = 0.5
+    with pytest.raises(StaleClaim, match="lost"):
+        with heartbeat_every(first, interval=interval) as beat:
+            expire(alias, job.pk)
+            assert reclaim_expired(Job.objects.using(alias)) == 1
+            thief = claim(job, worker="thief", lease=30)
+            assert thief is not None
+            stolen_at = time.monotonic()
+            assert beat.lost.wait(timeout=interval + 2.0)
+            noticed = time.monotonic() - stolen_at
+            assert not connections[alias].in_atomic_block
+    # One interval, plus the time one renewal statement takes.
+    assert noticed < interval + 0.5, noticed
+    row = Job.objects.using(alias).get(pk=job.pk)
+    assert (row.claim_token, row.claimed_by) == (2, "thief")
+
+
+def test_heartbeat_runner_refuses_an_interval_not_shorter_than_the_lease() -> None:
+    job_claim = Claim(
+        model=Job,
+        pk=1,
+        token=1,
+        worker="w",
+        lease_expires_at=timezone.now(),
+        attempt=1,
+        alias="default",
+        lease=1.0,
+    )
+    with pytest.raises(ValueError, match="interval must be shorter than the lease"):
+        heartbeat_every(job_claim, interval=1)
+    with pytest.raises(TypeError, match="interval"):
+        heartbeat_every(job_claim, interval="1")  # type: ignore[arg-type]
+    assert heartbeat_every(job_claim).interval == pytest.approx(1 / 3)
