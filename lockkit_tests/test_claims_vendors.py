@@ -6,9 +6,11 @@ import threading
 import time
 from collections import Counter
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
@@ -352,3 +354,74 @@ def test_heartbeat_runner_refuses_an_interval_not_shorter_than_the_lease() -> No
     with pytest.raises(TypeError, match="interval"):
         heartbeat_every(job_claim, interval="1")  # type: ignore[arg-type]
     assert heartbeat_every(job_claim).interval == pytest.approx(1 / 3)
+
+
+# -- the reaper command -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_reaper_command_hands_back_expired_claims_and_respects_max_attempts(alias: str) -> None:
+    jobs = Job.objects.using(alias).bulk_create(
+        [Job(name=n) for n in ("expired", "exhausted", "live", "free")]
+    )
+    expired, exhausted, _, _ = jobs
+    claims = {j.name: claim(j, worker="w", lease=60, set={"state": "running"}) for j in jobs[:3]}
+    Job.objects.using(alias).filter(pk=exhausted.pk).update(attempts=3)  # its third claim
+    expire(alias, expired.pk, exhausted.pk)
+    out = StringIO()
+    call_command(
+        "lockkit_reclaim",
+        "lockkit_tests.Job",
+        "--database",
+        alias,
+        "--set",
+        "state=pending",
+        "--max-attempts",
+        "3",
+        "--exhausted-set",
+        "state=failed",
+        "--exhausted-set",
+        "result=gave up",
+        stdout=out,
+    )
+    assert out.getvalue().splitlines() == [
+        f"lockkit_tests.Job: handed back 1 expired claim(s): pk {expired.pk}",
+        f"lockkit_tests.Job: exhausted 1 expired claim(s): pk {exhausted.pk}",
+    ]
+    rows = {j.name: (j.state, j.result, j.lease_expires_at is None) for j in Job.objects.using(alias)}
+    assert rows == {
+        "expired": ("pending", "", True),
+        "exhausted": ("failed", "gave up", True),
+        "live": ("running", "", False),
+        "free": ("pending", "", True),
+    }
+    with pytest.raises(StaleClaim):
+        complete(claims["expired"])  # type: ignore[arg-type]
+    complete(claims["live"])  # type: ignore[arg-type]
+    out = StringIO()
+    call_command("lockkit_reclaim", "lockkit_tests.Job", "--database", alias, stdout=out)
+    assert out.getvalue() == "lockkit_tests.Job: no expired claims\n"
+    assert claim(expired, worker="w2", lease=60) is not None  # handed back: free again
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["lockkit_tests.Nope"], "unknown model"),
+        (["lockkit_tests.NotClaimable"], "does not use the lockkit.claims.Claimable mixin"),
+        (["lockkit_tests.Job", "--max-attempts", "3"], "must be given together"),
+        (["lockkit_tests.Job", "--max-attempts", "0", "--exhausted-set", "state=x"], "at least 1"),
+        (["lockkit_tests.Job", "--set", "state"], "FIELD=VALUE"),
+        (["lockkit_tests.Job", "--set", "nope=1"], "has no field 'nope'"),
+        (["lockkit_tests.Job", "--set", "attempts=1"], "claim field"),
+        (["lockkit_tests.Job", "--every", "0"], "--every"),
+    ],
+)
+def test_reaper_command_refuses_bad_arguments_before_any_write(argv: list[str], message: str) -> None:
+    job = Job.objects.create(name="j")
+    assert claim(job, worker="w", lease=60) is not None
+    expire("default", job.pk)
+    with pytest.raises(CommandError, match=message):
+        call_command("lockkit_reclaim", *argv, stdout=StringIO())
+    assert Job.objects.get(pk=job.pk).lease_expires_at is not None

@@ -326,6 +326,26 @@ def reclaim_expired(
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
     """
+    return len(
+        reclaim_expired_pks(
+            queryset, set=set, max_attempts=max_attempts, exhausted_set=exhausted_set, using=using
+        )
+    )
+
+
+def reclaim_expired_pks(
+    queryset: QuerySet[Any],
+    *,
+    set: dict[str, Any] | None = None,
+    max_attempts: int | None = None,
+    exhausted_set: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> list[Any]:
+    """``reclaim_expired()``, returning the primary keys of the rows changed (for the reaper's log).
+
+    Raises:
+        As ``reclaim_expired()``.
+    """
     candidates = inputs.queryset(queryset)
     model = inputs.claimable_model(candidates.model, "queryset")
     alias = inputs.alias_for(using, candidates)

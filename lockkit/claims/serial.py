@@ -121,23 +121,24 @@ class SerialClaimsSQL(ClaimsSQL):
             {"pk": row["pk"], "written": True, "lease_expires_at": row["lease_expires_at"]} for row in written
         ]
 
-    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
         """Pick the expired rows (skipping locked ones), write them, re-checking the lease on each row."""
         expired = candidates.order_by().filter(lease_expires_at__lt=self.now())
         lease = self.table.column("lease_expires_at")
-        count = 0
+        handed_back: list[Any] = []
         with locked(self.alias):
             pks = self.pick(expired, limit=None, skip_locked=True)
             now_sql, now_params = self.compile(self.now())
             for start in range(0, len(pks), _CHUNK):
                 chunk = pks[start : start + _CHUNK]
-                update, set_params = self.update(values)
-                _, written = self.run(
-                    f"{update} WHERE {self.where_pks(chunk)} AND {lease} < {now_sql}",
-                    [*set_params, *chunk, *now_params],
-                )
-                count += written
-        return count
+                handed_back += self.write_pks(chunk, values, f"{lease} < {now_sql}", now_params)
+        return handed_back
+
+    @abc.abstractmethod
+    def write_pks(
+        self, pks: Sequence[Any], values: dict[str, Any], condition: str, condition_params: Sequence[Any]
+    ) -> list[Any]:
+        """``UPDATE ... WHERE pk IN (pks) AND condition``; return the primary keys written."""
 
     def compile(self, expression: Expression) -> tuple[str, list[Any]]:
         """Compile an expression for this alias (the clock, in hand-written statements)."""
@@ -176,6 +177,19 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         )
         return [self.typed(row) for row in rows]
 
+    def write_pks(
+        self, pks: Sequence[Any], values: dict[str, Any], condition: str, condition_params: Sequence[Any]
+    ) -> list[Any]:
+        """``UPDATE``, then read back which of the (locked) rows it unclaimed."""
+        update, params = self.update(values)
+        where = self.where_pks(pks)
+        self.run(f"{update} WHERE {where} AND {condition}", [*params, *pks, *condition_params])
+        lease = self.table.column("lease_expires_at")
+        rows, _ = self.run(
+            f"SELECT {self.table.pk_of()} FROM {self.table.name} WHERE {where} AND {lease} IS NULL", list(pks)
+        )
+        return [next(iter(row.values())) for row in rows]
+
     def typed(self, row: Row) -> Row:
         """The row with its lease as an aware ``datetime``."""
         return {**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])}
@@ -206,6 +220,17 @@ class SQLiteClaimsSQL(SerialClaimsSQL):
             f"{update} WHERE {self.where_pks(pks)}{extra} RETURNING {self.returning()}", [*params, *pks]
         )
         return [{**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])} for row in rows]
+
+    def write_pks(
+        self, pks: Sequence[Any], values: dict[str, Any], condition: str, condition_params: Sequence[Any]
+    ) -> list[Any]:
+        """``UPDATE ... RETURNING`` the primary keys written."""
+        update, params = self.update(values)
+        rows, _ = self.run(
+            f'{update} WHERE {self.where_pks(pks)} AND {condition} RETURNING {self.table.pk_of()} AS "pk"',
+            [*params, *pks, *condition_params],
+        )
+        return [row["pk"] for row in rows]
 
 
 VENDORS[MySQLClaimsSQL.vendor] = MySQLClaimsSQL

@@ -109,8 +109,8 @@ class ClaimsSQL(abc.ABC):
         """
 
     @abc.abstractmethod
-    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:
-        """Write ``values`` to the rows of ``candidates`` whose lease expired; return how many were written."""
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
+        """Write ``values`` to the rows of ``candidates`` whose lease expired; return their primary keys."""
 
     # -- shared building blocks ------------------------------------------------------------------------------
 
@@ -247,7 +247,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         rows, _ = self.run(statement, [list(pks), list(tokens), list(workers), *set_params, len(pks)])
         return rows
 
-    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
         """One statement: lock the expired rows (``SKIP LOCKED``), re-check the lease on each row updated.
 
         A claim renewed or completed while this runs is left alone.
@@ -255,17 +255,18 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         expired = candidates.order_by().filter(lease_expires_at__lt=self.now())
         picked = self.select_pks(expired, limit=None, skip_locked=True)
         if picked is None:
-            return 0
+            return []
         select, select_params = picked
         update, set_params = self.update(values)
         table = self.table
         statement = (
             f'WITH "lockkit_expired" (pk) AS MATERIALIZED ({select}) '
             f'{update} FROM "lockkit_expired" WHERE {table.pk_of()} = "lockkit_expired".pk '
-            f"AND {table.column('lease_expires_at')} < statement_timestamp()"
+            f"AND {table.column('lease_expires_at')} < statement_timestamp() "
+            f'RETURNING {table.pk_of()} AS "pk"'
         )
-        _, count = self.run(statement, [*select_params, *set_params])
-        return count
+        rows, _ = self.run(statement, [*select_params, *set_params])
+        return [row["pk"] for row in rows]
 
 
 #: The claims SQL of each supported vendor (``connection.vendor``); MariaDB/MySQL and SQLite register theirs from
