@@ -9,16 +9,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.db import connections, models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
-from lockkit.claims import inputs, sql
-from lockkit.claims.value import Claim
+from lockkit.claims import inputs, loaded, sql
+from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import StaleClaim
 from lockkit.scope import locked
+from lockkit.validation import flag
 
 
 def claim(
@@ -99,6 +100,7 @@ def claim(
     return Claim.from_row(row, model=model, alias=alias, lease=seconds)
 
 
+@overload
 def claim_next(
     queryset: QuerySet[Any],
     *,
@@ -108,15 +110,43 @@ def claim_next(
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
-) -> list[Claim]:
+    fetch: Literal[False] = False,
+) -> list[Claim]: ...
+@overload
+def claim_next(
+    queryset: QuerySet[Any],
+    *,
+    worker: str,
+    lease: float | timedelta,
+    limit: int = 1,
+    set: dict[str, Any] | None = None,
+    order_by: Sequence[str | BaseExpression | F] | None = None,
+    using: str | None = None,
+    fetch: Literal[True],
+) -> list[Claimed[Any]]: ...
+def claim_next(
+    queryset: QuerySet[Any],
+    *,
+    worker: str,
+    lease: float | timedelta,
+    limit: int = 1,
+    set: dict[str, Any] | None = None,
+    order_by: Sequence[str | BaseExpression | F] | None = None,
+    using: str | None = None,
+    fetch: bool = False,
+) -> list[Claim] | list[Claimed[Any]]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
 
-    One statement, one round trip: a ``MATERIALIZED`` CTE selects the free rows in order with ``LIMIT`` and
+    On PostgreSQL, one statement, one round trip: a ``MATERIALIZED`` CTE selects the free rows in order with ``LIMIT`` and
     ``FOR NO KEY UPDATE ... SKIP LOCKED`` (evaluated exactly once), and an ``UPDATE`` joined to it on the
     primary key writes the claims and returns them. The update is never ``WHERE pk IN (subquery with LIMIT)``,
     which a plan may re-evaluate and so claim more than ``limit`` rows. Outside a transaction the statement
     commits on its own before this returns. ``FOR NO KEY UPDATE`` leaves inserts of rows referencing the job
-    unblocked. See https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE.
+    unblocked. See https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE. On
+    MariaDB/MySQL, one short transaction: ``SELECT ... LIMIT n FOR UPDATE SKIP LOCKED``, then an ``UPDATE`` of
+    those primary keys and a ``SELECT`` of the claims (no ``UPDATE ... RETURNING`` there). On SQLite, a
+    ``BEGIN IMMEDIATE`` transaction (one writer at a time; waiting for the write lock obeys the lock timeout)
+    picks the rows, then ``UPDATE ... RETURNING`` claims them.
 
     Free means not claimed (``lease_expires_at IS NULL``); expired claims become free through
     ``reclaim_expired()``.
@@ -128,12 +158,19 @@ def claim_next(
         lease: Seconds (``int``/``float``) or a ``timedelta``, counted on the database clock.
         limit: The most rows to claim (at least 1).
         set: Fields to write with each claim, e.g. ``{"state": "running"}``.
-        order_by: Field names or expressions deciding which rows are claimed first; default the queryset's
+        order_by: Field names or expressions deciding which rows are claimed first, as ``QuerySet.order_by()``
+            takes them (``"-priority"``, ``F("priority").desc(nulls_last=True)``, ``Lower("name")``,
+            ``OrderBy``; not aggregates or window functions); default the queryset's
             ordering, else the primary key.
         using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
+        fetch: Also return the claimed rows as model instances, read by the claiming statement itself
+            (``RETURNING`` on PostgreSQL and SQLite: no extra round trip; MariaDB reads them back in the same
+            transaction).
 
     Returns:
-        The claims, in ``order_by`` order; an empty list when no free row is available right now.
+        The claims, in ``order_by`` order; an empty list when no free row is available right now. With
+        ``fetch=True``, ``Claimed(instance, claim)`` pairs instead (``for job, claim in ...``), each instance as
+        the claim left the row.
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
@@ -141,7 +178,8 @@ def claim_next(
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
         LockTimeout, StatementTimeout: the connection's own ``lock_timeout``/``statement_timeout`` expired
-            (row locks are never waited for; table locks, e.g. during a migration, can be).
+            (row locks are never waited for; table locks, e.g. during a migration, can be); on SQLite, the
+            database write lock stayed busy past the lock timeout (try again).
     """
     candidates = inputs.queryset(queryset)
     model = inputs.claimable_model(candidates.model, "queryset")
@@ -152,8 +190,13 @@ def claim_next(
     statements = sql.for_table(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     candidates = inputs.order(order_by, candidates.using(alias).filter(lease_expires_at__isnull=True))
-    rows = statements.claim_next(candidates, count, values)
-    return [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
+    fields = model._meta.concrete_fields if flag(fetch, "fetch") else ()
+    rows = statements.claim_next(candidates, count, values, fields)
+    claims = [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
+    if not fields:
+        return claims
+    instances = loaded.instances(model, alias, fields, rows)
+    return [Claimed(instance, c) for instance, c in zip(instances, claims, strict=True)]
 
 
 def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[Any, Any]:

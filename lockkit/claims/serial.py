@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import DateTimeField, Expression, Func, QuerySet
+from django.db.models import DateTimeField, Expression, Field, Func, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -47,7 +47,13 @@ class SerialClaimsSQL(ClaimsSQL):
         """The clause appended to a ``SELECT`` that picks rows to write (empty where rows cannot be locked)."""
 
     @abc.abstractmethod
-    def write(self, pks: Sequence[Any], values: dict[str, Any], condition: str = "") -> list[Row]:
+    def write(
+        self,
+        pks: Sequence[Any],
+        values: dict[str, Any],
+        condition: str = "",
+        fields: Sequence[Field[Any, Any]] = (),
+    ) -> list[Row]:
         """``UPDATE ... WHERE pk IN (pks) [AND condition]``; return the written rows' ``CLAIM_COLUMNS``."""
 
     def read_datetime(self, value: Any) -> Any:
@@ -81,13 +87,19 @@ class SerialClaimsSQL(ClaimsSQL):
         (row,) = self.write([pk], values)
         return row
 
-    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+    def claim_next(
+        self,
+        candidates: QuerySet[Any],
+        limit: int,
+        values: dict[str, Any],
+        fields: Sequence[Field[Any, Any]] = (),
+    ) -> list[Row]:
         """Pick up to ``limit`` free rows in order (skipping locked ones), then claim them, in one transaction."""
         with locked(self.alias):
             pks = self.pick(candidates, limit=limit, skip_locked=True)
             if not pks:
                 return []
-            rows = self.write(pks, values, f"{self.table.column('lease_expires_at')} IS NULL")
+            rows = self.write(pks, values, f"{self.table.column('lease_expires_at')} IS NULL", fields)
         position = {pk: index for index, pk in enumerate(pks)}
         rows.sort(key=lambda row: position[row["pk"]])
         return rows
@@ -164,7 +176,13 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         """``FOR UPDATE [SKIP LOCKED]`` (no ``OF``, no ``NO KEY``: MariaDB has neither)."""
         return connections[self.alias].ops.for_update_sql(skip_locked=skip_locked)
 
-    def write(self, pks: Sequence[Any], values: dict[str, Any], condition: str = "") -> list[Row]:
+    def write(
+        self,
+        pks: Sequence[Any],
+        values: dict[str, Any],
+        condition: str = "",
+        fields: Sequence[Field[Any, Any]] = (),
+    ) -> list[Row]:
         """``UPDATE`` then ``SELECT`` the written rows back (MariaDB has no ``UPDATE ... RETURNING``).
 
         The rows are locked by this transaction, so what is read back is what was written.
@@ -173,7 +191,7 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         extra = f" AND {condition}" if condition else ""
         self.run(f"{update} WHERE {self.where_pks(pks)}{extra}", [*params, *pks])
         rows, _ = self.run(
-            f"SELECT {self.returning()} FROM {self.table.name} WHERE {self.where_pks(pks)}", list(pks)
+            f"SELECT {self.returning(fields)} FROM {self.table.name} WHERE {self.where_pks(pks)}", list(pks)
         )
         return [self.typed(row) for row in rows]
 
@@ -212,12 +230,18 @@ class SQLiteClaimsSQL(SerialClaimsSQL):
         """Nothing: the transaction already holds the database write lock."""
         return ""
 
-    def write(self, pks: Sequence[Any], values: dict[str, Any], condition: str = "") -> list[Row]:
+    def write(
+        self,
+        pks: Sequence[Any],
+        values: dict[str, Any],
+        condition: str = "",
+        fields: Sequence[Field[Any, Any]] = (),
+    ) -> list[Row]:
         """``UPDATE ... WHERE pk IN (...) RETURNING`` the claim columns."""
         update, params = self.update(values)
         extra = f" AND {condition}" if condition else ""
         rows, _ = self.run(
-            f"{update} WHERE {self.where_pks(pks)}{extra} RETURNING {self.returning()}", [*params, *pks]
+            f"{update} WHERE {self.where_pks(pks)}{extra} RETURNING {self.returning(fields)}", [*params, *pks]
         )
         return [{**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])} for row in rows]
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from django.core.exceptions import EmptyResultSet
 from django.db import NotSupportedError, connections
-from django.db.models import DateTimeField, DurationField, Expression, F, Func, QuerySet, Value
+from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
@@ -24,6 +24,12 @@ from lockkit import relations
 from lockkit.claims.mixin import Claimable
 from lockkit.claims.table import ROW, ClaimTable
 from lockkit.translate import translating
+
+
+def fetched_column(index: int) -> str:
+    """The name a claiming statement gives the ``index``-th model column it returns for ``fetch=True``."""
+    return f"lockkit_f{index}"
+
 
 #: One result row, keyed by the names the statement gives its columns.
 Row = dict[str, Any]
@@ -91,10 +97,17 @@ class ClaimsSQL(abc.ABC):
         """Write ``values`` (a claim) to the row ``pk`` the caller has locked; return its ``CLAIM_COLUMNS``."""
 
     @abc.abstractmethod
-    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+    def claim_next(
+        self,
+        candidates: QuerySet[Any],
+        limit: int,
+        values: dict[str, Any],
+        fields: Sequence[Field[Any, Any]] = (),
+    ) -> list[Row]:
         """Claim up to ``limit`` free rows of ``candidates`` (ordered), skipping locked ones.
 
-        Returns the claimed rows' ``CLAIM_COLUMNS`` in the candidates' order.
+        Returns the claimed rows' ``CLAIM_COLUMNS`` (and ``fields``, see ``returning()``) in the candidates'
+        order.
         """
 
     @abc.abstractmethod
@@ -156,14 +169,20 @@ class ClaimsSQL(abc.ABC):
         )
         return f"{sql} {locking}", list(params)
 
-    def returning(self) -> str:
-        """The ``CLAIM_COLUMNS`` of the updated row, named as ``Claim.from_row`` reads them."""
+    def returning(self, fields: Sequence[Field[Any, Any]] = ()) -> str:
+        """The ``CLAIM_COLUMNS`` of the updated row, named as ``Claim.from_row`` reads them.
+
+        ``fields`` (the model's concrete fields, for ``fetch=True``) follow as ``lockkit_f0``, ``lockkit_f1``...
+        """
         table = self.table
         quote = connections[self.alias].ops.quote_name
         sources = [table.pk_of(), *(table.column(name) for name in CLAIM_COLUMNS[1:])]
-        return ", ".join(
-            f"{source} AS {quote(name)}" for source, name in zip(sources, CLAIM_COLUMNS, strict=True)
-        )
+        names = list(CLAIM_COLUMNS)
+        for index, field in enumerate(fields):
+            assert field.column is not None
+            sources.append(f"{table.name}.{quote(field.column)}")
+            names.append(fetched_column(index))
+        return ", ".join(f"{source} AS {quote(name)}" for source, name in zip(sources, names, strict=True))
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
         """Execute one statement; return its rows keyed by column name, and its row count."""
@@ -191,7 +210,13 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         (row,), _ = self.run(statement, [*params, pk])
         return row
 
-    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+    def claim_next(
+        self,
+        candidates: QuerySet[Any],
+        limit: int,
+        values: dict[str, Any],
+        fields: Sequence[Field[Any, Any]] = (),
+    ) -> list[Row]:
         """One statement: a ``MATERIALIZED`` CTE picks and locks, an ``UPDATE`` joined to it claims.
 
         The update is never ``WHERE pk IN (subquery with LIMIT)``, which a plan may re-evaluate and so claim
@@ -209,7 +234,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
             f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
             f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
             f"AND {table.column('lease_expires_at')} IS NULL "
-            f'RETURNING {self.returning()}, "lockkit_ordered".position AS "position"'
+            f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
         )
         rows, _ = self.run(statement, [*select_params, *set_params])
         rows.sort(key=lambda row: int(row["position"]))

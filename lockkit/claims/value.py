@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from lockkit.claims.mixin import Claimable
+
+M = TypeVar("M", bound=Claimable)
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,17 @@ class Claim:
             alias=alias,
             lease=lease,
         )
+
+
+class Claimed(NamedTuple, Generic[M]):
+    """A row ``claim_next(..., fetch=True)`` claimed: the model instance (as the claim left it) and its claim.
+
+    Unpack it: ``for job, claim in claim_next(..., fetch=True):``.
+
+    Attributes:
+        instance: The claimed row as a model instance, loaded from the claiming statement itself.
+        claim: Its ``Claim``.
+    """
+
+    instance: M
+    claim: Claim
