@@ -19,13 +19,14 @@ from lockkit.claims.api import (
 from lockkit.claims.beat import heartbeat_every
 from lockkit.claims.fencing import fenced
 from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
-from lockkit.claims.value import Claim
+from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import StaleClaim
 
 __all__ = [
     "CLAIM_FIELDS",
     "Claim",
     "Claimable",
+    "Claimed",
     "StaleClaim",
     "claim",
     "claim_next",
