@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import NotSupportedError, connection, connections, transaction
+from django.db import connection, connections, transaction
 from django.db.models import Count, F, Q, Window
 from django.db.models.functions import RowNumber
 from django.test.utils import CaptureQueriesContext
@@ -418,12 +418,6 @@ BAD_CALLS: list[tuple[str, Any, type[Exception], str]] = [
         lambda: _loose.claim_next(UrgentJob.objects.all(), worker="w", lease=1),
         TypeError,
         "parent",
-    ),
-    (
-        "not PostgreSQL",
-        lambda: _loose.claim_next(PENDING.using("sqlite"), worker="w", lease=1),
-        NotSupportedError,
-        "PostgreSQL",
     ),
     ("heartbeat str", lambda: _loose.heartbeat("token"), TypeError, "claim"),
     ("heartbeat lease", lambda: _loose.heartbeat(_claim_of(), lease=0), ValueError, "lease"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import NotSupportedError, connections
 from django.db.models import Count, F, OrderBy, Value, Window
 from django.db.models.functions import Coalesce, Lower, RowNumber
 from django.test import override_settings
@@ -147,3 +147,19 @@ def test_without_a_router_an_instance_is_claimed_where_it_was_read_and_nowhere_e
     assert len(queries) == 0
     assert Job.objects.using("default").get(pk=43).claim_token == 0
     assert Job.objects.using("default").get(pk=44).claim_token == 0
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_a_vendor_without_claims_statements_is_refused_before_any_sql(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lockkit.claims import sql
+
+    sql.for_table(Job, "sqlite")  # registers every vendor
+    monkeypatch.delitem(sql.VENDORS, "sqlite")  # as if SQLite had no claims statements
+    with CaptureQueriesContext(connections["sqlite"]) as queries:
+        with pytest.raises(
+            NotSupportedError, match=r"supports .*PostgreSQL.* only; database 'sqlite' is sqlite"
+        ):
+            claim_next(Job.objects.using("sqlite"), worker="w", lease=1)
+    assert len(queries) == 0

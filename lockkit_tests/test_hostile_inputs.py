@@ -150,7 +150,6 @@ BAD_QUERYSETS = st.sampled_from(
         lambda: NotClaimable.objects.all(),
         lambda: Stock.objects.all(),
         lambda: CodeJob.objects.all(),
-        lambda: Job.objects.using("sqlite"),
     ]
 ).map(_made)
 

@@ -6,6 +6,8 @@ views, management commands, tasks): defining the ``Claimable`` model mixin needs
 
 from __future__ import annotations
 
+# Registers the MariaDB/MySQL and SQLite claims statements in lockkit.claims.sql.VENDORS.
+from lockkit.claims import serial as _serial  # noqa: F401
 from lockkit.claims.api import (
     claim,
     claim_next,

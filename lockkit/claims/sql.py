@@ -295,7 +295,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
 
 
 #: The claims SQL of each supported vendor (``connection.vendor``); MariaDB/MySQL and SQLite register theirs from
-#: ``lockkit.claims.serial`` (imported on first use: that module imports this one).
+#: ``lockkit.claims.serial``, which the ``lockkit.claims`` package imports (so before any use of this module).
 VENDORS: dict[str, type[ClaimsSQL]] = {PostgreSQLClaimsSQL.vendor: PostgreSQLClaimsSQL}
 
 #: How ``NotSupportedError`` names the supported vendors.
@@ -309,8 +309,6 @@ def for_table(model: type[Claimable], alias: str) -> ClaimsSQL:
         NotSupportedError: claims are not implemented for the alias's vendor, or its version lacks what they
             need (``SKIP LOCKED``: MariaDB 10.6, MySQL 8.0.1; ``RETURNING``: SQLite 3.35).
     """
-    from lockkit.claims import serial  # noqa: F401 - registers the MariaDB/MySQL and SQLite statements
-
     connection = connections[alias]
     vendor = connection.vendor
     supported = ", ".join(sorted(_VENDOR_NAMES.get(name, name) for name in VENDORS))
