@@ -78,6 +78,9 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
 
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+
+    Raises:
+        TypeError: ``exc`` is not an exception, or ``nowait`` is not a ``bool`` or ``None``.
     """
     if nowait is None:
         scope = _innermost_scope()
@@ -176,8 +179,10 @@ class LockScope:
         Raises:
             Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get``.
             NotInLockedScope, AliasMismatch, TypeError: as ``lock()``.
+            ValueError: a lookup value the field cannot convert (as ``QuerySet.get``; also an infinite float
+                for an integer field, where Django lets ``OverflowError`` escape), before any SQL.
         """
-        return self.lock(target).get(*args, **lookups)
+        return _filtered(self.lock(target), "lookups", *args, **lookups).get()
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -190,7 +195,8 @@ class LockScope:
             The locked rows as a list, in ascending primary-key order.
 
         Raises:
-            TypeError: ``pks`` is a string or not iterable.
+            TypeError: ``pks`` is a string or not iterable, or holds a value of the wrong type.
+            ValueError: ``pks`` holds a value the primary key cannot convert (an infinite float too).
             NotInLockedScope, AliasMismatch: as ``lock()``.
         """
         queryset = self.lock(target)
@@ -200,7 +206,7 @@ class LockScope:
         elif pks is not None:
             if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
                 raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
-            queryset = queryset.filter(pk__in=list(pks))
+            queryset = _filtered(queryset, "pks", pk__in=list(pks))
         return list(queryset.order_by("pk"))
 
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
@@ -219,6 +225,18 @@ class LockScope:
         flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _filtered(queryset: QuerySet[M], name: str, *args: Any, **lookups: Any) -> QuerySet[M]:
+    """``queryset.filter(...)``, with a value Django cannot convert raised as ``ValueError`` naming ``name``.
+
+    Django raises ``TypeError``/``ValueError`` for most such values but lets ``OverflowError`` escape from
+    ``int(float("inf"))``; nothing has been sent either way.
+    """
+    try:
+        return queryset.filter(*args, **lookups)
+    except ArithmeticError as exc:  # OverflowError, decimal.InvalidOperation
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:

@@ -658,3 +658,27 @@ def test_the_hostile_values_include_what_the_review_found() -> None:
     assert "\x00" in SPECIAL_TEXT
     assert 2**63 in SPECIAL_NUMBERS
     assert any(isinstance(n, float) and math.isinf(n) for n in SPECIAL_NUMBERS)
+
+
+# -- defects the property-based tests found (each failed before its fix) -----------------------------------------
+
+
+def test_classify_refuses_what_is_not_an_exception() -> None:
+    # Found by test_classify_with_hostile_values: classify("") raised AttributeError ('str' has no '__cause__').
+    with pytest.raises(TypeError, match="exc"):
+        lockkit.classify("")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="nowait"):
+        lockkit.classify(ValueError("x"), nowait="yes")  # type: ignore[arg-type]
+    assert lockkit.classify(ValueError("x"), nowait=True) is None
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), Decimal("Infinity")])
+def test_scope_get_and_lock_all_refuse_a_pk_django_cannot_convert_before_sql(value: Any) -> None:
+    # Found by test_scope_helpers_with_hostile_values: lock_all(Job, [inf]) raised OverflowError from Django's
+    # IntegerField.get_prep_value (int(inf)), and so did get(Job, pk=inf).
+    with lockkit.locked() as scope, watching() as sent:
+        with pytest.raises(ValueError, match="lookups"):
+            scope.get(Job, pk=value)
+        with pytest.raises(ValueError, match="pks"):
+            scope.lock_all(Job, [1, value])
+    assert sent.statements == []
