@@ -299,7 +299,7 @@ def outcome(call: Callable[[], Any], *, after_sql: tuple[type[BaseException], ..
 TIMEOUTS = st.sampled_from([0.5, 2, timedelta(seconds=1)])
 
 
-@pytest.mark.parametrize("alias", vendor_params())
+@pytest.mark.parametrize("alias", vendor_params("other"))
 @EXAMPLES
 @given(data=st.data())
 def test_locked_with_hostile_options(alias: str, data: st.DataObject) -> None:
@@ -320,7 +320,8 @@ def test_locked_with_hostile_options(alias: str, data: st.DataObject) -> None:
         with lockkit.locked(using, **options) as scope:
             return list(scope.lock(Job).filter(pk=1).values_list("pk", flat=True))
 
-    result, _ = outcome(run)
+    # A tiny statement_timeout may really expire (StatementTimeout): a documented outcome, after SQL.
+    result, _ = outcome(run, after_sql=(LockError,))
     if not isinstance(result, BaseException):
         expected_alias = using if isinstance(using, str) else "default"
         assert result == ([1] if Job.objects.using(expected_alias).filter(pk=1).exists() else [])
@@ -412,7 +413,7 @@ def _targets(alias: str) -> tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]
     return valid, bad
 
 
-@pytest.mark.parametrize("alias", vendor_params())
+@pytest.mark.parametrize("alias", vendor_params("other"))
 @EXAMPLES
 @given(data=st.data())
 def test_scope_helpers_with_hostile_values(alias: str, data: st.DataObject) -> None:
@@ -437,7 +438,8 @@ def test_scope_helpers_with_hostile_values(alias: str, data: st.DataObject) -> N
         if helper == "module_lock":
             return list(lockkit.lock(target).values_list("pk", flat=True))
         if helper == "get":
-            return scope.get(target, pk=value).pk
+            row = scope.get(target, pk=value)
+            return row["pk"] if isinstance(row, dict) else row.pk
         if helper == "lock_all":
             return [row["pk"] if isinstance(row, dict) else row.pk for row in scope.lock_all(target, value)]
         scope.on_commit(func, robust=robust)
