@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockkit.advisory import advisory_lock
+from lockkit.advisory_locks import AdvisoryLockLost
 from lockkit.errors import (
     AliasMismatch,
     DeadlockDetected,
@@ -29,6 +31,7 @@ from lockkit.scope import LockScope, current_scope, lock, locked, locked_operati
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AdvisoryLockLost",
     "AliasMismatch",
     "DeadlockDetected",
     "Failure",
@@ -45,6 +48,7 @@ __all__ = [
     "StatementTimeout",
     "TransientLockError",
     "__version__",
+    "advisory_lock",
     "classify",
     "current_scope",
     "lock",

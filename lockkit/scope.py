@@ -19,7 +19,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import aliases, conf
+from lockkit import advisory_locks, aliases, conf
+from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
+from lockkit.advisory_locks import HeldLock
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.durations import seconds
 from lockkit.errors import ERROR_FOR_FAILURE, LockError, NotInLockedScope, classify
@@ -191,6 +193,8 @@ class LockScope:
             False  # set by the first commit hook: later errors come from callbacks, not the commit
         )
         self._owner: object = None  # the Locked or decorator call that opened the scope (it exits its own)
+        # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
+        self._advisory: list[HeldLock] = []
 
     def __repr__(self) -> str:
         return f"<LockScope alias={self.alias!r} attempt={self.attempt} nested={self.nested}>"
@@ -254,11 +258,15 @@ class LockScope:
             self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except BaseException as commit_exc:
             self._after_scope(pending=True)
+            self._end_advisory(succeeded=False)
             if self._committed:
                 raise  # an on_commit callback failed after the COMMIT: not a failure of the transaction
             self._reraise_classified(commit_exc)
             raise
-        self._after_scope(pending=exc is not None)
+        try:
+            self._after_scope(pending=exc is not None)
+        finally:
+            self._end_advisory(succeeded=exc is None)
         if exc is not None:
             self._reraise_classified(exc)
             if restore_error is not None:
@@ -277,6 +285,28 @@ class LockScope:
         except BaseException:
             if not pending:
                 raise
+
+    def _end_advisory(self, *, succeeded: bool) -> None:
+        """Release the advisory locks the transaction does not release by itself, on every path.
+
+        A nested scope that succeeded hands them to the enclosing scope on its alias, as PostgreSQL keeps a
+        transaction-scoped lock until the outermost transaction ends; otherwise they are released now.
+        """
+        held, self._advisory = self._advisory, []
+        if not held:
+            return
+        enclosing = next((s for s in reversed(_scopes.get()) if s.alias == self.alias and s._active), None)
+        if succeeded and enclosing is not None:
+            enclosing._advisory.extend(held)
+            return
+        errors: list[BaseException] = []
+        for lock in reversed(held):
+            try:
+                advisory_locks.give_back(lock, raise_errors=succeeded)
+            except BaseException as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def _reraise_classified(self, exc: BaseException) -> None:
         """Raise the typed lockkit error for a database failure, ``from`` the original; return for anything else."""
@@ -364,6 +394,50 @@ class LockScope:
                 raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
             queryset = queryset.filter(pk__in=list(pks))
         return list(queryset.order_by("pk"))
+
+    def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
+        """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
+
+        PostgreSQL: ``pg_advisory_xact_lock`` (``_shared`` with ``shared``), released by the end of the outermost
+        transaction; with the scope's ``nowait``, ``pg_try_advisory_xact_lock``. MariaDB/MySQL: ``GET_LOCK`` with
+        the scope's ``lock_timeout``, released when the scope ends on every path (a nested scope that succeeds
+        hands it to the enclosing scope), so it never stays on a pooled connection. SQLite: the scope's
+        ``BEGIN IMMEDIATE`` write lock already excludes every other scope, so every key is covered. Inside a
+        ``locked_operation``, a ``LockTimeout`` is retried like a row lock's. See
+        https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS.
+
+        Args:
+            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits) or a ``(namespace, key)`` pair.
+            shared: Take a shared lock (PostgreSQL): shared holders exclude exclusive ones, not each other.
+
+        Returns:
+            The ``HeldLock`` (alias, key with its 64-bit value, server session id).
+
+        Raises:
+            TypeError, ValueError: a bad key or flag, before any SQL runs.
+            NotInLockedScope: the scope is not active in this thread or task.
+            django.db.NotSupportedError: ``shared`` on MariaDB/MySQL; on SQLite, a scope nested in a transaction
+                that does not hold the write lock; before any SQL runs.
+            LockNotAvailable: the scope has ``nowait`` and another session holds the key.
+            LockTimeout: the key was not granted within the scope's ``lock_timeout``.
+        """
+        checked = advisory_key(key)
+        _check_flag(shared, "shared")
+        self._check_active()
+        connection = connections[self.alias]
+        self._backend.check_advisory(connection, shared=shared, session=False)
+        held = advisory_locks.take(
+            self.alias,
+            checked,
+            shared=shared,
+            session=False,
+            nowait=self.nowait,
+            lock_timeout=self.lock_timeout,
+            attempts=self.attempt,
+        )
+        if not self._backend.advisory_locks_end_with_transaction:
+            self._advisory.append(held)
+        return held
 
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
         """Run ``func`` after the outermost transaction on the scope's alias commits.

@@ -75,7 +75,8 @@ def test_postgresql_computes_the_same_hash() -> None:
     with connections["default"].cursor() as cursor:
         for text in texts:
             cursor.execute(
-                "SELECT ('x' || left(encode(sha256(convert_to(%s, 'UTF8')), 'hex'), 16))::bit(64)::bigint", [text]
+                "SELECT ('x' || left(encode(sha256(convert_to(%s, 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                [text],
             )
             assert cursor.fetchone() == (hash_text(text),)
 

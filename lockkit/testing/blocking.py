@@ -1,7 +1,8 @@
 """Asking the database who is waiting for whose locks: what a contention test waits on instead of ``sleep()``.
 
-PostgreSQL reports it through ``pg_blocking_pids()``; MariaDB through
-``information_schema.innodb_lock_waits``; MySQL 8 through ``performance_schema.data_lock_waits``.
+PostgreSQL reports it through ``pg_blocking_pids()``; MariaDB through ``information_schema.innodb_lock_waits``
+(and its process list for ``GET_LOCK`` waits); MySQL 8 through ``performance_schema.data_lock_waits``. The SQL is
+the backends' (``lockkit.inspect``).
 """
 
 from __future__ import annotations
@@ -10,45 +11,30 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.aliases import check_alias
+from lockkit.backends import backend_for
 from lockkit.durations import seconds
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder
 from lockkit.testing.threads import ThreadCall
-
-# Each query returns (waiting session, blocking session) edges; constant text, no parameters.
-_PG_EDGES = (
-    "SELECT waiting.pid, blocker FROM pg_stat_activity AS waiting "
-    "CROSS JOIN LATERAL unnest(pg_blocking_pids(waiting.pid)) AS blocker "
-    "WHERE waiting.wait_event_type = 'Lock'"
-)
-_MARIADB_EDGES = (
-    "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM information_schema.innodb_lock_waits w "
-    "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
-    "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id"
-)
-_MYSQL8_EDGES = (
-    "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM performance_schema.data_lock_waits w "
-    "JOIN information_schema.innodb_trx r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID "
-    "JOIN information_schema.innodb_trx b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID"
-)
 
 # InnoDB refreshes its information_schema lock tables only when they were not read for 100 ms
 # (CACHE_MIN_IDLE_TIME_US in trx0i_s.cc): polling faster would read a stale snapshot forever.
 _INNODB_MIN_POLL = 0.15
 
 
-def _edges_sql(connection: BaseDatabaseWrapper) -> str:
-    if connection.vendor == "postgresql":
-        return _PG_EDGES
-    if connection.vendor == "mysql":
-        return _MARIADB_EDGES if getattr(connection, "mysql_is_mariadb", False) else _MYSQL8_EDGES
-    raise NotImplementedError(
-        f"lock-wait introspection does not support {connection.vendor} ({connection.alias!r})"
-    )
+def _read_edges(connection: BaseDatabaseWrapper, alias: str) -> list[tuple[int, int]]:
+    """(waiting session, blocking session) pairs, from the backend's lock inspection (``lockkit.inspect``)."""
+    try:
+        waits = backend_for(connection).lock_waits(connection, alias)
+    except NotSupportedError as exc:
+        raise NotImplementedError(
+            f"lock-wait introspection does not support {connection.vendor} ({alias!r})"
+        ) from exc
+    return [(wait.waiting.pid, blocker) for wait in waits for blocker in wait.blocking_pids]
 
 
 def _behind(pid: int, edges: Iterable[tuple[int, int]]) -> list[int]:
@@ -75,11 +61,6 @@ def _target(holder: Holder | int, using: str | None) -> tuple[int, str]:
     return holder, check_alias(using if using is not None else DEFAULT_DB_ALIAS)
 
 
-def _read_edges(cursor: Any, sql: str) -> list[tuple[int, int]]:
-    cursor.execute(sql)
-    return [(int(waiter), int(blocker)) for waiter, blocker in cursor.fetchall()]
-
-
 def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
     """Return the sessions the database reports waiting for ``holder``'s locks right now.
 
@@ -100,9 +81,7 @@ def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
     pid, alias = _target(holder, using)
     connection = connections.create_connection(alias)
     try:
-        sql = _edges_sql(connection)
-        with connection.cursor() as cursor:
-            return _behind(pid, _read_edges(cursor, sql))
+        return _behind(pid, _read_edges(connection, alias))
     finally:
         connection.close()
 
@@ -157,28 +136,26 @@ def wait_until_blocked(
     connection = connections.create_connection(alias)
     deadline = time.monotonic() + limit
     try:
-        sql = _edges_sql(connection)
         if connection.vendor == "mysql":
             pause = max(pause, _INNODB_MIN_POLL)
-        with connection.cursor() as cursor:
-            while True:
-                edges = _read_edges(cursor, sql)
-                waiting = _behind(pid, edges)
-                if len(waiting) >= count:
-                    return waiting
-                if watched and sum(not call.done() for call in watched) < count:
-                    finished = "; ".join(f"{call.name}: {_describe(call)}" for call in watched if call.done())
-                    raise ContentionTimeout(
-                        f"wait_until_blocked: expected {count} session(s) waiting for {pid} on {alias!r}, "
-                        f"but the contenders finished without blocking ({finished})"
-                    )
-                if time.monotonic() >= deadline:
-                    raise ContentionTimeout(
-                        f"wait_until_blocked: {len(waiting)} session(s) waiting for {pid} on {alias!r} "
-                        f"after {limit}s, expected {count}; the lock waits the database reported "
-                        f"(waiting, blocker): {edges}"
-                    )
-                time.sleep(pause)
+        while True:
+            edges = _read_edges(connection, alias)
+            waiting = _behind(pid, edges)
+            if len(waiting) >= count:
+                return waiting
+            if watched and sum(not call.done() for call in watched) < count:
+                finished = "; ".join(f"{call.name}: {_describe(call)}" for call in watched if call.done())
+                raise ContentionTimeout(
+                    f"wait_until_blocked: expected {count} session(s) waiting for {pid} on {alias!r}, "
+                    f"but the contenders finished without blocking ({finished})"
+                )
+            if time.monotonic() >= deadline:
+                raise ContentionTimeout(
+                    f"wait_until_blocked: {len(waiting)} session(s) waiting for {pid} on {alias!r} "
+                    f"after {limit}s, expected {count}; the lock waits the database reported "
+                    f"(waiting, blocker): {edges}"
+                )
+            time.sleep(pause)
     finally:
         connection.close()
 
