@@ -43,8 +43,8 @@ def acquire(
         cursor.execute(f"SELECT {function}({placeholders}), pg_backend_pid()", params)
         row = cursor.fetchone()
     assert row is not None
-    # The waiting forms return void (None): reaching here means granted.
-    return (row[0] is None or bool(row[0])), int(row[1])
+    # The waiting forms return void (psycopg reads it as ""): reaching here means granted.
+    return (not nowait or bool(row[0])), int(row[1])
 
 
 def release(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool) -> tuple[bool, int]:
