@@ -74,7 +74,7 @@ def bounded_lock_waits(lock_timeout: float, *, using: str | None = None) -> Iter
 class Bounded(Operation):
     """A migration operation that runs other operations with their lock waits bounded.
 
-    ``Bounded(migrations.AddField(...), lock_timeout=3)``: each wrapped operation runs as it would alone, but a
+    ``Bounded([migrations.AddField(...)], lock_timeout=3)``: each wrapped operation runs as it would alone, but a
     lock wait longer than ``lock_timeout`` seconds fails the migration with ``LockTimeout`` instead of queueing
     every other query of the table behind the ``ALTER TABLE``. In an atomic migration on PostgreSQL the bound is
     transaction-scoped and lasts until the migration's transaction ends (its deferred SQL included); in a
@@ -83,7 +83,7 @@ class Bounded(Operation):
     https://docs.djangoproject.com/en/stable/ref/migration-operations/.
 
     Args:
-        *operations: The migration operations to run, in order.
+        operations: The migration operations to run, in order (a list, as ``SeparateDatabaseAndState`` takes them).
         lock_timeout: Seconds (``int``/``float``) a statement may wait for a lock.
 
     Raises:
@@ -94,7 +94,11 @@ class Bounded(Operation):
 
     reduces_to_sql = True
 
-    def __init__(self, *operations: Operation, lock_timeout: float) -> None:
+    def __init__(self, operations: list[Operation], lock_timeout: float) -> None:
+        if isinstance(operations, Operation) or not isinstance(operations, list | tuple):
+            raise TypeError(
+                f"operations must be a list of migration operations, not {type(operations).__name__}"
+            )
         if not operations:
             raise ValueError("Bounded() needs at least one operation")
         for operation in operations:
@@ -110,7 +114,8 @@ class Bounded(Operation):
         self.atomic = any(getattr(operation, "atomic", False) for operation in operations)  # type: ignore[misc]
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        return ("lockkit.ddl.Bounded", list(self.operations), {"lock_timeout": self.lock_timeout})
+        # The class name only: Django's migration writer imports the class's module itself.
+        return ("Bounded", [], {"operations": list(self.operations), "lock_timeout": self.lock_timeout})
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
         for operation in self.operations:
