@@ -23,19 +23,12 @@ from lockkit.advisory_locks import HeldLock
 from lockkit.aliases import check_alias
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
-from lockkit.durations import seconds
+from lockkit.options import FROM_SETTINGS
 from lockkit.scope import Locked, locked
+from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<default from settings.LOCKKIT>"
-
-
-_UNSET: Any = _Unset()
 
 
 @dataclass
@@ -46,12 +39,6 @@ class _Entry:
 
 
 _entries: ContextVar[tuple[_Entry, ...]] = ContextVar("lockkit_advisory_entries", default=())
-
-
-def _flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
-    return value
 
 
 class AdvisoryLock:
@@ -70,6 +57,7 @@ class AdvisoryLock:
         lock_timeout: Any,
         session: bool,
     ) -> None:
+        """Hold the validated configuration (no per-call state)."""
         self.key = key
         self.using = using
         self.shared = shared
@@ -78,15 +66,15 @@ class AdvisoryLock:
         self.session = session
 
     def __repr__(self) -> str:
+        """Show the key, the alias and the kind of lock."""
         mode = "session" if self.session else "transaction"
         return f"<AdvisoryLock key={self.key} using={self.using!r} {mode}{' shared' if self.shared else ''}>"
 
     def _scope(self, alias: str) -> Locked:
-        if self.lock_timeout is _UNSET:
-            return locked(alias, nowait=self.nowait)
         return locked(alias, nowait=self.nowait, lock_timeout=self.lock_timeout)
 
     def __enter__(self) -> HeldLock:
+        """Take the lock (in a new scope, or session-level) and return the ``HeldLock``."""
         alias = check_alias(self.using if self.using is not None else DEFAULT_DB_ALIAS)
         connection = connections[alias]
         backend_for(connection).check_advisory(connection, shared=self.shared, session=self.session)
@@ -127,6 +115,7 @@ class AdvisoryLock:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """End this object's innermost entry: the scope (and its lock), or release the session lock."""
         stack = _entries.get()
         entry = next((e for e in reversed(stack) if e.owner is self), None)
         if entry is None:  # pragma: no cover - misuse only (exit without enter)
@@ -138,6 +127,7 @@ class AdvisoryLock:
             advisory_locks.give_back(entry.held, raise_errors=exc is None)
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        """Decorate ``func`` so each call runs holding the lock."""
         if not callable(func):
             raise TypeError(f"advisory_lock(...) decorates a callable, not {type(func).__name__}")
 
@@ -168,7 +158,7 @@ def advisory_lock(
     using: str | None = None,
     shared: bool = False,
     nowait: bool = False,
-    lock_timeout: Any = _UNSET,
+    lock_timeout: Any = FROM_SETTINGS,
     session: bool = False,
 ) -> AdvisoryLock:
     """Hold a named (advisory) lock for a block or for each call of a function: "run this once across servers".
@@ -210,15 +200,15 @@ def advisory_lock(
     checked = advisory_key(key)
     if using is not None:
         check_alias(using)
-    if lock_timeout is not _UNSET:
-        seconds(lock_timeout, "lock_timeout", allow_none=True)
+    if lock_timeout is not FROM_SETTINGS:
+        optional_duration(lock_timeout, "lock_timeout")
     return AdvisoryLock(
         checked,
         using=using,
-        shared=_flag(shared, "shared"),
-        nowait=_flag(nowait, "nowait"),
+        shared=flag(shared, "shared"),
+        nowait=flag(nowait, "nowait"),
         lock_timeout=lock_timeout,
-        session=_flag(session, "session"),
+        session=flag(session, "session"),
     )
 
 

@@ -67,6 +67,7 @@ class AdvisoryKey:
         return f"{_NAME_PREFIX}:{database}:{kind}{self.value & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
     def __str__(self) -> str:
+        """Show the key as given (and its 64-bit hash for text)."""
         if isinstance(self.source, int):
             return str(self.source)
         return f"{self.source!r} (hashed to {self.value})" if self.pair is None else repr(self.source)

@@ -1,6 +1,6 @@
 """What lockkit can do on each configured database, and where its correctness depends on configuration.
 
-Read by the system checks (``lockkit.checks``) and the ``lockkit_capabilities`` management command.
+Read by the system checks (``lockkit.system_checks``) and the ``lockkit_capabilities`` management command.
 """
 
 from __future__ import annotations
@@ -100,11 +100,12 @@ def configuration_warnings(alias: str) -> list[str]:
             "server session for the whole transaction: use session pooling, or multiplexing that keeps a "
             "transaction on one backend"
         )
-        warnings.append(f"{alias!r} looks like it is behind a connection pooler ({found_pooler}): {advice}")
-        warnings.append(
-            f"{alias!r} is behind a pooler: advisory_lock(session=True) needs one server session for the "
-            "whole block, which transaction pooling does not give (use session pooling or a direct alias)"
+        # A session-level advisory lock lives on the server session that took it.
+        advice += (
+            "; advisory_lock(session=True) needs one server session for the whole block, which transaction "
+            "pooling does not give (lockkit raises AdvisoryLockLost at the end when it notices)"
         )
+        warnings.append(f"{alias!r} looks like it is behind a connection pooler ({found_pooler}): {advice}")
         if connection.vendor == "postgresql" and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
             warnings.append(
                 f"{alias!r} is behind a pooler without DISABLE_SERVER_SIDE_CURSORS = True: "

@@ -19,8 +19,8 @@ from django.db.migrations.state import ProjectState
 
 from lockkit.aliases import check_alias
 from lockkit.backends import backend_for
-from lockkit.durations import seconds
 from lockkit.translate import translating
+from lockkit.validation import duration
 
 
 def _in_transaction(connection: BaseDatabaseWrapper) -> bool:
@@ -64,8 +64,7 @@ def bounded_lock_waits(lock_timeout: float, *, using: str | None = None) -> Iter
         LockTimeout: a statement of the block waited longer than ``lock_timeout``.
         django.db.NotSupportedError: lockkit cannot bound lock waits on this database.
     """
-    limit = seconds(lock_timeout, "lock_timeout")
-    assert limit is not None
+    limit = duration(lock_timeout, "lock_timeout")
     connection = connections[check_alias(using if using is not None else DEFAULT_DB_ALIAS)]
     with _bounded(connection, limit):
         yield
@@ -95,6 +94,7 @@ class Bounded(Operation):
     reduces_to_sql = True
 
     def __init__(self, operations: list[Operation], lock_timeout: float) -> None:
+        """Validate and keep the operations and the bound (see the class)."""
         if isinstance(operations, Operation) or not isinstance(operations, list | tuple):
             raise TypeError(
                 f"operations must be a list of migration operations, not {type(operations).__name__}"
@@ -104,8 +104,7 @@ class Bounded(Operation):
         for operation in operations:
             if not isinstance(operation, Operation):
                 raise TypeError(f"operations must be migration operations, not {type(operation).__name__}")
-        limit = seconds(lock_timeout, "lock_timeout")
-        assert limit is not None
+        limit = duration(lock_timeout, "lock_timeout")
         self.operations = list(operations)
         self.lock_timeout = lock_timeout
         self._limit = limit
@@ -114,10 +113,12 @@ class Bounded(Operation):
         self.atomic = any(getattr(operation, "atomic", False) for operation in operations)  # type: ignore[misc]
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        """Return the arguments Django's migration writer serialises (the class name only)."""
         # The class name only: Django's migration writer imports the class's module itself.
         return ("Bounded", [], {"operations": list(self.operations), "lock_timeout": self.lock_timeout})
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
+        """Apply each wrapped operation to the project state, in order."""
         for operation in self.operations:
             operation.state_forwards(app_label, state)
 
@@ -128,6 +129,7 @@ class Bounded(Operation):
         from_state: ProjectState,
         to_state: ProjectState,
     ) -> None:
+        """Run each wrapped operation forwards with lock waits bounded."""
         # Each operation sees the state just before and after itself, as in Django's own migration executor.
         with _bounded(schema_editor.connection, self._limit):
             for operation in self.operations:
@@ -143,6 +145,7 @@ class Bounded(Operation):
         from_state: ProjectState,
         to_state: ProjectState,
     ) -> None:
+        """Undo the wrapped operations, newest first, with lock waits bounded."""
         # The states before each operation, from the oldest (to_state); undone newest first.
         states = [to_state]
         for operation in self.operations[:-1]:
@@ -156,11 +159,13 @@ class Bounded(Operation):
                 after = before
 
     def describe(self) -> str:
+        """Describe the bound and the wrapped operations."""
         inner = "; ".join(operation.describe() for operation in self.operations)
         return f"With lock waits bounded to {self.lock_timeout}s: {inner}"
 
     @property
     def migration_name_fragment(self) -> str:
+        """Name a migration after its first wrapped operation."""
         return self.operations[0].migration_name_fragment
 
 

@@ -48,8 +48,17 @@ def blocking(using: str | None = None) -> list[LockWait]:
 
 
 def with_chains(waits: list[LockWait]) -> list[LockWait]:
-    """Fill each wait's ``chain``: follow, from the waiter, the blocker that is itself waiting (the session queued
-    ahead), else the first blocker, up to a session that waits for nothing (or a deadlock's cycle)."""
+    """Fill each wait's ``chain``, from the root blocker down to the waiter.
+
+    From the waiter, follow the blocker that is itself waiting (the session queued ahead), else the first blocker,
+    up to a session that waits for nothing (or around a deadlock's cycle, once).
+
+    Args:
+        waits: The waits, as a backend reports them.
+
+    Returns:
+        The same waits with ``chain`` set, ordered by chain then waiting pid.
+    """
     by_waiter = {wait.waiting.pid: wait for wait in waits}
 
     def parent(wait: LockWait) -> int | None:
@@ -102,6 +111,7 @@ class Signalled:
     database: str
 
     def __str__(self) -> str:
+        """Say what was done, in a sentence for people."""
         what = "cancelled the statement of" if self.action == "cancel" else "terminated"
         if not self.sent:
             return f"session {self.pid} on database {self.database!r} ({self.alias!r}) was not signalled: it ended"
@@ -156,13 +166,22 @@ def cancel(pid: int, *, using: str | None = None) -> Signalled:
 
 
 def terminate(pid: int, *, using: str | None = None) -> Signalled:
-    """Terminate session ``pid`` (``pg_terminate_backend`` / ``KILL CONNECTION``): its transaction rolls back and
-    every lock it holds, advisory locks included, is released.
+    """Terminate session ``pid`` (``pg_terminate_backend`` / ``KILL CONNECTION``), releasing all its locks.
 
-    Args and Raises: as for ``cancel()``.
+    Its transaction rolls back and every lock it holds, advisory locks included, is released. Refuses a session of
+    another database on the same server.
+
+    Args:
+        pid: The session id, as ``blocking()`` reports it.
+        using: The database alias (default ``"default"``).
 
     Returns:
         A ``Signalled`` record saying what was done.
+
+    Raises:
+        TypeError: ``pid`` is not an ``int``.
+        ValueError: ``pid`` is not positive, no such session exists, or it belongs to another database.
+        django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     return _signal(pid, using, terminate=True)
 

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from lockkit.capabilities import capabilities, configuration_warnings
-from lockkit.checks import check_capabilities, check_configuration
+from lockkit.system_checks import check_capabilities, check_configuration
 
 
 def report(*aliases: str) -> str:
@@ -68,6 +68,7 @@ def test_a_pooler_port_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
     warnings = configuration_warnings("other")
     assert len(warnings) == 2
     assert "connection pooler (PgBouncer's default port 6432)" in warnings[0]
+    assert "advisory_lock(session=True) needs one server session" in warnings[0]
     assert "DISABLE_SERVER_SIDE_CURSORS" in warnings[1]
     monkeypatch.setitem(connections["other"].settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     assert len(configuration_warnings("other")) == 1

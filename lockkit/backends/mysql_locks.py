@@ -167,8 +167,12 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
 
 
 def session_database(connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
-    """Return session ``pid``'s database (``None``: no such session), whether it is this connection's database,
-    and whether ``pid`` is this connection's own session."""
+    """Say which database session ``pid`` is connected to (``information_schema.processlist``).
+
+    Returns:
+        Its database (``None``: no such session), whether that is this connection's database, and whether ``pid``
+        is this connection's own session.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT COALESCE(db, ''), db <=> DATABASE(), id = CONNECTION_ID() FROM information_schema.processlist "

@@ -142,8 +142,12 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
 
 
 def session_database(connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
-    """Return session ``pid``'s database (``None``: no such session), whether it is this connection's database,
-    and whether ``pid`` is this connection's own session."""
+    """Say which database session ``pid`` is connected to (``pg_stat_activity``).
+
+    Returns:
+        Its database (``None``: no such session), whether that is this connection's database, and whether ``pid``
+        is this connection's own session.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT datname, datname = current_database(), pid = pg_backend_pid() FROM pg_stat_activity "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import NotSupportedError
 
 from lockkit.backends.base import Backend, TimeoutToken
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -41,9 +41,10 @@ class SQLiteBackend(Backend):
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: the busy timeout of ``BEGIN IMMEDIATE``; no statement timeout."""
         return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
 
-    def begin_transaction(
+    def open_transaction(
         self,
         connection: BaseDatabaseWrapper,
         atomic: Atomic,
@@ -52,6 +53,11 @@ class SQLiteBackend(Backend):
         statement_timeout: float | None,
         nested: bool,
     ) -> None:
+        """Begin with ``BEGIN IMMEDIATE`` under the scope's busy timeout, so the write lock is waited for here.
+
+        Raises:
+            NotSupportedError: the scope asked for a ``statement_timeout``, which SQLite cannot apply.
+        """
         if statement_timeout is not None:
             raise NotSupportedError(
                 f"statement_timeout is not supported on sqlite ({connection.alias!r}); "
@@ -80,12 +86,14 @@ class SQLiteBackend(Backend):
     # -- advisory locks: the database write lock covers every key --------------------------------------------
 
     def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe how SQLite scopes cover advisory locks, for ``lockkit_capabilities``."""
         return (
             "inside a scope only: the scope's BEGIN IMMEDIATE write lock already excludes every other scope, "
             "so it covers every key (no session=True)"
         )
 
     def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Refuse ``session=True``: SQLite has no session-level locks."""
         if session:
             raise NotSupportedError(
                 f"session=True advisory locks are not supported on sqlite ({connection.alias!r}): SQLite has no "
@@ -102,6 +110,7 @@ class SQLiteBackend(Backend):
         nowait: bool,
         timeout: float | None,
     ) -> tuple[bool, int | None]:
+        """Check that the transaction holds the database write lock, which covers every key."""
         self.check_advisory(connection, shared=shared, session=session)
         wrapper: Any = connection
         blocks = connection.atomic_blocks
@@ -121,19 +130,22 @@ class SQLiteBackend(Backend):
     def release_advisory(
         self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
     ) -> tuple[bool, int | None]:
+        """Nothing to release: the write lock ends with the transaction."""
         return True, None  # the write lock ends with the transaction
 
     def bound_lock_waits(
         self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
     ) -> TimeoutToken:
+        """Set the connection's busy timeout (how long SQLite waits for the database lock)."""
         # The busy timeout is how long SQLite waits for the database lock; per connection, restored by the caller.
         previous = _busy_timeout(connection)
         _set_busy_timeout(connection, milliseconds(lock_timeout))
-        return previous
+        return TimeoutToken({"busy_timeout": previous})
 
     def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the busy timeout back (closing the connection if that fails)."""
         try:
-            _set_busy_timeout(connection, int(token))
+            _set_busy_timeout(connection, int(token.previous["busy_timeout"]))
         except BaseException:
             if not connection.in_atomic_block:
                 connection.close()

@@ -63,6 +63,8 @@ def tree_lines(waits: list[LockWait]) -> list[tuple[int, str]]:
 
 
 class Command(BaseCommand):
+    """The ``lockkit_locks`` management command."""
+
     help = (
         "Show which database sessions wait for which others' locks, as a tree (root blockers first), with their "
         "queries and how long they have waited; optionally cancel or terminate a session of this database."
@@ -70,6 +72,7 @@ class Command(BaseCommand):
     requires_system_checks = ()  # an incident tool must run even where a check would fail
 
     def add_arguments(self, parser: CommandParser) -> None:
+        """Add ``--database``, ``--watch``, ``--count``, ``--json``, ``--cancel`` and ``--terminate``."""
         parser.add_argument(
             "--database", default=DEFAULT_DB_ALIAS, metavar="ALIAS", help="The database alias."
         )
@@ -92,6 +95,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        """Print the report (once, or every ``--watch`` seconds), or signal one session."""
         alias = options["database"]
         if alias not in connections.settings:
             raise CommandError(f"unknown database alias: {alias}")
