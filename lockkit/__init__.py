@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockkit import inspect as inspect  # ``lockkit.inspect.blocking()`` after a bare ``import lockkit``
 from lockkit.advisory import advisory_lock
-from lockkit.advisory_locks import AdvisoryLockLost
 from lockkit.errors import (
+    AdvisoryLockLost,
     AliasMismatch,
     DeadlockDetected,
     Failure,

@@ -14,20 +14,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.advisory_keys import AdvisoryKey
 from lockkit.backends import backend_for
-from lockkit.errors import LockError, LockNotAvailable, LockTimeout
+from lockkit.errors import AdvisoryLockLost, LockNotAvailable, LockTimeout
 from lockkit.translate import translating
 
 logger = logging.getLogger("lockkit.advisory")
-
-
-class AdvisoryLockLost(LockError):
-    """A session-level advisory lock was no longer held by this session when its block ended.
-
-    The connection was closed or replaced during the block (``close_old_connections()``, a lost connection, a
-    server restart), or a pooler in transaction mode (PgBouncer ``pool_mode = transaction``) gave the block a
-    different server session than the one that took the lock: the block did not run under the lock the whole
-    time. Never retried.
-    """
 
 
 @dataclass(frozen=True)
@@ -146,4 +136,4 @@ def _discard(connection: BaseDatabaseWrapper) -> None:
         connection.close()
 
 
-__all__ = ["AdvisoryLockLost", "HeldLock", "give_back", "take"]
+__all__ = ["HeldLock", "give_back", "take"]

@@ -133,3 +133,17 @@ def test_bad_arguments_are_refused_when_the_migration_loads(
 ) -> None:
     with pytest.raises(error):
         Bounded(*args, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_on_sqlite_the_bound_is_the_busy_timeout_and_is_reset() -> None:
+    def busy() -> int:
+        with connections["sqlite"].cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            return int(cursor.fetchone()[0])
+
+    outside = busy()
+    with pytest.raises(ZeroDivisionError), bounded_lock_waits(0.25, using="sqlite"):
+        assert busy() == 250
+        _ = 1 / 0
+    assert busy() == outside

@@ -115,32 +115,29 @@ def _sessions(cursor: Any, pids: list[int]) -> dict[int, Session]:
 def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
     """Return the InnoDB and ``GET_LOCK`` waits of the connection's database, without chains."""
     is_mariadb = bool(getattr(connection, "mysql_is_mariadb", False))
-    # (waiter, blockers, kind, mode, target, waited)
+    # (waiter, kind, target) -> (blockers, mode, seconds waited): InnoDB reports one row per blocker.
     found: dict[tuple[int, str, str | None], tuple[list[int], str | None, float | None]] = {}
     with connection.cursor() as cursor:
         cursor.execute(_INNODB_WAITS if is_mariadb else _MYSQL8_WAITS)
         for waiter, blocker, kind, mode, table, index, waited in cursor.fetchall():
             target = f"{table} ({index})" if index else table
-            entry = found.setdefault((int(waiter), str(kind), target), ([], mode, None))
-            if int(blocker) not in entry[0]:
-                entry[0].append(int(blocker))
-            found[(int(waiter), str(kind), target)] = (
-                entry[0],
-                mode,
-                None if waited is None else float(waited),
+            blockers, _, _ = found.setdefault(
+                (int(waiter), str(kind), target), ([], mode, None if waited is None else float(waited))
             )
+            if int(blocker) not in blockers:
+                blockers.append(int(blocker))
         cursor.execute(_USER_LOCK_WAITS)
         for waiter, info, waited in cursor.fetchall():
             match = _GET_LOCK_NAME.search(info or "")
             name = match.group(1).replace("''", "'") if match else None
-            blockers: list[int] = []
+            holders: list[int] = []
             if name is not None:
                 cursor.execute("SELECT IS_USED_LOCK(%s)", [name])
                 row = cursor.fetchone()
                 if row is not None and row[0] is not None:
-                    blockers.append(int(row[0]))
+                    holders.append(int(row[0]))
             found[(int(waiter), "user lock", name)] = (
-                blockers,
+                holders,
                 "X",
                 None if waited is None else float(waited),
             )
