@@ -28,10 +28,9 @@ def _describe(session: Session) -> str:
         parts.append(f"({session.state})")
     if session.transaction_seconds is not None:
         parts.append(f"in transaction for {session.transaction_seconds:.1f}s")
+    text = " ".join(parts)
     query = " ".join((session.query or "").split())
-    if query:
-        parts.append(f": {query[:200]}")
-    return " ".join(parts)
+    return f"{text}: {query[:200]}" if query else text
 
 
 def _wait_line(wait: LockWait) -> str:
