@@ -24,7 +24,7 @@ from lockkit.aliases import check_alias
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
 from lockkit.options import FROM_SETTINGS
-from lockkit.scope import Locked, locked
+from lockkit.scope import Locked, locked, refuse_unsupported
 from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")
@@ -128,8 +128,7 @@ class AdvisoryLock:
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
         """Decorate ``func`` so each call runs holding the lock."""
-        if not callable(func):
-            raise TypeError(f"advisory_lock(...) decorates a callable, not {type(func).__name__}")
+        refuse_unsupported(func, "advisory_lock")
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

@@ -4,6 +4,7 @@ two-key forms, advisory waits in lock inspection, and a session lock whose sessi
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,6 +42,21 @@ def test_bad_arguments_are_refused_when_the_lock_is_made(
     key = kwargs.pop("key")
     with pytest.raises(error, match=words):
         lockkit.advisory_lock(key, **kwargs)
+
+
+def test_the_decorator_refuses_what_it_cannot_hold_a_lock_around() -> None:
+    async def coroutine() -> None: ...
+
+    def generator() -> Iterator[int]:
+        yield 1
+
+    decorator = lockkit.advisory_lock("x")
+    with pytest.raises(TypeError, match="async function"):
+        decorator(coroutine)
+    with pytest.raises(TypeError, match="generator function"):
+        decorator(generator)
+    with pytest.raises(TypeError, match="decorates a callable"):
+        decorator(42)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("alias", BOTH)
