@@ -18,7 +18,7 @@ import lockkit
 import lockkit.inspect
 from lockkit import LockNotAvailable, LockTimeout, RetryPolicy, locked, locked_operation
 from lockkit.advisory_keys import advisory_key
-from lockkit.testing import backend_pid, in_thread, wait_until_blocked
+from lockkit.testing import backend_pid, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.advisory_worker import hold_session_lock
 from lockkit_tests.models import Item
 from lockkit_tests.vendors import vendor_params
@@ -236,6 +236,26 @@ def test_one_decorated_function_in_two_threads_excludes_itself(alias: str) -> No
     assert not entered[1].is_set()  # the decorator's per-call state is not shared between the threads
     go.set()
     assert (first.result(timeout=30), second.result(timeout=30)) == (0, 1)
+
+
+@pytest.mark.parametrize("alias", BOTH)
+def test_no_lost_update_under_the_lock_from_six_threads(alias: str) -> None:
+    counter = Item.objects.using(alias).create(name="counter", value=0)
+
+    @lockkit.advisory_lock(("counter", counter.pk), using=alias, lock_timeout=30)
+    def increment() -> None:
+        # Read, then write in another statement: without the lock, concurrent increments would be lost.
+        value = Item.objects.using(alias).get(pk=counter.pk).value
+        Item.objects.using(alias).filter(pk=counter.pk).update(value=value + 1)
+
+    def worker() -> int:
+        for _ in range(5):
+            increment()
+        return 5
+
+    outcomes = run_concurrently(worker, n=6, timeout=60)
+    assert [outcome.unwrap() for outcome in outcomes] == [5] * 6
+    assert Item.objects.using(alias).get(pk=counter.pk).value == 30
 
 
 @pytest.mark.parametrize("alias", MARIADB_ONLY)

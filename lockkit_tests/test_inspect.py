@@ -26,6 +26,10 @@ def _chain_member(alias: str, first: int, then: int, pids: dict[str, int], name:
     """Lock row ``first``, publish this session's id, then wait for row ``then``; return what it read."""
     with locked(alias, lock_timeout=30) as scope:
         scope.get(Item, pk=first)
+        if connections[alias].vendor == "postgresql":
+            # Session-level on purpose: the thread's connection is closed when it ends.
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT set_config('application_name', %s, false)", [f"lockkit-waiter-{name}"])
         pids[name] = backend_pid(alias)
         return scope.get(Item, pk=then).name
 
@@ -77,6 +81,8 @@ def test_a_three_session_chain_is_reported_and_cancel_unblocks_it(alias: str) ->
             assert table in (by_waiter[a].blocking[0].query or "")
             assert by_waiter[a].blocking[0].state == "idle in transaction"
             assert by_waiter[a].lock_kind == "transactionid"
+            assert by_waiter[a].waiting.application_name == "lockkit-waiter-a"
+            assert by_waiter[b].blocking[0].application_name == "lockkit-waiter-a"
         else:
             assert by_waiter[a].lock_kind == "RECORD"
 
