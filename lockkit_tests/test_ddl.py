@@ -12,9 +12,10 @@ from django.db import connections, migrations, models
 from django.db.migrations.state import ProjectState
 from django.db.migrations.writer import MigrationWriter
 
+import lockkit.inspect
 from lockkit import LockTimeout
 from lockkit.ddl import Bounded, bounded_lock_waits
-from lockkit.testing import hold_lock
+from lockkit.testing import hold_lock, in_thread, wait_until_blocked
 from lockkit_tests.models import Item
 from lockkit_tests.vendors import vendor_params
 
@@ -147,3 +148,36 @@ def test_on_sqlite_the_bound_is_the_busy_timeout_and_is_reset() -> None:
         assert busy() == 250
         _ = 1 / 0
     assert busy() == outside
+
+
+@pytest.mark.contention
+@pytest.mark.parametrize("alias", BOTH)
+def test_a_waiting_alter_table_shows_in_lock_inspection(alias: str) -> None:
+    item = Item.objects.using(alias).create(name="busy")
+    operation = Bounded([ADD_NOTE], lock_timeout=30)
+    before = ProjectState.from_apps(apps)
+    after = before.clone()
+    operation.state_forwards("lockkit_tests", after)
+
+    def migrate() -> None:
+        with connections[alias].schema_editor(atomic=False) as editor:
+            operation.database_forwards("lockkit_tests", editor, before, after)
+
+    try:
+        with hold_lock(item, using=alias) as holder:
+            migrating = in_thread(migrate)
+            wait_until_blocked(holder, contenders=migrating)
+            (found,) = lockkit.inspect.blocking(alias)
+            assert holder.pid in found.blocking_pids
+            assert "ALTER TABLE" in (found.waiting.query or "").upper()
+            assert Item._meta.db_table in (found.target or "")
+            if alias == "default":
+                assert (found.lock_kind, found.mode) == ("relation", "AccessExclusiveLock")
+            else:
+                assert found.lock_kind == "metadata lock"
+        migrating.result(timeout=30)
+        assert "note" in _columns(alias)
+    finally:
+        if "note" in _columns(alias):
+            with connections[alias].schema_editor(atomic=False) as editor:
+                operation.database_backwards("lockkit_tests", editor, after, before)

@@ -23,6 +23,8 @@ UNBOUNDED_WAIT = 31_536_000
 
 # lockkit's lock names are [a-z0-9_:] plus the database name; the waiting statement names it as a literal.
 _GET_LOCK_NAME = re.compile(r"GET_LOCK\(\s*'((?:[^'\\]|\\.|'')*)'", re.IGNORECASE)
+# The table a DDL statement names, for a metadata-lock wait's target (best effort).
+_DDL_TABLE = re.compile(r"^\s*(?:ALTER|DROP|TRUNCATE|RENAME|OPTIMIZE)\s+TABLE\s+`?([\w$.]+)`?", re.IGNORECASE)
 
 
 def lock_name(connection: BaseDatabaseWrapper, key: AdvisoryKey) -> str:
@@ -87,6 +89,17 @@ JOIN performance_schema.data_locks AS l ON l.ENGINE_LOCK_ID = w.REQUESTING_ENGIN
 JOIN information_schema.processlist AS p ON p.id = r.trx_mysql_thread_id
 WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()
 """
+# DDL (or LOCK TABLES) waiting for a table's metadata lock. Without the metadata_lock_info plugin the server does
+# not say who holds it: every session of this database with an open transaction is a candidate.
+_METADATA_LOCK_WAITS = """
+SELECT id, info, time_ms / 1000 FROM information_schema.processlist
+WHERE state = 'Waiting for table metadata lock' AND db = DATABASE() AND id <> CONNECTION_ID()
+"""
+_OPEN_TRANSACTIONS = """
+SELECT t.trx_mysql_thread_id FROM information_schema.innodb_trx AS t
+JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id
+WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()
+"""
 # Sessions waiting in GET_LOCK: the lock name is in the statement text, IS_USED_LOCK names its holder.
 _USER_LOCK_WAITS = """
 SELECT id, info, time_ms / 1000 FROM information_schema.processlist
@@ -141,6 +154,19 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
                 "X",
                 None if waited is None else float(waited),
             )
+        cursor.execute(_METADATA_LOCK_WAITS)
+        metadata_waits = cursor.fetchall()
+        if metadata_waits:
+            cursor.execute(_OPEN_TRANSACTIONS)
+            open_transactions = sorted({int(row[0]) for row in cursor.fetchall()})
+            for waiter, info, waited in metadata_waits:
+                candidates = [pid for pid in open_transactions if pid != int(waiter)]
+                table = _DDL_TABLE.match(info or "")
+                found[(int(waiter), "metadata lock", table.group(1) if table else None)] = (
+                    candidates,
+                    None,
+                    None if waited is None else float(waited),
+                )
         pids = sorted(
             {pid for (waiter, _, _), (blockers, _, _) in found.items() for pid in (waiter, *blockers)}
         )
