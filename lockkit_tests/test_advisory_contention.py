@@ -126,16 +126,17 @@ def test_lock_timeout_raises_lock_timeout(alias: str) -> None:
     assert caught.value.sqlstate == ("55P03" if alias == "default" else None)
 
 
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 @pytest.mark.parametrize("alias", BOTH)
-def test_a_session_lock_is_released_after_an_exception(alias: str) -> None:
-    with pytest.raises(RuntimeError, match="job failed"):
+def test_a_session_lock_is_released_after_an_exception(alias: str, error: type[BaseException]) -> None:
+    with pytest.raises(error, match="job failed"):
         with lockkit.advisory_lock("cron:cleanup", using=alias, session=True) as held:
             # The block runs outside any transaction, on the session that holds the lock.
             assert not connections[alias].in_atomic_block
             assert held.pid == backend_pid(alias)
             assert _held_by_this_session(alias, "cron:cleanup") == 1
             assert not _free_here(alias, "cron:cleanup")
-            raise RuntimeError("job failed")
+            raise error("job failed")
     assert _held_by_this_session(alias, "cron:cleanup") == 0
     assert _free_here(alias, "cron:cleanup")
 
