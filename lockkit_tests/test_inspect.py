@@ -94,6 +94,13 @@ def test_a_three_session_chain_is_reported_and_cancel_unblocks_it(alias: str) ->
             next(i for i, line in enumerate(lines) if f"pid {pid} " in line) for pid in (holder.pid, a, b)
         ]
         assert order == sorted(order), tree
+        # Each session's line shows its query (a SELECT ... FOR UPDATE of the table); MariaDB has none for the
+        # idle holder.
+        for index in order if alias == "default" else order[1:]:
+            assert "FOR UPDATE" in lines[index].upper(), lines[index]
+            assert table in lines[index]
+        assert "holds the lock" in lines[order[0]]
+        assert "waits for" in lines[order[1]]
         report = json.loads(_run("--database", alias, "--json"))
         assert sorted(tuple(item["chain"]) for item in report) == [(holder.pid, a), (holder.pid, a, b)]
         watched = _run("--database", alias, "--json", "--watch", "0.01", "--count", "2").splitlines()

@@ -12,6 +12,9 @@ from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connections
 from lockkit import inspect
 from lockkit.waits import LockWait, Session
 
+# How much of a query the tree shows: enough for a Django SELECT ... FOR UPDATE with its columns.
+_QUERY_CHARS = 600
+
 
 def _positive_float(text: str) -> float:
     value = float(text)
@@ -20,24 +23,26 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _describe(session: Session) -> str:
+def _describe(session: Session, what: str) -> str:
+    """One session as a line: who it is, what it does about the lock, then its query (the long part) last."""
     parts = [f"pid {session.pid}"]
     if session.application_name:
         parts.append(f"[{session.application_name}]")
     if session.state:
         parts.append(f"({session.state})")
+    parts.append(what)
     if session.transaction_seconds is not None:
-        parts.append(f"in transaction for {session.transaction_seconds:.1f}s")
+        parts.append(f"— in transaction for {session.transaction_seconds:.1f}s")
     text = " ".join(parts)
     query = " ".join((session.query or "").split())
-    return f"{text}: {query[:200]}" if query else text
+    return f"{text}: {query[:_QUERY_CHARS]}" if query else text
 
 
 def _wait_line(wait: LockWait) -> str:
     waited = f" for {wait.waited_seconds:.1f}s" if wait.waited_seconds is not None else ""
     lock = " ".join(part for part in (wait.mode, wait.lock_kind, "lock") if part)
     target = f" on {wait.target}" if wait.target else ""
-    return f"{_describe(wait.waiting)} — waits{waited} for {lock}{target}"
+    return _describe(wait.waiting, f"waits{waited} for {lock}{target}")
 
 
 def tree_lines(waits: list[LockWait]) -> list[tuple[int, str]]:
@@ -56,7 +61,7 @@ def tree_lines(waits: list[LockWait]) -> list[tuple[int, str]]:
                 walk(wait.waiting.pid, depth + 1, seen | {wait.waiting.pid})
 
     for root in inspect.roots(waits):
-        lines.append((0, f"{_describe(root)} — holds the lock"))
+        lines.append((0, _describe(root, "holds the lock")))
         walk(root.pid, 1, frozenset({root.pid}))
     return lines
 
@@ -144,5 +149,6 @@ class Command(BaseCommand):
         for depth, text in lines:
             del stack[depth + 1 :]
             stack.append(stack[depth].add(Text(text)))
-        console = Console(file=self.stdout, width=160, soft_wrap=True, highlight=False)  # type: ignore[arg-type]
+        # Wide and unwrapped: one line per session (a terminal wraps long lines itself).
+        console = Console(file=self.stdout, width=_QUERY_CHARS + 200, soft_wrap=True, highlight=False)  # type: ignore[arg-type]
         console.print(tree)
