@@ -1,8 +1,7 @@
 """Asking the database who is waiting for whose locks: what a contention test waits on instead of ``sleep()``.
 
-PostgreSQL reports it through ``pg_blocking_pids()``; MariaDB through ``information_schema.innodb_lock_waits``
-(and its process list for ``GET_LOCK`` waits); MySQL 8 through ``performance_schema.data_lock_waits``. The SQL is
-the backends' (``lockkit.inspect``).
+PostgreSQL reports it through ``pg_blocking_pids()``; MariaDB through
+``information_schema.innodb_lock_waits``; MySQL 8 through ``performance_schema.data_lock_waits``.
 """
 
 from __future__ import annotations
@@ -11,30 +10,14 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from lockkit.aliases import check_alias
-from lockkit.backends import backend_for
-from lockkit.testing.errors import ContentionTimeout
+from lockkit.testing.dialects import dialect_of
+from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.holding import Holder
 from lockkit.testing.threads import ThreadCall
 from lockkit.validation import duration
-
-# InnoDB refreshes its information_schema lock tables only when they were not read for 100 ms
-# (CACHE_MIN_IDLE_TIME_US in trx0i_s.cc): polling faster would read a stale snapshot forever.
-_INNODB_MIN_POLL = 0.15
-
-
-def _read_edges(connection: BaseDatabaseWrapper, alias: str) -> list[tuple[int, int]]:
-    """(waiting session, blocking session) pairs, from the backend's lock inspection (``lockkit.inspect``)."""
-    try:
-        waits = backend_for(connection).lock_waits(connection, alias)
-    except NotSupportedError as exc:
-        raise NotImplementedError(
-            f"lock-wait introspection does not support {connection.vendor} ({alias!r})"
-        ) from exc
-    return [(wait.waiting.pid, blocker) for wait in waits for blocker in wait.blocking_pids]
 
 
 def _behind(pid: int, edges: Iterable[tuple[int, int]]) -> list[int]:
@@ -61,6 +44,11 @@ def _target(holder: Holder | int, using: str | None) -> tuple[int, str]:
     return holder, check_alias(using if using is not None else DEFAULT_DB_ALIAS)
 
 
+def _read_edges(cursor: Any, sql: str) -> list[tuple[int, int]]:
+    cursor.execute(sql)
+    return [(int(waiter), int(blocker)) for waiter, blocker in cursor.fetchall()]
+
+
 def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
     """Return the sessions the database reports waiting for ``holder``'s locks right now.
 
@@ -81,7 +69,9 @@ def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
     pid, alias = _target(holder, using)
     connection = connections.create_connection(alias)
     try:
-        return _behind(pid, _read_edges(connection, alias))
+        sql = dialect_of(connection).blocking_edges
+        with connection.cursor() as cursor:
+            return _behind(pid, _read_edges(cursor, sql))
     finally:
         connection.close()
 
@@ -110,8 +100,7 @@ def wait_until_blocked(
         poll: Seconds between two polls (at least 0.15 on MariaDB/MySQL, whose InnoDB lock tables are a cache
             that is refreshed only after 100 ms without a read).
         contenders: The ``ThreadCall`` (or calls) expected to block: when fewer than ``count`` of them are
-        still
-            running, no amount of waiting can succeed, so it fails at once with what they returned or raised.
+            still running, no amount of waiting can succeed, so it fails at once with what they returned or raised.
 
     Returns:
         The waiting session ids, ascending.
@@ -134,26 +123,27 @@ def wait_until_blocked(
     connection = connections.create_connection(alias)
     deadline = time.monotonic() + limit
     try:
-        if connection.vendor == "mysql":
-            pause = max(pause, _INNODB_MIN_POLL)
-        while True:
-            edges = _read_edges(connection, alias)
-            waiting = _behind(pid, edges)
-            if len(waiting) >= count:
-                return waiting
-            if watched and sum(not call.done() for call in watched) < count:
-                finished = "; ".join(f"{call.name}: {_describe(call)}" for call in watched if call.done())
-                raise ContentionTimeout(
-                    f"wait_until_blocked: expected {count} session(s) waiting for {pid} on {alias!r}, "
-                    f"but the contenders finished without blocking ({finished})"
-                )
-            if time.monotonic() >= deadline:
-                raise ContentionTimeout(
-                    f"wait_until_blocked: {len(waiting)} session(s) waiting for {pid} on {alias!r} "
-                    f"after {limit}s, expected {count}; the lock waits the database reported "
-                    f"(waiting, blocker): {edges}"
-                )
-            time.sleep(pause)
+        dialect = dialect_of(connection)
+        sql, pause = dialect.blocking_edges, max(pause, dialect.min_poll)
+        with connection.cursor() as cursor:
+            while True:
+                edges = _read_edges(cursor, sql)
+                waiting = _behind(pid, edges)
+                if len(waiting) >= count:
+                    return waiting
+                if watched and sum(not call.done() for call in watched) < count:
+                    finished = "; ".join(f"{call.name}: {_describe(call)}" for call in watched if call.done())
+                    raise ContentionTimeout(
+                        f"wait_until_blocked: expected {count} session(s) waiting for {pid} on {alias!r}, "
+                        f"but the contenders finished without blocking ({finished})"
+                    )
+                if time.monotonic() >= deadline:
+                    raise ContentionTimeout(
+                        f"wait_until_blocked: {len(waiting)} session(s) waiting for {pid} on {alias!r} "
+                        f"after {limit}s, expected {count}; the lock waits the database reported "
+                        f"(waiting, blocker): {edges}"
+                    )
+                time.sleep(pause)
     finally:
         connection.close()
 
