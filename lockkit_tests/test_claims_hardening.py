@@ -31,6 +31,7 @@ from lockkit.claims import (
     reclaim_expired,
     release,
     release_many,
+    sql,
 )
 from lockkit.testing import assert_single_alias
 from lockkit_tests.models import QUEUE_SCHEMA, CodeJob, DottedJob, Job, NotClaimable, PricedJob, QueuedJob
@@ -111,6 +112,19 @@ def test_a_decimal_pk_is_compared_exactly_and_batches_stay_all_or_nothing() -> N
     assert [c.pk for c in raised.value.claims] == [Decimal("2.50")]
     _still_claimed(one, third)
     heartbeat(replace(third, pk="1.0"))  # the same row as the field reads it: renewed
+
+
+def test_the_batch_statement_writes_nothing_when_the_database_sees_one_row_twice() -> None:
+    # Defence in depth below the Python checks: two keys the database compares as one row (1.00 and 1.0) are
+    # "two live claims" to a count(*), so the statement requires as many distinct live rows as claims.
+    row, held = _claimed(PricedJob, price=Decimal("1.00"))
+    statements = sql.for_table(PricedJob, "default")
+    rows = statements.fenced_update(
+        [Decimal("1.00"), Decimal("1.0")], [held.token] * 2, [held.worker] * 2, {"lease_expires_at": None}
+    )
+    assert rows
+    assert not any(r["written"] for r in rows)
+    _still_claimed(row, held)
 
 
 def test_a_float_pk_the_integer_field_would_truncate_is_refused() -> None:

@@ -60,8 +60,9 @@ def claim(
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: an unsaved instance, a non-positive lease, an empty worker name, an unknown field in
-            ``set``.
+        ValueError: an unsaved instance, a non-positive lease, an empty or unstorable worker name, an unknown
+            field in ``set``/``when`` or a ``set`` value its column cannot store, a queryset that already carries
+            ``select_for_update()`` (claims lock the rows themselves).
         AliasMismatch: ``using`` differs from the database the queryset is bound to, or from the instance's
             write database (the message names both and the fix).
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
@@ -174,7 +175,9 @@ def claim_next(
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: a non-positive ``lease`` or ``limit``, a sliced or distinct queryset, a bad ``set``.
+        ValueError: a non-positive ``lease`` or ``limit``, an empty or unstorable worker name, a sliced or
+            distinct queryset or one that already carries ``select_for_update()``, a bad ``set``, an ``order_by``
+            naming an unknown field or using an aggregate or window function.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
         LockTimeout, StatementTimeout: the connection's own ``lock_timeout``/``statement_timeout`` expired
@@ -244,8 +247,10 @@ def heartbeat(claim: Claim, *, lease: float | timedelta | None = None) -> Claim:
         A new ``Claim`` with the new ``lease_expires_at`` (and ``lease``).
 
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``lease`` is not a positive duration.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid (each message names
+            ``claim.<field>``; a pk its column would not store unchanged included), or ``lease`` is not a
+            positive duration.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
     held = inputs.claim(claim)
     seconds = held.lease if lease is None else inputs.lease(lease)
@@ -266,8 +271,9 @@ def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
         set: Fields to write with the completion (values or expressions); ``None`` for none.
 
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
+            field that cannot be set or a value its column cannot store.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
     complete_many([inputs.claim(claim)], set=set)
 
@@ -280,8 +286,8 @@ def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None)
         set: Fields to write to every row (values or expressions); ``None`` for none.
 
     Raises:
-        TypeError, ValueError: not an iterable of ``Claim``, claims of different models/aliases or repeated
-            rows, a bad ``set``.
+        TypeError, ValueError: not an iterable of ``Claim``, an invalid claim, claims of different
+            models/aliases or repeated rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
     _end(inputs.claims(claims), set)
@@ -298,8 +304,9 @@ def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
         set: Fields to write with the release (values or expressions); ``None`` for none.
 
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
+            field that cannot be set or a value its column cannot store.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
     release_many([inputs.claim(claim)], set=set)
 
@@ -365,7 +372,8 @@ def reclaim_expired(
 
     Raises:
         TypeError, ValueError: a wrong type, a non-positive ``max_attempts``, ``max_attempts`` without
-            ``exhausted_set`` (or the reverse), a bad ``set``, a sliced or distinct queryset.
+            ``exhausted_set`` (or the reverse), a bad ``set``/``exhausted_set``, a sliced or distinct queryset
+            or one that already carries ``select_for_update()``.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
     """
