@@ -425,3 +425,42 @@ def test_reaper_command_refuses_bad_arguments_before_any_write(argv: list[str], 
     with pytest.raises(CommandError, match=message):
         call_command("lockkit_reclaim", *argv, stdout=StringIO())
     assert Job.objects.get(pk=job.pk).lease_expires_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reaper_command_with_every_keeps_handing_back_until_stopped() -> None:
+    from lockkit.management.commands.lockkit_reclaim import Command
+
+    jobs = Job.objects.bulk_create([Job(name="first"), Job(name="second")])
+    out = LineBuffer()
+    command = Command(stdout=out)
+    looping = in_thread(
+        call_command, command, "lockkit_tests.Job", "--every", "0.1", "--set", "state=pending"
+    )
+    try:
+        for job in jobs:  # each claim expires while the loop runs; a later pass hands it back
+            assert claim(job, worker="w", lease=60, set={"state": "running"}) is not None
+            expire("default", job.pk)
+            assert out.wait_for(f"handed back 1 expired claim(s): pk {job.pk}", timeout=20)
+    finally:
+        command.stopping.set()
+    looping.result(timeout=20)
+    assert list(Job.objects.values_list("state", "lease_expires_at")) == [("pending", None)] * 2
+
+
+class LineBuffer(StringIO):
+    """Command output another thread can wait on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self.changed:
+            written = super().write(text)
+            self.changed.notify_all()
+        return written
+
+    def wait_for(self, text: str, *, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: text in self.getvalue(), timeout=timeout)

@@ -29,6 +29,11 @@ class Command(BaseCommand):
         "one pass, or one every --every seconds until stopped (SIGTERM/SIGINT)."
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Create the command; ``stopping`` ends an ``--every`` loop (set by SIGTERM/SIGINT)."""
+        super().__init__(*args, **kwargs)
+        self.stopping = threading.Event()
+
     def add_arguments(self, parser: CommandParser) -> None:
         """Add the model label and the options."""
         parser.add_argument("model", metavar="app_label.Model", help="The Claimable model, e.g. jobs.Job.")
@@ -91,10 +96,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if every is None:
             return
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-        while not stop.wait(every):
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.stopping.set())
+        while not self.stopping.wait(every):
             try:
                 self.reap(model, back, max_attempts, exhausted, using)
             except DatabaseError as failure:  # a restart or failover: try again at the next pass
