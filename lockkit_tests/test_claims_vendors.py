@@ -13,6 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections
 from django.db.backends.signals import connection_created
+from django.test import override_settings
 from django.utils import timezone
 
 from lockkit import LockTimeout, locked
@@ -29,9 +30,10 @@ from lockkit.claims import (
     reclaim_expired,
     release,
 )
-from lockkit.testing import in_thread, run_concurrently
+from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.claims_vendors import claims_vendor_params, db_now, expire
 from lockkit_tests.models import Job, JobEffect, JobLog
+from lockkit_tests.vendors import vendor_params
 
 pytestmark = pytest.mark.contention
 VENDORS = claims_vendor_params()
@@ -138,6 +140,27 @@ def test_concurrent_claims_of_one_row_give_exactly_one_winner(alias: str) -> Non
             winners[0].worker,
             "running",
         )
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+@override_settings(LOCKKIT={"LOCK_TIMEOUT": 30})
+def test_claimers_queued_behind_a_held_row_give_exactly_one_winner(alias: str) -> None:
+    """The callers really wait for the row (the database shows them blocked), then exactly one claims it."""
+    job = Job.objects.using(alias).create(name="contested")
+    callers = 4
+    with hold_lock(Job.objects.using(alias).filter(pk=job.pk)) as holder:
+        contending = in_thread(
+            run_concurrently,
+            lambda i: claim(job, worker=f"c{i}", lease=30),
+            callers,
+            args=[(i,) for i in range(callers)],
+            timeout=60,
+        )
+        assert len(wait_until_blocked(holder, count=callers, using=alias, timeout=20)) >= callers
+    outcomes = contending.result(timeout=60)
+    assert [o.error for o in outcomes] == [None] * callers
+    assert sum(o.result is not None for o in outcomes) == 1
+    assert Job.objects.using(alias).get(pk=job.pk).claim_token == 1
 
 
 @pytest.mark.parametrize("alias", VENDORS)
