@@ -1,7 +1,9 @@
-"""The job queue: W processes claim J jobs with SKIP LOCKED; one is SIGKILLed holding a claim.
+"""The job queue: W processes claim J jobs with SKIP LOCKED; one is SIGKILLed holding a claim, one stalls.
 
-Its job stays ``running`` until the lease expires; an idle worker reclaims it and another one finishes it. The
-audit reads the run log: a job logged twice ran twice, a job not ``done`` (or never logged) was lost.
+The killed worker's job stays ``running`` until the lease expires; an idle worker reclaims it and another one
+finishes it. The stalled worker's lease runs out mid-job, its job is reclaimed and done by another worker, and its
+late completion (effect and completion in one ``fenced()`` transaction) is refused. The audit reads the run log
+(each job's effect): a job logged twice had its effect applied twice, a job not ``done`` (or never logged) was lost.
 """
 
 from __future__ import annotations
@@ -70,8 +72,19 @@ def run_queue(
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, not {implementation!r}")
     reset_jobs(jobs)
+    # Worker 0 is SIGKILLed holding its first claim; worker 1 (with 3 workers or more) stalls past the lease of its
+    # second claim until another worker has redone that job, then tries to complete it (a forced lease expiry).
     per_worker = [
-        (url, implementation, f"worker-{i}", lease, work, 1 if i == 0 else None) for i in range(workers)
+        (
+            url,
+            implementation,
+            f"worker-{i}",
+            lease,
+            work,
+            1 if i == 0 else None,
+            2 if i == 1 and workers >= 3 else None,
+        )
+        for i in range(workers)
     ]
     stats, killed = run_workers(job_worker, per_worker, progress=progress, timeout=timeout, victim=0)
     return QueueResult(implementation, Totals.of(stats), audit_jobs(), workers, killed, lease)

@@ -67,7 +67,10 @@ def sale_table(
 def queue_table(results: list[QueueResult]) -> Table:
     first = results[0]
     table = Table(
-        title=f"Job queue: {first.audit.jobs:,} jobs, {first.workers} worker processes, one SIGKILLed mid-job"
+        title=(
+            f"Job queue: {first.audit.jobs:,} jobs, {first.workers} worker processes, one SIGKILLed mid-job"
+            + (", one stalled past its lease (lockkit)" if first.workers >= 3 else "")
+        )
     )
     table.add_column("")
     for result in results:
@@ -94,7 +97,7 @@ def queue_table(results: list[QueueResult]) -> Table:
     row("p99 claim latency", [_ms(r.totals.p99_ms) for r in results])
     row("throughput (jobs done)", [_rate(_per_second(r.audit.done, r.totals.seconds)) for r in results])
     row("units oversold", ["n/a" for _ in results])
-    row("jobs run twice", [_bad(r.audit.run_twice, must_be_zero=must(r)) for r in results])
+    row("effects applied twice", [_bad(r.audit.run_twice, must_be_zero=must(r)) for r in results])
     row("jobs lost", [_bad(r.audit.lost, must_be_zero=must(r)) for r in results])
     return table
 

@@ -59,7 +59,9 @@ def broken_invariants(result: DemoResult) -> list[str]:
             continue
         audit = queue.audit
         if audit.run_twice:
-            broken.append(f"job queue: {audit.run_twice} jobs ran twice")
+            broken.append(f"job queue: effects applied twice: {audit.run_twice}")
+        if queue.workers >= 3 and queue.totals.stale < 1:
+            broken.append("job queue: the stalled worker's late completion was not refused")
         if audit.lost:
             broken.append(f"job queue: {audit.lost} jobs lost")
         if not queue.killed:

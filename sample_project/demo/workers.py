@@ -94,8 +94,13 @@ def job_worker(
     lease: float,
     work: float,
     victim_after: int | None,
+    stall_after: int | None = None,
 ) -> None:
     """Claim jobs until none is left; a victim stops mid-job after ``victim_after`` claims.
+
+    A ``stall_after`` worker (lockkit only) stalls mid-job after that many claims, past its lease, until its job
+    has been reclaimed and done by another worker (a forced lease expiry), then tries to complete it: the fenced
+    completion refuses, and the job's effect is not applied a second time.
 
     ``lockkit`` workers run until no job is pending or running (an abandoned one is reclaimed after its lease);
     ``naive`` workers until none is pending (they cannot tell an abandoned job from a running one).
@@ -128,6 +133,8 @@ def job_worker(
         if victim_after is not None and stats.operations == victim_after:
             channels.victim_ready.set()
             time.sleep(3600)  # "working" when the parent SIGKILLs this process
+        if stall_after is not None and not naive and stats.operations == stall_after:
+            _stall_until_redone(claim)
         time.sleep(work)  # the job itself: I/O-bound work, done after the claim committed
         if isinstance(claim, int):
             naive_complete(claim, worker_id)
@@ -141,3 +148,13 @@ def job_worker(
     stats.finished = time.monotonic()
     channels.results.put(stats)
     connections.close_all()
+
+
+def _stall_until_redone(claim: Any, timeout: float = 120.0) -> None:
+    """Wait, holding a claim whose lease runs out, until another worker has reclaimed and done its job."""
+    from sample_project.jobs.models import Job
+
+    redone = Job.objects.filter(pk=claim.pk, state=Job.State.DONE).exclude(claim_token=claim.token)
+    deadline = time.monotonic() + timeout
+    while not redone.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

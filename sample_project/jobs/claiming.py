@@ -15,11 +15,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from lockkit.claims import Claim, StaleClaim
+from lockkit.claims import Claim, StaleClaim, fenced
 from lockkit.claims import claim as claim_row
 from lockkit.claims import claim_next as claim_rows
 from lockkit.claims import complete as complete_claim
@@ -74,11 +73,17 @@ def claim_of(job_id: int, worker: str, token: int) -> Claim | None:
 
 
 def complete(claim: Claim, result: Any = None) -> bool:
-    """Mark the job done and log the run, only if ``claim`` is still current. Returns whether it was."""
+    """Log the run (the job's database effect) and mark the job done, only if ``claim`` is still current.
+
+    ``fenced(claim)`` locks the job row and checks the claim (token, worker, lease by the database clock) first;
+    the effect and the completion then commit together. A worker whose lease ran out mid-job (and whose job was
+    reclaimed and done by another) writes nothing: each job's effect is applied exactly once. Returns whether the
+    claim was current.
+    """
     try:
-        with transaction.atomic(using=claim.alias):
+        with fenced(claim) as scope:
+            JobRun.objects.using(scope.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
             complete_claim(claim, set={"state": Job.State.DONE, "result": result, "finished_at": Now()})
-            JobRun.objects.using(claim.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
     except StaleClaim:
         return False
     return True

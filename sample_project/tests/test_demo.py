@@ -73,6 +73,9 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
     queue = result.queues[-1]
     assert queue.killed
     assert queue.totals.reclaimed >= 1
+    # The stalled worker's lease ran out mid-job; its job was redone by another worker; its late, fenced
+    # completion was refused: that job's effect (its JobRun row) exists once.
+    assert queue.totals.stale >= 1
     assert (queue.audit.jobs, queue.audit.done, queue.audit.run_twice, queue.audit.lost) == (JOBS, JOBS, 0, 0)
 
     console.print(sale_table(result.sales, orders=result.orders, workers=3, skus=result.skus))
@@ -80,3 +83,4 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
     output = console.file.getvalue()  # type: ignore[attr-defined]
     assert "units oversold" in output
     assert "jobs lost" in output
+    assert "effects applied twice" in output
