@@ -145,8 +145,9 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
     driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. A lockkit error reports
     its own kind. PostgreSQL reports both a ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03;
-    ``nowait`` tells them apart, and when it is ``None`` the code's own meaning is reported
-    (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
+    an error raised by the server's lock timer is always ``Failure.LOCK_TIMEOUT`` (``timer_fired``: NOWAIT
+    covers row locks only, so a NOWAIT statement can still wait for a table lock); otherwise ``nowait`` decides, and when it is ``None`` the code's own meaning is reported (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
@@ -161,6 +162,48 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     row = lookup(exc)
     if row is None:
         return None
-    if not row.ambiguous_nowait or nowait is None:
+    if not row.ambiguous_nowait:
+        return row.failure
+    if row.vendor == "postgresql" and timer_fired(exc):
+        # The statement waited until lock_timeout expired: even in a NOWAIT scope (NOWAIT covers row locks only,
+        # a table lock is waited for), this is a lock timeout, not "the lock was not available at once".
+        return Failure.LOCK_TIMEOUT
+    if nowait is None:
         return row.failure
     return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
+
+
+# The server function that raises the errors of PostgreSQL's timers (lock_timeout, statement_timeout): every
+# lock_timeout expiry is reported from there, and no NOWAIT failure is. Where NOWAIT itself fails without
+# waiting, it names the lock code (heap_lock_tuple for a row, RangeVarGetRelidExtended for LOCK TABLE NOWAIT).
+_TIMER_FUNCTION = "ProcessInterrupts"
+
+
+def timer_fired(exc: BaseException) -> bool | None:
+    """Whether a PostgreSQL 55P03 came from the lock timer (the statement waited) rather than from ``NOWAIT``.
+
+    NOWAIT covers row locks only: a ``SELECT ... FOR UPDATE NOWAIT`` on a table another session holds in
+    ``ACCESS EXCLUSIVE`` mode (a migration) waits for the table lock until ``lock_timeout`` expires, and both
+    outcomes carry SQLSTATE 55P03. The error's source-function field (``PG_DIAG_SOURCE_FUNCTION``, which the
+    server sends with every error, read through psycopg's ``diag``; structured data, not the message text) tells
+    them apart. See https://www.postgresql.org/docs/current/protocol-error-fields.html.
+
+    Returns:
+        ``True`` when the timer fired (the statement waited), ``False`` when another server function raised it
+        (NOWAIT, a PL/pgSQL ``RAISE``), ``None`` when the error carries no PostgreSQL source function (a
+        client-built error, CockroachDB).
+    """
+    for link in chain(exc):
+        if type(link).__module__.startswith("psycopg"):
+            diag = getattr(link, "diag", None)
+            function = getattr(diag, "source_function", None)
+            source_file = getattr(diag, "source_file", None)
+            # Only PostgreSQL's own C sources count: CockroachDB fills these fields with Go names.
+            if (
+                not isinstance(function, str)
+                or not isinstance(source_file, str)
+                or not source_file.endswith(".c")
+            ):
+                return None
+            return function == _TIMER_FUNCTION
+    return None

@@ -39,8 +39,9 @@ def test_on_commit_callback_failure_never_reruns_committed_work() -> None:
         Stock.objects.create(sku=f"order-{len(calls)}", available=n)
         lockkit.current_scope().on_commit(bump_counter)
 
-    with hold_lock(counter), pytest.raises(LockTimeout):
+    with hold_lock(counter), pytest.raises(lockkit.OnCommitError) as info:
         place_order(1)
+    assert isinstance(info.value.__cause__, LockTimeout)  # the callback's error, after the commit
     assert calls == [1]  # committed once, never re-run
     assert list(Stock.objects.filter(sku__startswith="order-").values_list("sku", flat=True)) == ["order-1"]
 
@@ -50,10 +51,12 @@ def test_callback_database_error_after_commit_is_not_reclassified() -> None:
         with connection.cursor() as cursor:
             cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40001'; END $$")
 
-    with pytest.raises(OperationalError) as info, lockkit.locked() as scope:
+    with pytest.raises(lockkit.OnCommitError) as info, lockkit.locked() as scope:
         Stock.objects.create(sku="kept", available=1)
         scope.on_commit(broken)
-    assert not isinstance(info.value, lockkit.LockError)  # the callback's own error, not a "failed commit"
+    cause = info.value.__cause__
+    assert isinstance(cause, OperationalError)  # the callback's own error, not a "failed commit"
+    assert not isinstance(cause, lockkit.LockError)
     assert Stock.objects.filter(sku="kept").exists()
 
 

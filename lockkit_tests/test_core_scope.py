@@ -137,13 +137,16 @@ def test_lock_timeout_accepts_timedelta_and_rounds_up_to_a_millisecond() -> None
         assert show("lock_timeout") == "1ms"  # never 0, which PostgreSQL reads as "wait forever"
 
 
-def test_lock_all_locks_in_primary_key_order_and_filters_pks() -> None:
+def test_lock_all_returns_rows_in_the_order_of_pks_and_refuses_missing_ones() -> None:
     for sku in ("c", "a", "b", "d"):
         Stock.objects.create(sku=sku, available=1)
     with lockkit.locked() as scope:
-        rows = scope.lock_all(Stock, pks=["d", "b", "a", "zz"])
-        assert [r.sku for r in rows] == ["a", "b", "d"]
+        rows = scope.lock_all(Stock, pks=["d", "b", "a"])
+        assert [r.sku for r in rows] == ["d", "b", "a"]  # the order asked; locks taken in key order
+        assert [r.sku for r in scope.lock_all(Stock, pks=iter(["b", "b"]))] == ["b", "b"]
         assert [r.sku for r in scope.lock_all(Stock.objects.filter(available=1))] == ["a", "b", "c", "d"]
+        with pytest.raises(Stock.DoesNotExist, match="'zz', 'yy'"):
+            scope.lock_all(Stock, pks=["d", "zz", "a", "yy", "zz"])
         with pytest.raises(TypeError, match="pks"):
             scope.lock_all(Stock, pks="abc")
 
