@@ -27,6 +27,7 @@ class CodeRow:
         name: The condition name the vendor gives it.
         failure: The lockkit failure kind.
         ambiguous_nowait: The code means "NOWAIT failed" or "lock wait timed out" depending on the statement.
+        hint: What the code means in practice and what to do, appended to the typed error's message (or ``""``).
     """
 
     vendor: str
@@ -34,6 +35,16 @@ class CodeRow:
     name: str
     failure: Failure
     ambiguous_nowait: bool = False
+    hint: str = ""
+
+
+# SQLITE_LOCKED is a conflict inside one shared page cache (Django's in-memory SQLite test database shares one
+# between its connections): the busy timeout does not apply to it, so nothing waited.
+_SHARED_CACHE_HINT = (
+    "SQLite reports a table lock held by another connection to the same shared-cache database (Django's in-memory "
+    "SQLite test database is one); shared-cache locks are never waited for, whatever the lock timeout. Use a file "
+    "database: set DATABASES[alias]['TEST']['NAME'] (and NAME) to a file path"
+)
 
 
 CODES: tuple[CodeRow, ...] = (
@@ -63,8 +74,10 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("sqlite", "261", "SQLITE_BUSY_RECOVERY", Failure.LOCK_TIMEOUT),
     CodeRow("sqlite", "517", "SQLITE_BUSY_SNAPSHOT", Failure.SERIALIZATION_FAILURE),
     CodeRow("sqlite", "773", "SQLITE_BUSY_TIMEOUT", Failure.LOCK_TIMEOUT),
-    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_TIMEOUT),
-    CodeRow("sqlite", "262", "SQLITE_LOCKED_SHAREDCACHE", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_NOT_AVAILABLE, hint=_SHARED_CACHE_HINT),
+    CodeRow(
+        "sqlite", "262", "SQLITE_LOCKED_SHAREDCACHE", Failure.LOCK_NOT_AVAILABLE, hint=_SHARED_CACHE_HINT
+    ),
     CodeRow("sqlite", "8", "SQLITE_READONLY", Failure.READ_ONLY),
     # Oracle (oracledb: args[0].code). https://docs.oracle.com/en/error-help/db/
     # ORA-00054 is "resource busy and acquire with NOWAIT specified or timeout expired" (a DDL lock timeout too).

@@ -311,7 +311,9 @@ def test_nowait_scope_blocked_by_a_table_lock_raises_lock_timeout() -> None:
     assert waited >= 0.3  # it really waited the lock timeout: "did not wait" would be a lie
     assert caught.value.sqlstate == "55P03"
     assert not isinstance(caught.value, lockkit.LockNotAvailable)
-    assert lockkit.classify(caught.value.__cause__, nowait=True) is Failure.LOCK_TIMEOUT
+    cause = caught.value.__cause__
+    assert cause is not None
+    assert lockkit.classify(cause, nowait=True) is Failure.LOCK_TIMEOUT
 
 
 @pytest.mark.django_db(transaction=True)
@@ -320,7 +322,9 @@ def test_nowait_scope_on_a_held_row_still_raises_lock_not_available_at_once() ->
     with hold_lock(stock), pytest.raises(lockkit.LockNotAvailable) as caught:
         with lockkit.locked(nowait=True, lock_timeout=30) as scope:
             scope.get(Stock, sku="a")
-    assert lockkit.classify(caught.value.__cause__) is Failure.LOCK_NOT_AVAILABLE
+    cause = caught.value.__cause__
+    assert cause is not None
+    assert lockkit.classify(cause) is Failure.LOCK_NOT_AVAILABLE
 
 
 def _session_values(alias: str) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from lockkit.aliases import check_alias
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder
+from lockkit.testing.sessions import unsupported
 from lockkit.testing.threads import ThreadCall
 from lockkit.validation import duration
 
@@ -46,9 +47,7 @@ def _edges_sql(connection: BaseDatabaseWrapper) -> str:
         return _PG_EDGES
     if connection.vendor == "mysql":
         return _MARIADB_EDGES if getattr(connection, "mysql_is_mariadb", False) else _MYSQL8_EDGES
-    raise NotImplementedError(
-        f"lock-wait introspection does not support {connection.vendor} ({connection.alias!r})"
-    )
+    raise unsupported(connection, "lock-wait introspection (wait_until_blocked, blocked_by)")
 
 
 def _behind(pid: int, edges: Iterable[tuple[int, int]]) -> list[int]:

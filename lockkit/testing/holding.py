@@ -20,7 +20,7 @@ from django.db import connections, models, router, transaction
 
 from lockkit.aliases import check_alias
 from lockkit.testing.errors import ContentionTimeout
-from lockkit.testing.sessions import backend_pid
+from lockkit.testing.sessions import backend_pid, unsupported
 from lockkit.translate import translate
 from lockkit.validation import duration, milliseconds
 
@@ -206,12 +206,15 @@ def hold_lock(
         block
             lasted longer than ``timeout``, so the lock was released early.
         django.db.NotSupportedError: the database cannot honour ``nowait``/``no_key``.
+        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite has no row locks).
     """
     queryset, bound = _as_queryset(target)
     for flag, name in ((nowait, "nowait"), (no_key, "no_key")):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, not {type(flag).__name__}")
     alias = check_alias(using) if using is not None else bound or router.db_for_write(queryset.model)
+    if connections[alias].vendor not in ("postgresql", "mysql"):
+        raise unsupported(connections[alias], "hold_lock")
     limit = duration(timeout, "timeout")
     options: dict[str, Any] = {"nowait": True} if nowait else {}
     if no_key:

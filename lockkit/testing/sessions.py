@@ -22,6 +22,20 @@ _PID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION
 _CANCEL_SQL = {"postgresql": "SELECT pg_cancel_backend(%s)", "mysql": "KILL QUERY %s"}
 
 
+def unsupported(connection: BaseDatabaseWrapper, helper: str) -> NotImplementedError:
+    """The error a contention helper raises on a database without row locks or server sessions, saying why."""
+    if connection.vendor == "sqlite":
+        return NotImplementedError(
+            f"{helper} does not support SQLite ({connection.alias!r}): SQLite has no row locks and no server "
+            "sessions to observe (a lockkit scope there takes the whole database's write lock at BEGIN "
+            "IMMEDIATE). Test contention on PostgreSQL or MariaDB/MySQL; on SQLite, two scopes simply run one "
+            "after the other, and a wait longer than lock_timeout raises LockTimeout"
+        )
+    return NotImplementedError(
+        f"{helper} does not support {connection.vendor} ({connection.alias!r}): only PostgreSQL and MariaDB/MySQL"
+    )
+
+
 def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
     """Return the server-side session id of this thread's connection to ``using``.
 
@@ -37,12 +51,12 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
 
     Raises:
         TypeError, ValueError: ``using`` is not a configured alias.
-        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite: no server sessions).
     """
     connection = connections[check_alias(using)]
     sql = _PID_SQL.get(connection.vendor)
     if sql is None:
-        raise NotImplementedError(f"backend_pid does not support {connection.vendor} ({using!r})")
+        raise unsupported(connection, "backend_pid")
     with connection.cursor() as cursor:
         cursor.execute(sql)
         row = cursor.fetchone()
@@ -129,4 +143,4 @@ class SessionTracker:
         return signalled
 
 
-__all__ = ["SessionTracker", "backend_pid", "open_session_id"]
+__all__ = ["SessionTracker", "backend_pid", "open_session_id", "unsupported"]
