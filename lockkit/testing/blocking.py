@@ -18,7 +18,7 @@ from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder
 from lockkit.testing.sessions import unsupported
 from lockkit.testing.threads import ThreadCall
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 # Each query returns (waiting session, blocking session) edges; constant text, no parameters.
 _PG_EDGES = (
@@ -111,8 +111,8 @@ def wait_until_blocked(
     *,
     count: int = 1,
     using: str | None = None,
-    timeout: float = 10.0,
-    poll: float = 0.005,
+    timeout: Duration = 10.0,
+    poll: Duration = 0.005,
     contenders: ThreadCall[Any] | Sequence[ThreadCall[Any]] = (),
 ) -> list[int]:
     """Return once at least ``count`` sessions wait for ``holder``'s locks, as the database itself reports it.

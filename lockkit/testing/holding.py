@@ -22,7 +22,7 @@ from lockkit.aliases import check_alias
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.sessions import backend_pid, unsupported
 from lockkit.translate import translate
-from lockkit.validation import duration, milliseconds
+from lockkit.validation import Duration, duration, milliseconds
 
 T = TypeVar("T")
 
@@ -171,7 +171,7 @@ def hold_lock(
     using: str | None = None,
     nowait: bool = False,
     no_key: bool = False,
-    timeout: float = 30.0,
+    timeout: Duration = 30.0,
 ) -> Iterator[Holder]:
     """Lock rows from a separate database session, and keep them locked until the block exits.
 

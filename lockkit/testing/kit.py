@@ -17,7 +17,7 @@ from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder, hold_lock
 from lockkit.testing.sessions import backend_pid
 from lockkit.testing.threads import Outcome, ThreadCall, in_thread, run_concurrently
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class ContentionKit:
         timeout (float): Default seconds for waits and joins.
     """
 
-    def __init__(self, timeout: float = 10.0) -> None:
+    def __init__(self, timeout: Duration = 10.0) -> None:
         self.timeout = duration(timeout, "timeout")
         self._calls: list[ThreadCall[Any]] = []
 

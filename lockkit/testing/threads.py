@@ -16,7 +16,7 @@ from django.db import connections
 
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.sessions import SessionTracker
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
 
@@ -98,16 +98,16 @@ class ThreadCall(Generic[T]):
         """Whether the callable has finished (returned or raised)."""
         return self._thread.ident is not None and not self._thread.is_alive()
 
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; return whether the callable finished."""
-        self._thread.join(timeout)
+    def join(self, timeout: Duration) -> bool:
+        """Wait up to ``timeout`` seconds (or a ``timedelta``); return whether the callable finished."""
+        self._thread.join(_limit(timeout, "timeout"))
         return not self._thread.is_alive()
 
     def cancel_statements(self) -> list[int]:
         """Cancel the database statements this thread is running (a stuck lock wait); return the sessions."""
         return self._sessions.cancel_statements()
 
-    def outcome(self, timeout: float = 10.0) -> Outcome[T]:
+    def outcome(self, timeout: Duration = 10.0) -> Outcome[T]:
         """Wait for the callable and return its ``Outcome``.
 
         Args:
@@ -125,7 +125,7 @@ class ThreadCall(Generic[T]):
             raise ContentionTimeout(f"{self.name} was still running after {limit}s")
         return self._outcome
 
-    def result(self, timeout: float = 10.0) -> T:
+    def result(self, timeout: Duration = 10.0) -> T:
         """Wait for the callable and return its result, or raise its exception.
 
         Raises:
@@ -171,7 +171,7 @@ def run_concurrently(
     n: int,
     *,
     args: Sequence[tuple[Any, ...]] | tuple[Any, ...] = (),
-    timeout: float = 30.0,
+    timeout: Duration = 30.0,
     reraise: bool = False,
 ) -> list[Outcome[T]]:
     """Run ``func`` in ``n`` threads that start together at a barrier, and join them all within ``timeout``.
