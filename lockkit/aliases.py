@@ -106,7 +106,7 @@ def queryset_on(
         queryset = target.all()
         bound = queryset._db  # type: ignore[attr-defined]
     elif instances and isinstance(target, models.Model):
-        if target.pk is None:
+        if target.pk is None or target._state.adding:
             raise ValueError(f"{name} is an unsaved {type(target).__name__}: it has no row to lock")
         queryset = type(target)._default_manager.filter(pk=target.pk)
         bound, hints = target._state.db, {"instance": target}

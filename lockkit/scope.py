@@ -74,8 +74,10 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
 
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
     driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
-    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
-    apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
+    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``). An error the
+    server's lock timer raised is always ``Failure.LOCK_TIMEOUT`` (NOWAIT covers row locks only, so a NOWAIT
+    statement can wait for a table lock; see ``lockkit.codes.timer_fired``). Otherwise ``nowait`` tells them apart:
+    when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
     outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
     ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from django.db import connections
@@ -99,8 +100,8 @@ class ThreadCall(Generic[T]):
         return self._thread.ident is not None and not self._thread.is_alive()
 
     def join(self, timeout: Duration) -> bool:
-        """Wait up to ``timeout`` seconds (or a ``timedelta``); return whether the callable finished."""
-        self._thread.join(_limit(timeout, "timeout"))
+        """Wait up to ``timeout`` seconds (or a ``timedelta``; 0 polls); return whether the callable finished."""
+        self._thread.join(timeout.total_seconds() if isinstance(timeout, timedelta) else timeout)
         return not self._thread.is_alive()
 
     def cancel_statements(self) -> list[int]:
