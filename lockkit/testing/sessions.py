@@ -16,24 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from lockkit.aliases import check_alias
-
-_PID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-# The session id is an int read from the driver, passed as a parameter, never formatted into the text.
-_CANCEL_SQL = {"postgresql": "SELECT pg_cancel_backend(%s)", "mysql": "KILL QUERY %s"}
-
-
-def unsupported(connection: BaseDatabaseWrapper, helper: str) -> NotImplementedError:
-    """The error a contention helper raises on a database without row locks or server sessions, saying why."""
-    if connection.vendor == "sqlite":
-        return NotImplementedError(
-            f"{helper} does not support SQLite ({connection.alias!r}): SQLite has no row locks and no server "
-            "sessions to observe (a lockkit scope there takes the whole database's write lock at BEGIN "
-            "IMMEDIATE). Test contention on PostgreSQL or MariaDB/MySQL; on SQLite, two scopes simply run one "
-            "after the other, and a wait longer than lock_timeout raises LockTimeout"
-        )
-    return NotImplementedError(
-        f"{helper} does not support {connection.vendor} ({connection.alias!r}): only PostgreSQL and MariaDB/MySQL"
-    )
+from lockkit.testing.dialects import dialect_of
 
 
 def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -54,9 +37,7 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
         NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite: no server sessions).
     """
     connection = connections[check_alias(using)]
-    sql = _PID_SQL.get(connection.vendor)
-    if sql is None:
-        raise unsupported(connection, "backend_pid")
+    sql = dialect_of(connection).session_id
     with connection.cursor() as cursor:
         cursor.execute(sql)
         row = cursor.fetchone()
@@ -129,18 +110,17 @@ class SessionTracker:
         signalled: list[int] = []
         for opened in list(self._sessions):
             wrapper = opened.wrapper
-            sql = _CANCEL_SQL.get(wrapper.vendor)
             # Only a session still open on the same driver connection: a closed one's id may be reused.
-            if sql is None or wrapper.connection is not opened.raw:
+            if wrapper.vendor not in ("postgresql", "mysql") or wrapper.connection is not opened.raw:
                 continue
             control = connections.create_connection(wrapper.alias)
-            # The session may end meanwhile: cancelling is best effort.
+            # The session may end meanwhile: cancelling is best effort. The id is a parameter, never text.
             with contextlib.suppress(Exception):
                 with control.cursor() as cursor:
-                    cursor.execute(sql, [opened.pid])
+                    cursor.execute(dialect_of(control).cancel, [opened.pid])
                 signalled.append(opened.pid)
             control.close()
         return signalled
 
 
-__all__ = ["SessionTracker", "backend_pid", "open_session_id", "unsupported"]
+__all__ = ["SessionTracker", "backend_pid", "open_session_id"]
