@@ -97,6 +97,28 @@ def _explain_nested(exc: LockError, alias: str, operation: str) -> None:
     )
 
 
+def _log_committed_elsewhere(
+    exc: BaseException, others: tuple[str, ...], alias: str, number: int, operation: str
+) -> None:
+    """Log that a failed attempt is not retried because work committed on ``others`` during it."""
+    failure = exc.failure.value if isinstance(exc, LockError) and exc.failure else type(exc).__name__
+    logger.info(
+        "lockkit: %s failed with %s on %r (attempt %d) and is not retried: work committed on %s during it",
+        operation,
+        failure,
+        alias,
+        number,
+        ", ".join(repr(other) for other in others),
+        extra={
+            "alias": alias,
+            "failure": failure,
+            "attempt": number,
+            "operation": operation,
+            "committed_elsewhere": others,
+        },
+    )
+
+
 class LockedOperation:
     """The decorator ``locked_operation(...)`` returns; configuration only, no per-call state."""
 
@@ -125,9 +147,11 @@ class LockedOperation:
             except BaseException as exc:
                 if isinstance(exc, OnCommitError) and result is not _NO_RESULT:
                     exc.result = result
-                if block.committed or block.scope.committed_elsewhere:
-                    # Committed here (a callback failed after the COMMIT) or on another alias during the
-                    # attempt: running the function again would repeat committed work.
+                if block.committed:
+                    raise _Committed(exc) from exc  # a callback failed after the COMMIT: never run it again
+                if block.scope.committed_elsewhere:
+                    # Work committed on another alias during the attempt: running it again would repeat that work.
+                    _log_committed_elsewhere(exc, block.scope.committed_elsewhere, alias, number, operation)
                     raise _Committed(exc) from exc
                 raise
 

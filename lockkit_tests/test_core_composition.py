@@ -115,7 +115,9 @@ def ledger(name: str | None = None) -> list[str]:
 
 
 @BOTH
-def test_outer_attempt_that_deadlocks_after_a_ledger_commit_is_not_retried() -> None:
+def test_outer_attempt_that_deadlocks_after_a_ledger_commit_is_not_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     Stock.objects.create(sku="A", available=10)
     Stock.objects.create(sku="B", available=10)
     barrier = threading.Barrier(2)
@@ -132,7 +134,8 @@ def test_outer_attempt_that_deadlocks_after_a_ledger_commit_is_not_retried() -> 
         scope.get(Stock, sku=second)
         return first
 
-    outcomes = run_concurrently(pay, 2, args=[("A", "B"), ("B", "A")], timeout=60)
+    with caplog.at_level(logging.INFO, logger="lockkit"):
+        outcomes = run_concurrently(pay, 2, args=[("A", "B"), ("B", "A")], timeout=60)
     errors = [o.error for o in outcomes if o.error is not None]
     assert len(errors) == 1, outcomes
     error = errors[0]
@@ -143,6 +146,8 @@ def test_outer_attempt_that_deadlocks_after_a_ledger_commit_is_not_retried() -> 
     notes = "\n".join(getattr(error, "__notes__", []))
     assert "committed on database 'other'" in notes
     assert "not retried" in notes
+    (record,) = [r for r in caplog.records if "is not retried: work committed on 'other'" in r.getMessage()]
+    assert record.committed_elsewhere == ("other",)  # type: ignore[attr-defined]
 
 
 @BOTH
