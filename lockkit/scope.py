@@ -250,6 +250,8 @@ class LockScope:
         rows = {row.pk: row for row in queryset.filter(pk__in=wanted).order_by("pk")}
         missing = [pk for pk in wanted if pk not in rows]
         if missing:
+            missing = _match_by_collation(rows, wanted, missing)
+        if missing:
             raise model.DoesNotExist(
                 f"lock_all: no {model.__name__} with pk {', '.join(map(repr, dict.fromkeys(missing)))} "
                 f"on {self.alias!r}"
@@ -316,6 +318,20 @@ class LockScope:
         flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:
+    """Match text keys the database found under a case-insensitive collation (MariaDB's default); return the rest.
+
+    A row whose key equals no requested key exactly was found through the column's collation (``"A"`` found
+    ``"a"``): it is matched back to the requested key that differs only by case.
+    """
+    exact = set(wanted)
+    spare = {key.casefold(): row for key, row in rows.items() if isinstance(key, str) and key not in exact}
+    for pk in missing:
+        if isinstance(pk, str) and pk.casefold() in spare:
+            rows[pk] = spare[pk.casefold()]
+    return [pk for pk in missing if pk not in rows]
 
 
 def _primary_key(model: type[models.Model], value: Any) -> Any:

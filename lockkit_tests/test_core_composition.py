@@ -79,6 +79,18 @@ def test_lock_all_missing_pk_raises_does_not_exist_naming_it(alias: str) -> None
             scope.lock_all(Item, pks=["x"])
 
 
+@pytest.mark.parametrize("alias", vendor_params())
+def test_lock_all_matches_keys_as_the_database_compares_them(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=1)
+    Stock.objects.using(alias).create(sku="b", available=2)
+    with lockkit.locked(alias) as scope:
+        if connections[alias].vendor == "mysql":  # a case-insensitive collation: "B" finds "b"
+            assert [r.sku for r in scope.lock_all(Stock, pks=["B", "a"])] == ["b", "a"]
+        else:
+            with pytest.raises(Stock.DoesNotExist, match="'B'"):
+                scope.lock_all(Stock, pks=["B", "a"])
+
+
 # -- scope.get(instance) / scope.lock(instance) --------------------------------------------------------------------
 
 
