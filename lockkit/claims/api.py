@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any, Literal, overload
 
 from django.db import connections, models
@@ -19,14 +18,14 @@ from lockkit.claims import inputs, loaded, sql
 from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import StaleClaim
 from lockkit.scope import locked
-from lockkit.validation import flag
+from lockkit.validation import Duration, flag
 
 
 def claim(
     target: models.Model | QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
@@ -106,7 +105,7 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
@@ -118,7 +117,7 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
@@ -129,7 +128,7 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
@@ -232,7 +231,7 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
     return written
 
 
-def heartbeat(claim: Claim, *, lease: float | timedelta | None = None) -> Claim:
+def heartbeat(claim: Claim, *, lease: Duration | None = None) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
     Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A

@@ -55,7 +55,7 @@ def fenced(claim: Claim) -> Iterator[LockScope]:
     pk = storable.exact_pk(held.model, held.pk, "claim.pk")
     with locked(alias, no_key=connections[alias].features.has_select_for_no_key_update) as scope:
         row = (
-            scope.lock(held.model._base_manager.filter(pk=pk))
+            scope.lock(held.model._base_manager.using(alias).filter(pk=pk))
             .annotate(lockkit_current=current)
             .values_list("claim_token", "claimed_by", "lockkit_current")
             .first()
