@@ -113,7 +113,10 @@ class SerialClaimsSQL(ClaimsSQL):
         ``"W1"`` match a row claimed by ``"w1"``.
         """
         table = self.table
-        given = set(zip(pks, tokens, workers, strict=True))
+        pk_field = table.model._meta.pk
+        assert pk_field is not None
+        same = pk_field.to_python  # the driver's value and the prepared one, compared as the field reads them
+        given = {(same(pk), token, worker) for pk, token, worker in zip(pks, tokens, workers, strict=True)}
         with locked(self.alias):
             rows, _ = self.run(
                 f"SELECT {table.pk_of()}, {table.column('claim_token')}, {table.column('claimed_by')} "
@@ -124,7 +127,7 @@ class SerialClaimsSQL(ClaimsSQL):
             live = [
                 pk
                 for pk, token, worker in (tuple(row.values()) for row in rows)
-                if (pk, token, worker) in given
+                if (same(pk), token, worker) in given
             ]
             if len(set(live)) != len(pks):
                 return [{"pk": pk, "written": False, "lease_expires_at": None} for pk in live]
