@@ -9,6 +9,7 @@ import sys
 
 
 def main() -> None:
+    """Run the Django command named on the command line, with the sample project's settings."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sample_project.settings")
     from django.core.management import execute_from_command_line
 
