@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from django.db import connections, models
 
-from lockkit import conf
+from lockkit import conf, events
+from lockkit.aio import awaitable
 from lockkit.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
 from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry
 from lockkit.scope import ScopeBlock, refuse_unsupported
@@ -22,6 +23,7 @@ from lockkit.transaction import in_transaction
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 _DEFAULT_POLICY = RetryPolicy()
 
@@ -38,6 +40,26 @@ class _Committed(BaseException):
         self.error = error
 
 
+class LockedFunction(Protocol[P, R_co]):
+    """What ``locked_operation`` returns: the function itself, plus ``acall`` for async callers."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
+        """Run the operation (retried as a whole) and return what the function returns."""
+        ...
+
+    def acall(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]:
+        """Awaitable form: run the whole call (retries, scope, ``on_commit`` callbacks) on one thread.
+
+        Through ``asgiref.sync.sync_to_async(thread_sensitive=True)``, like Django's ``aget()``/``asave()``: see
+        ``lockkit.aio.awaitable``.
+        """
+        ...
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    return error.error if isinstance(error, _Committed) else error
+
+
 class LockedOperation:
     """The decorator ``locked_operation(...)`` returns; configuration only, no per-call state."""
 
@@ -46,11 +68,12 @@ class LockedOperation:
         self._options = options
         self._retry = retry
 
-    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
-        """Decorate ``func``.
+    def __call__(self, func: Callable[P, R]) -> LockedFunction[P, R]:
+        """Decorate ``func``; the result also has ``acall()``, its awaitable form.
 
         Raises:
-            TypeError: ``func`` is not a plain synchronous function.
+            TypeError: ``func`` is not a plain synchronous function (an ``async def`` is refused: decorate the
+                synchronous body and await ``.acall()``).
         """
         refuse_unsupported(func, "locked_operation")
         options, retry_option = self._options, self._retry
@@ -66,9 +89,9 @@ class LockedOperation:
                     raise _Committed(exc) from exc
                 raise
 
-        @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            alias = options.alias_for_call(args, kwargs)
+        def run(
+            alias: str, args: Any, kwargs: Any, attempt: Callable[[str, int, Any, Any], R] = attempt
+        ) -> R:
             retry = retry_option
             if isinstance(retry, Default):
                 retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
@@ -85,7 +108,16 @@ class LockedOperation:
             except _Committed as committed:
                 raise committed.error from None
 
-        return wrapper
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            alias = options.alias_for_call(args, kwargs)
+            if not events.observing():
+                return run(alias, args, kwargs)
+            with events.ObservedOperation(wrapper, operation, alias, _unwrap) as observed:
+                return run(alias, args, kwargs, observed.wrap(attempt))
+
+        wrapper.acall = awaitable(wrapper)  # type: ignore[attr-defined]
+        return cast(LockedFunction[P, R], wrapper)
 
 
 @overload
@@ -100,7 +132,7 @@ def locked_operation(
     nowait: bool = False,
     skip_locked: bool = False,
     no_key: bool = False,
-) -> Callable[P, R]: ...
+) -> LockedFunction[P, R]: ...
 @overload
 def locked_operation(
     using_or_func: str | None = None,
@@ -114,7 +146,7 @@ def locked_operation(
     nowait: bool = False,
     skip_locked: bool = False,
     no_key: bool = False,
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+) -> Callable[[Callable[P, R]], LockedFunction[P, R]]: ...
 def locked_operation(
     using_or_func: Any = NOT_GIVEN,
     /,
@@ -153,7 +185,10 @@ def locked_operation(
         no_key: As for ``locked()``.
 
     Returns:
-        A decorator; the decorated function returns what the function returns.
+        A decorator; the decorated function returns what the function returns, and its ``acall(*args,
+        **kwargs)`` is the awaitable form for async code (``await reserve_stock.acall("sku", 1)``): the whole
+        call, retries and ``on_commit`` callbacks included, runs on one thread through
+        ``asgiref.sync.sync_to_async(thread_sensitive=True)``.
 
     Raises:
         TypeError: at decoration, a wrong parameter type or an ``async def`` function; at call, ``using`` returned
@@ -184,4 +219,4 @@ def locked_operation(
     return decorator if func is None else decorator(func)
 
 
-__all__ = ["LockedOperation", "locked_operation"]
+__all__ = ["LockedFunction", "LockedOperation", "locked_operation"]

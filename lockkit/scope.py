@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from django.db import connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import advisory_locks, aliases, codes
+from lockkit import advisory_locks, aliases, codes, events, signals
 from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
 from lockkit.advisory_locks import HeldLock
 from lockkit.errors import Failure, NotInLockedScope
@@ -177,7 +177,12 @@ class LockScope:
             Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get``.
             NotInLockedScope, AliasMismatch, TypeError: as ``lock()``.
         """
-        return self.lock(target).get(*args, **lookups)
+        queryset = self.lock(target)
+        if not signals.lock_acquired.receivers:
+            return queryset.get(*args, **lookups)
+        return events.timed_lock(
+            LockScope, self, queryset.model, lambda: queryset.get(*args, **lookups), _one
+        )
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -201,7 +206,9 @@ class LockScope:
             if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
                 raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
             queryset = queryset.filter(pk__in=list(pks))
-        return list(queryset.order_by("pk"))
+        if not signals.lock_acquired.receivers:
+            return list(queryset.order_by("pk"))
+        return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset.order_by("pk")), len)
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
         """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
@@ -234,14 +241,20 @@ class LockScope:
         self._check_active()
         backend = self._transaction.backend
         backend.check_advisory(connections[self.alias], shared=shared, session=False)
-        held = advisory_locks.take(
-            self.alias,
-            checked,
-            shared=shared,
-            session=False,
-            nowait=self.nowait,
-            lock_timeout=self.lock_timeout,
-            attempts=self.attempt,
+        held = events.timed_lock(
+            LockScope,
+            self,
+            None,
+            lambda: advisory_locks.take(
+                self.alias,
+                checked,
+                shared=shared,
+                session=False,
+                nowait=self.nowait,
+                lock_timeout=self.lock_timeout,
+                attempts=self.attempt,
+            ),
+            _one,
         )
         if not backend.advisory_locks_end_with_transaction:
             self._advisory.append(held)
@@ -263,6 +276,10 @@ class LockScope:
         flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _one(_: object) -> int:
+    return 1
 
 
 def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
@@ -412,7 +429,8 @@ def refuse_unsupported(func: object, name: str) -> None:
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         raise TypeError(
             f"{name} cannot decorate the async function {getattr(func, '__qualname__', func)!r}: lockkit scopes "
-            "are synchronous; call a sync locked operation through asgiref.sync.sync_to_async"
+            "are synchronous; decorate a plain def with @locked_operation and await its awaitable form, "
+            "`await func.acall(...)`"
         )
     if inspect.isgeneratorfunction(func):
         raise TypeError(
