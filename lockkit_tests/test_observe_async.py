@@ -73,7 +73,7 @@ def test_two_concurrent_awaits_on_one_row_one_waits_and_is_retried_both_correct(
             seen["second"].setdefault("retry", (kwargs["attempt"], kwargs["failure"]))
             retried.set()
 
-    async def scenario() -> list[tuple[int, int]]:
+    async def scenario() -> tuple[tuple[int, int], tuple[int, int]]:
         first = asyncio.create_task(in_request(reserve.acall("widget", "first")))
         assert await in_thread(holding.wait, JOIN)
         second = asyncio.create_task(in_request(reserve.acall("widget", who="second")))
@@ -94,7 +94,8 @@ def test_two_concurrent_awaits_on_one_row_one_waits_and_is_retried_both_correct(
     assert second["blocked"] == [second["pid"]]  # the second await's session waited for the first's lock
     assert second["retry"] == (1, Failure.LOCK_TIMEOUT)
     assert (first_attempt, first_left) == (1, 1)
-    assert second_attempt >= 2 and second_left == 0
+    assert second_attempt >= 2
+    assert second_left == 0
     assert Stock.objects.get(pk="widget").available == 0
     # One thread per request, never the event loop's; on_commit ran on the thread of the body.
     assert first["thread"] != second["thread"]
