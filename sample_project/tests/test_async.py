@@ -79,4 +79,3 @@ def test_two_concurrent_async_requests_on_one_row_wait_and_both_succeed(
 def test_bad_input_answers_400_before_any_sql(make_stock: Callable[..., None]) -> None:
     status, body = asyncio.run(post(AsyncClient(), {"sku": "book-1", "quantity": 0}))
     assert (status, body["error"]) == (400, "bad_request")
-
