@@ -165,3 +165,26 @@ def test_without_receivers_nothing_is_observed_or_timed(monkeypatch: pytest.Monk
         return stock.available
 
     assert reserve("s") == 2
+
+
+INSTALLED: list[str] = []
+
+
+def install_for_test() -> None:
+    INSTALLED.append("installed")
+
+
+def test_observers_setting_runs_each_callable_when_the_app_is_ready() -> None:
+    from django.apps import apps
+    from django.test import override_settings
+
+    config = apps.get_app_config("lockkit")
+    INSTALLED.clear()
+    with override_settings(LOCKKIT={"OBSERVERS": ["lockkit_tests.test_observe_signals.install_for_test"]}):
+        config.ready()
+    assert INSTALLED == ["installed"]
+    with (
+        override_settings(LOCKKIT={"OBSERVERS": "lockkit.contrib.prometheus.install"}),
+        pytest.raises(TypeError, match="OBSERVERS"),
+    ):
+        config.ready()
