@@ -241,11 +241,9 @@ class LockScope:
         self._check_active()
         backend = self._transaction.backend
         backend.check_advisory(connections[self.alias], shared=shared, session=False)
-        held = events.timed_lock(
-            LockScope,
-            self,
-            None,
-            lambda: advisory_locks.take(
+
+        def take() -> HeldLock:
+            return advisory_locks.take(
                 self.alias,
                 checked,
                 shared=shared,
@@ -253,8 +251,12 @@ class LockScope:
                 nowait=self.nowait,
                 lock_timeout=self.lock_timeout,
                 attempts=self.attempt,
-            ),
-            _one,
+            )
+
+        held = (
+            take()
+            if not signals.lock_acquired.receivers
+            else events.timed_lock(LockScope, self, None, take, _one)
         )
         if not backend.advisory_locks_end_with_transaction:
             self._advisory.append(held)
