@@ -13,13 +13,13 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from asgiref.sync import ThreadSensitiveContext
-from django.db import connection
+from asgiref.sync import ThreadSensitiveContext, async_to_sync
+from django.db import connection, transaction
 
 import lockkit
 from lockkit import Failure, RetryPolicy, signals
 from lockkit.claims import aclaim_next, acomplete, areclaim_expired
-from lockkit.testing import backend_pid, wait_until_blocked
+from lockkit.testing import backend_pid, hold_lock, wait_until_blocked
 from lockkit_tests.models import Job, Stock
 
 pytestmark = pytest.mark.contention
@@ -112,8 +112,6 @@ def test_acall_raises_the_classified_error_with_attempts() -> None:
     def take(sku: str) -> int:
         return lockkit.current_scope().get(Stock, pk=sku).available
 
-    from lockkit.testing import hold_lock
-
     with hold_lock(Stock.objects.get(pk="widget")), pytest.raises(lockkit.LockNotAvailable) as caught:
         asyncio.run(in_request(take.acall("widget")))
     assert (caught.value.sqlstate, caught.value.attempts) == ("55P03", 1)  # NOWAIT is not retried
@@ -138,3 +136,24 @@ def test_awaitable_claims_claim_complete_and_reclaim() -> None:
 
     assert asyncio.run(in_request(worker())) == (2, 0)
     assert sorted(Job.objects.values_list("state", flat=True)) == ["done", "done", "pending"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_acall_inside_an_outer_atomic_runs_nested_on_that_thread_and_keeps_its_connection() -> None:
+    attempts: list[int] = []
+
+    @lockkit.locked_operation(retry=RetryPolicy(attempts=3))
+    def take(sku: str) -> int:
+        scope = lockkit.current_scope()
+        attempts.append(scope.attempt)
+        assert scope.nested  # a savepoint in the caller's transaction
+        return scope.get(Stock, pk=sku).available
+
+    with transaction.atomic():
+        Stock.objects.create(sku="inner", available=4)  # visible only inside this transaction
+        pid = backend_pid()
+        # async_to_sync from this thread: thread-sensitive work comes back to this thread and its connection.
+        assert async_to_sync(take.acall)("inner") == 4
+        assert connection.in_atomic_block
+        assert backend_pid() == pid  # the same session, not closed by the call
+    assert attempts == [1]
