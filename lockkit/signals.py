@@ -7,7 +7,8 @@ synchronously in the thread of the operation, inside or right after its transact
 fast and never let them raise (an exception from a receiver propagates into the operation, as with
 ``Signal.send``). See https://docs.djangoproject.com/en/stable/topics/signals/.
 
-Operation signals (``sender`` is ``lockkit.operation.LockedOperation``; filter on ``operation`` instead):
+Operation signals (``sender`` is the decorated function, so ``connect(receiver, sender=reserve_stock)`` listens to
+one operation):
 
 ``operation_started``
     A ``locked_operation`` call begins, before its first attempt. Arguments: ``operation`` (str, the decorated

@@ -104,11 +104,27 @@ def test_an_application_error_finishes_without_a_failure_kind() -> None:
         lockkit.current_scope().get(Stock, pk=sku)
         raise ValueError("insufficient")
 
-    with recording() as recorder, pytest.raises(ValueError, match="insufficient"):
-        reserve("s")
-    (finished,) = recorder.of("operation_finished")
-    assert (finished["attempts"], finished["failure"], type(finished["error"])) == (1, None, ValueError)
+    @lockkit.locked_operation
+    def other() -> int:
+        return 1
+
+    only_reserve: list[str] = []
+
+    def on_reserve(sender: object, *, operation: str, **kwargs: Any) -> None:
+        only_reserve.append(operation)
+
+    signals.operation_finished.connect(on_reserve, sender=reserve)
+    try:
+        with recording() as recorder, pytest.raises(ValueError, match="insufficient"):
+            reserve("s")
+        assert other() == 1
+    finally:
+        signals.operation_finished.disconnect(on_reserve, sender=reserve)
+    first, second = recorder.of("operation_finished")
+    assert (first["attempts"], first["failure"], type(first["error"])) == (1, None, ValueError)
+    assert (second["operation"], second["error"]) == (other.__qualname__, None)
     assert recorder.of("operation_retried") == []
+    assert only_reserve == [reserve.__qualname__]  # a receiver connected with sender= hears one operation
 
 
 @pytest.mark.django_db(transaction=True)
