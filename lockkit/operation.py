@@ -43,6 +43,9 @@ class _Committed(BaseException):
 class LockedFunction(Protocol[P, R_co]):
     """What ``locked_operation`` returns: the function itself, plus ``acall`` for async callers."""
 
+    __name__: str
+    __qualname__: str
+
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
         """Run the operation (retried as a whole) and return what the function returns."""
         ...

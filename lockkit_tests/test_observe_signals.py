@@ -115,9 +115,10 @@ def test_an_application_error_finishes_without_a_failure_kind() -> None:
 
     signals.operation_finished.connect(on_reserve, sender=reserve)
     try:
-        with recording() as recorder, pytest.raises(ValueError, match="insufficient"):
-            reserve("s")
-        assert other() == 1
+        with recording() as recorder:
+            with pytest.raises(ValueError, match="insufficient"):
+                reserve("s")
+            assert other() == 1
     finally:
         signals.operation_finished.disconnect(on_reserve, sender=reserve)
     first, second = recorder.of("operation_finished")
