@@ -10,7 +10,12 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from lockkit import conf
-from lockkit.system_checks import check_capabilities, check_configuration
+from lockkit.system_checks import (
+    check_capabilities,
+    check_configuration,
+    check_memory_databases,
+    check_settings,
+)
 
 
 class LockkitConfig(AppConfig):
@@ -22,12 +27,16 @@ class LockkitConfig(AppConfig):
     def ready(self) -> None:
         """Register the checks, and install the observers listed in ``settings.LOCKKIT["OBSERVERS"]``.
 
+        The settings and configuration checks, and the (deploy-only) database capability check.
+
         Raises:
             TypeError: ``OBSERVERS`` is not a list or tuple of dotted paths.
             ImportError: a path cannot be imported.
         """
+        checks.register(check_settings)
         checks.register(check_configuration)
-        checks.register(check_capabilities, checks.Tags.database)
+        checks.register(check_memory_databases)
+        checks.register(check_capabilities, checks.Tags.database, deploy=True)
         observers = conf.setting("OBSERVERS", ())
         if not isinstance(observers, list | tuple) or not all(isinstance(path, str) for path in observers):
             raise TypeError('settings.LOCKKIT["OBSERVERS"] must be a list of dotted paths to callables')
