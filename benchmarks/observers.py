@@ -9,7 +9,7 @@ time and client CPU time (``time.process_time``: lockkit's and the observers' ow
 server, which a loaded machine makes noisy) per operation, and the medians of their per-round ratios to the round's
 unobserved run. A second table isolates the
 observation code itself, without any database work: the same lifecycle calls (``events.observing()``, then an
-observed operation with one attempt, sent to each configuration's receivers) in a tight loop. Needs the ``bench`` and
+observed operation with one attempt that takes one lock, sent to each configuration's receivers) in a tight loop. Needs the ``bench`` and
 ``dev`` extras (prometheus-client, opentelemetry-sdk). Figures: docs/observability.md.
 """
 
@@ -118,10 +118,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _without_database(configs: tuple[str, ...], calls: int = 20000, rounds: int = 5) -> None:
     """The observation code alone: what one call costs each configuration, in microseconds of CPU."""
-    from lockkit import events
+    from types import SimpleNamespace
+
+    from benchmarks.models import Item
+    from lockkit import LockScope, events, signals
+
+    scope = SimpleNamespace(alias="default")
+
+    def locked_row() -> int:
+        return 1
 
     def attempt(alias: str, number: int, args: Any, kwargs: Any) -> int:
-        return number
+        # What scope.get() adds: one locking statement, timed only when lock_acquired has receivers.
+        if not signals.lock_acquired.receivers:
+            return locked_row()
+        return events.timed_lock(LockScope, scope, Item, locked_row, lambda rows: rows)
 
     def unwrap(error: BaseException) -> BaseException:
         return error
