@@ -23,7 +23,7 @@ def tidy_connections() -> None:
     """Close this thread's connections that are unusable or past ``CONN_MAX_AGE``, as a request's end does.
 
     Django does this at the start and end of every request (``close_old_connections``); an awaitable lockkit
-    call does it around itself, so the thread it ran on keeps no connection Django would have closed
+    call does it when it ends, so the thread it ran on keeps no connection Django would have closed
     (``CONN_MAX_AGE = 0``, the default: closed; persistent connections: kept until their age). A connection
     inside a transaction is left alone: the call ran nested in its caller's ``atomic()`` block.
     """
@@ -41,7 +41,8 @@ def awaitable(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     one included, runs on the request's one thread and connection; outside any request the calls share one
     thread. So the retry loop, the scope, the ``on_commit`` callbacks and the connection stay on one thread, and
     two concurrent requests still run on two threads and contend in the database as sync requests do. Connections
-    are tidied before and after the call (``tidy_connections``).
+    are tidied after the call (``tidy_connections``); a dead connection before it is discarded by lockkit's
+    scopes themselves.
 
     Args:
         func: A synchronous function.
@@ -51,7 +52,6 @@ def awaitable(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     """
 
     def call_and_tidy(*args: P.args, **kwargs: P.kwargs) -> R:
-        tidy_connections()
         try:
             return func(*args, **kwargs)
         finally:
