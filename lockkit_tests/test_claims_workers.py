@@ -163,3 +163,23 @@ def test_a_vendor_without_claims_statements_is_refused_before_any_sql(
         ):
             claim_next(Job.objects.using("sqlite"), worker="w", lease=1)
     assert len(queries) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_made_signal_carries_the_claims_of_a_fetch() -> None:
+    from lockkit import signals
+
+    RankedJob.objects.bulk_create([RankedJob(name="a", priority=1), RankedJob(name="b", priority=2)])
+    received: list[Any] = []
+
+    def record(sender: object, **kwargs: Any) -> None:
+        received.append(kwargs)
+
+    signals.claim_made.connect(record)
+    try:
+        claimed = claim_next(RankedJob.objects.all(), worker="w", lease=30, limit=2, fetch=True)
+    finally:
+        signals.claim_made.disconnect(record)
+    assert len(received) == 1
+    assert received[0]["claims"] == [c for _, c in claimed]
+    assert received[0]["worker"] == "w"

@@ -1,14 +1,28 @@
 """Job claims: ``SKIP LOCKED`` claiming in short transactions, leases on the database clock, fencing tokens.
 
 Import from here (``from lockkit.claims import claim_next``) once Django's app registry is ready (in models,
-views, management commands, tasks): defining the ``Claimable`` model mixin needs it. See docs/claims.md.
+views, management commands, tasks): defining the ``Claimable`` model mixin needs it. Every function has an
+awaitable twin named as Django's (``aclaim_next``, ``acomplete``...). See docs/claims.md.
 """
 
 from __future__ import annotations
 
 # Registers the MariaDB/MySQL and SQLite claims statements in lockkit.claims.sql.VENDORS.
 from lockkit.claims import serial as _serial  # noqa: F401
-from lockkit.claims.api import (
+from lockkit.claims.asynchronous import (
+    aclaim,
+    aclaim_next,
+    acomplete,
+    acomplete_many,
+    aheartbeat,
+    areclaim_expired,
+    arelease,
+    arelease_many,
+)
+from lockkit.claims.beat import heartbeat_every
+from lockkit.claims.fencing import fenced
+from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
+from lockkit.claims.signalled import (
     claim,
     claim_next,
     complete,
@@ -18,9 +32,6 @@ from lockkit.claims.api import (
     release,
     release_many,
 )
-from lockkit.claims.beat import heartbeat_every
-from lockkit.claims.fencing import fenced
-from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
 from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import StaleClaim
 
@@ -30,6 +41,14 @@ __all__ = [
     "Claimable",
     "Claimed",
     "StaleClaim",
+    "aclaim",
+    "aclaim_next",
+    "acomplete",
+    "acomplete_many",
+    "aheartbeat",
+    "areclaim_expired",
+    "arelease",
+    "arelease_many",
     "claim",
     "claim_next",
     "complete",
