@@ -125,3 +125,13 @@ class UrgentJob(Job):
     """Multi-table inheritance: the claim columns live in the parent's table, so claims must refuse the child."""
 
     priority = models.IntegerField(default=0)
+
+
+# -- The documentation's examples (README.md, docs/*.md, run by Sybil): `shop.models.Account` is this model. -----------
+
+
+class DocAccount(models.Model):
+    """A bank account for the transfer examples of the docs (lockkit_tests/doc_examples.py maps the names)."""
+
+    owner = models.CharField(max_length=40, default="")
+    balance = models.IntegerField(default=0)

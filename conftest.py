@@ -1,0 +1,47 @@
+"""Runs every Python code block of README.md and docs/*.md as a test (Sybil), against the test database.
+
+A block that cannot run in the suite is marked just before it with ``<!-- skip: next "why" -->`` and reported as
+skipped with that reason; ``lockkit_tests/test_docs.py`` checks that every block is one or the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sybil import Sybil
+from sybil.integration.pytest import SybilItem
+from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+from lockkit_tests import doc_examples
+
+pytest_collect_file = Sybil(
+    parsers=[PythonCodeBlockParser(), SkipParser()],
+    patterns=list(doc_examples.DOCUMENTS),
+    setup=doc_examples.setup,
+    teardown=doc_examples.teardown,
+    fixtures=["doc_database"],
+).pytest()
+
+
+@pytest.fixture(scope="module")
+def doc_database(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """The test databases for one document: its examples build on each other's rows, like a reader's session.
+
+    The rows are real and committed (other sessions see them, as the examples' contenders need); the tables are
+    emptied before and after the document, as pytest-django's transactional tests do after each test.
+    """
+    with django_db_blocker.unblock():
+        doc_examples.flush()
+        try:
+            yield
+        finally:
+            doc_examples.flush()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # pytest-django creates the test databases that the collected items' marks name.
+    for item in items:
+        if isinstance(item, SybilItem):
+            item.add_marker(pytest.mark.django_db(transaction=True, databases=list(doc_examples.DATABASES)))
