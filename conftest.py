@@ -40,6 +40,19 @@ def doc_database(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]
             doc_examples.flush()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Report a block marked not runnable at its line of the Markdown file, not inside Sybil."""
+    report = yield
+    if isinstance(item, SybilItem) and report.skipped and isinstance(report.longrepr, tuple):
+        report.longrepr = (
+            str(item.path),
+            item.example.line,
+            "not runnable: " + str(report.longrepr[2]).removeprefix("Skipped: "),
+        )
+    return report
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # pytest-django creates the test databases that the collected items' marks name.
     for item in items:
