@@ -14,12 +14,15 @@ from django.core.checks import CheckMessage, Info, Warning
 from django.db import connections
 
 from lockkit.capabilities import capabilities, configuration_warnings
+from lockkit.links import docs_url
 
 
 def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """``lockkit.W001``: a database setting lockkit's guarantees depend on (from settings, no connection)."""
     return [
-        Warning(text, hint="See docs/backends.md in lockkit.", obj=alias, id="lockkit.W001")
+        Warning(
+            text, hint=f"See {docs_url('backends/', 'the-capability-report')}", obj=alias, id="lockkit.W001"
+        )
         for alias in connections
         for text in configuration_warnings(alias)
     ]

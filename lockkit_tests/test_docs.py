@@ -111,3 +111,14 @@ def test_the_api_reference_documents_every_public_name() -> None:
         if not name.startswith("__") and id(getattr(importlib.import_module(module), name)) not in documented
     ]
     assert not missing, f"public names missing from docs/reference/*.md (add a `::: name` line): {missing}"
+
+
+def test_the_system_check_hint_points_at_the_documentation_site() -> None:
+    from lockkit.checks import check_configuration
+    from lockkit.links import DOCS_URL
+
+    # The test settings' SQLite alias has no transaction_mode = "IMMEDIATE": lockkit.W001 warns about it.
+    (warning,) = [message for message in check_configuration() if message.obj == "sqlite"]
+    assert warning.hint == f"See {DOCS_URL}backends/#the-capability-report"
+    # MkDocs builds that anchor from this heading (mkdocs build --strict checks the links between pages).
+    assert "\n## The capability report\n" in (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
