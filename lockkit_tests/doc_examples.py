@@ -13,7 +13,7 @@ import types
 from typing import Any
 
 # The documents whose examples run, relative to the repository root, and the aliases they may use.
-DOCUMENTS = ("README.md", "docs/*.md")
+DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
 DATABASES = ("default", "other")
 _FAKE_MODULES = ("shop", "shop.models", "shop.warehouse", "myapp", "myapp.models", "myapp.jobs")
 
