@@ -1,4 +1,4 @@
-"""Runs every Python code block of README.md and the pages under docs/ as a test (Sybil), against the test database.
+"""Runs every Python code block of README.md and of the pages in docs/ as a test (Sybil), on the test database.
 
 A block that cannot run in the suite is marked just before it with ``<!-- skip: next "why" -->`` and reported as
 skipped with that reason; ``lockkit_tests/test_docs.py`` checks that every block is one or the other.
