@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -19,17 +19,21 @@ _NAMES = ("lock_timeout", "statement_timeout")
 
 
 class PostgreSQLBackend(Backend):
-    """Timeouts with ``is_local = true``: they end with the transaction, so nothing reaches the next user of a
-    pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
-    back when it ends; on error the savepoint rollback reverts them by itself."""
+    """Timeouts with ``is_local = true``: they end with the transaction.
+
+    Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
+    back when it ends; on error the savepoint rollback reverts them by itself.
+    """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: ``set_config(..., true)``, transaction-scoped."""
         return (
             "lock_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
             "statement_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
         )
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn about a hot standby or ``default_transaction_read_only``; connects."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')")
             row = cursor.fetchone()
@@ -42,14 +46,15 @@ class PostgreSQLBackend(Backend):
             return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
         return []
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
+        """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore."""
         values = {
             name: f"{milliseconds(value)}ms"
             for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
@@ -71,11 +76,10 @@ class PostgreSQLBackend(Backend):
             )
             row = cursor.fetchone()
         assert row is not None
-        return dict(zip(values, row[: len(values)], strict=True))
+        return TimeoutToken(dict(zip(values, row[: len(values)], strict=True)))
 
-    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        if not token:
-            return
-        setters = ", ".join("set_config(%s, %s, true)" for _ in token)
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the enclosing values back before the savepoint is released."""
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {setters}", [item for pair in token.items() for item in pair])
+            cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])
