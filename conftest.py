@@ -54,7 +54,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # pytest-django creates the test databases that the collected items' marks name.
+    """Mark the examples with the databases they use: pytest-django creates those the collected marks name."""
     for item in items:
         if isinstance(item, SybilItem):
             item.add_marker(pytest.mark.django_db(transaction=True, databases=list(doc_examples.DATABASES)))

@@ -114,8 +114,8 @@ def test_the_api_reference_documents_every_public_name() -> None:
 
 
 def test_the_system_check_hint_points_at_the_documentation_site() -> None:
-    from lockkit.checks import check_configuration
     from lockkit.links import DOCS_URL
+    from lockkit.system_checks import check_configuration
 
     # The test settings' SQLite alias has no transaction_mode = "IMMEDIATE": lockkit.W001 warns about it.
     (warning,) = [message for message in check_configuration() if message.obj == "sqlite"]
