@@ -131,8 +131,7 @@ def wait_until_blocked(
         poll: Seconds between two polls (at least 0.15 on MariaDB/MySQL, whose InnoDB lock tables are a cache
             that is refreshed only after 100 ms without a read).
         contenders: The ``ThreadCall`` (or calls) expected to block: when fewer than ``count`` of them are
-        still
-            running, no amount of waiting can succeed, so it fails at once with what they returned or raised.
+            still running, no amount of waiting can succeed, so it fails at once with what they returned or raised.
 
     Returns:
         The waiting session ids, ascending.

@@ -85,7 +85,7 @@ class Holder:
         Raises:
             ContentionTimeout: ``func`` did not finish within the holder's ``timeout``.
             RuntimeError: the holding transaction has ended.
-            Whatever ``func`` raised.
+            Exception: whatever ``func`` raised, raised again here.
         """
         if not callable(func):
             raise TypeError(f"func must be callable, not {type(func).__name__}")
@@ -102,7 +102,7 @@ class Holder:
 
         Raises:
             ContentionTimeout: the session did not end within the holder's ``timeout``.
-            Whatever the commit raised.
+            Exception: whatever the commit raised, raised again here.
         """
         if self._ended:
             return
@@ -189,8 +189,7 @@ def hold_lock(
         nowait: Take the lock with ``NOWAIT``: fail at once if another session holds a row.
         no_key: Take ``FOR NO KEY UPDATE`` (PostgreSQL only) instead of ``FOR UPDATE``.
         timeout: Seconds: the holder's own lock wait bound, how long to wait for it to lock, and the longest
-        it
-            keeps the lock if the block never ends (it then releases and the exit raises
+            it keeps the lock if the block never ends (it then releases and the exit raises
             ``ContentionTimeout``).
 
     Yields:
@@ -199,12 +198,10 @@ def hold_lock(
     Raises:
         TypeError: ``target`` is not a saved instance, model class or queryset; a flag is not a ``bool``.
         ValueError: ``target`` is unsaved; ``using`` is not a configured alias; ``timeout`` is not positive.
-        LockNotAvailable: with ``nowait``, another session holds a row. LockTimeout: without it, another
-        session
-            held a row longer than ``timeout``.
-        ContentionTimeout: the rows were not locked, or the session did not close, within ``timeout``; or the
-        block
-            lasted longer than ``timeout``, so the lock was released early.
+        LockNotAvailable: with ``nowait``, another session holds a row.
+        LockTimeout: without ``nowait``, another session held a row longer than ``timeout``.
+        ContentionTimeout: the rows were not locked, or the session did not close, within ``timeout``; or
+            the block lasted longer than ``timeout``, so the lock was released early.
         django.db.NotSupportedError: the database cannot honour ``nowait``/``no_key``.
     """
     queryset, bound = _as_queryset(target)
