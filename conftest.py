@@ -6,7 +6,7 @@ skipped with that reason; ``lockkit_tests/test_docs.py`` checks that every block
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -41,7 +41,9 @@ def doc_database(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Report a block marked not runnable at its line of the Markdown file, not inside Sybil."""
     report = yield
     if isinstance(item, SybilItem) and report.skipped and isinstance(report.longrepr, tuple):
