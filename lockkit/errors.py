@@ -120,6 +120,16 @@ class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
 
 
+class AdvisoryLockLost(LockError):
+    """A session-level advisory lock was no longer held by this session when its block ended.
+
+    The connection was closed or replaced during the block (``close_old_connections()``, a lost connection, a
+    server restart), or a pooler in transaction mode (PgBouncer ``pool_mode = transaction``) gave the block a
+    different server session than the one that took the lock: the block did not run under the lock the whole
+    time. Never retried.
+    """
+
+
 class StaleClaim(LockError):
     """A job claim was used after it stopped holding its row; nothing was written. Never retried.
 

@@ -18,7 +18,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 from django.db import connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import aliases, codes
+from lockkit import advisory_locks, aliases, codes
+from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
+from lockkit.advisory_locks import HeldLock
 from lockkit.errors import Failure, NotInLockedScope
 from lockkit.options import FROM_SETTINGS, Duration, ScopeOptions
 from lockkit.transaction import ScopeTransaction
@@ -121,6 +123,8 @@ class LockScope:
             connections[alias], nowait=self.nowait, skip_locked=self.skip_locked, no_key=self.no_key
         )
         self._active = False
+        # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
+        self._advisory: list[HeldLock] = []
 
     def __repr__(self) -> str:
         """Show the alias, the attempt and whether the scope is nested."""
@@ -199,6 +203,50 @@ class LockScope:
             queryset = queryset.filter(pk__in=list(pks))
         return list(queryset.order_by("pk"))
 
+    def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
+        """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
+
+        PostgreSQL: ``pg_advisory_xact_lock`` (``_shared`` with ``shared``), released by the end of the outermost
+        transaction (or the rollback of the scope's savepoint); with the scope's ``nowait``,
+        ``pg_try_advisory_xact_lock``. MariaDB/MySQL: ``GET_LOCK`` with the scope's ``lock_timeout``, released
+        when the scope ends on every path (a nested scope that succeeds hands it to the enclosing scope), so it
+        never stays on a pooled connection. SQLite: the scope's ``BEGIN IMMEDIATE`` write lock already excludes
+        every other scope, so it covers every key. Inside a ``locked_operation`` a ``LockTimeout`` is retried like
+        a row lock's. See https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS.
+
+        Args:
+            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits) or a ``(namespace, key)`` pair.
+            shared: Take a shared lock (PostgreSQL): shared holders exclude exclusive ones, not each other.
+
+        Returns:
+            The ``HeldLock`` (alias, key with its 64-bit value, server session id).
+
+        Raises:
+            TypeError, ValueError: a bad key or flag, before any SQL runs.
+            NotInLockedScope: the scope is not active in this thread or task.
+            django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
+                nested in a transaction that does not hold the write lock.
+            LockNotAvailable: the scope has ``nowait`` and another session holds the key.
+            LockTimeout: the key was not granted within the scope's ``lock_timeout``.
+        """
+        checked = advisory_key(key)
+        flag(shared, "shared")
+        self._check_active()
+        backend = self._transaction.backend
+        backend.check_advisory(connections[self.alias], shared=shared, session=False)
+        held = advisory_locks.take(
+            self.alias,
+            checked,
+            shared=shared,
+            session=False,
+            nowait=self.nowait,
+            lock_timeout=self.lock_timeout,
+            attempts=self.attempt,
+        )
+        if not backend.advisory_locks_end_with_transaction:
+            self._advisory.append(held)
+        return held
+
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
         """Run ``func`` after the outermost transaction on the scope's alias commits.
 
@@ -271,7 +319,33 @@ class ScopeBlock:
         """Pop the scope and end its transaction, raising the typed error for a database failure."""
         self.scope._active = False
         _scopes.set(tuple(block for block in _scopes.get() if block is not self))
-        self.scope._transaction.__exit__(exc_type, exc, tb)
+        try:
+            self.scope._transaction.__exit__(exc_type, exc, tb)
+        except BaseException:
+            self._end_advisory(succeeded=False)
+            raise
+        self._end_advisory(succeeded=exc is None)
+
+    def _end_advisory(self, *, succeeded: bool) -> None:
+        """Release the advisory locks the transaction does not release by itself (MariaDB), on every path.
+
+        A nested scope that succeeded hands them to the enclosing scope on its alias, as PostgreSQL keeps a
+        transaction-scoped lock until the outermost transaction ends; otherwise they are released now. Never
+        raises: the transaction's outcome is decided, and a lock that cannot be released has its connection closed
+        (the server drops the locks of a closed session).
+        """
+        held, self.scope._advisory = self.scope._advisory, []
+        if not held:
+            return
+        alias = self.scope.alias
+        enclosing = next(
+            (b.scope for b in reversed(_scopes.get()) if b.scope.alias == alias and b.active), None
+        )
+        if succeeded and enclosing is not None:
+            enclosing._advisory.extend(held)
+            return
+        for lock in reversed(held):
+            advisory_locks.give_back(lock, raise_errors=False)
 
 
 class Locked:

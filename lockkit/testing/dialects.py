@@ -77,6 +77,17 @@ MARIADB = Dialect(
         "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM information_schema.innodb_lock_waits w "
         "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
         "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id"
+        # A session waiting in GET_LOCK (lockkit.advisory_lock): the lock name is the statement's first quoted
+        # text, and IS_USED_LOCK names its holder. https://mariadb.com/kb/en/get_lock/
+        " UNION ALL SELECT p.id, IS_USED_LOCK(SUBSTRING_INDEX(SUBSTRING_INDEX(p.info, CHAR(39), 2), CHAR(39), -1)) "
+        "FROM information_schema.processlist p WHERE p.state = 'User lock' "
+        "AND IS_USED_LOCK(SUBSTRING_INDEX(SUBSTRING_INDEX(p.info, CHAR(39), 2), CHAR(39), -1)) IS NOT NULL"
+        # DDL waiting for a table's metadata lock: the server does not say who holds it (without the
+        # metadata_lock_info plugin), so every other open transaction of the database is a candidate.
+        " UNION ALL SELECT p.id, t.trx_mysql_thread_id FROM information_schema.processlist p "
+        "JOIN information_schema.innodb_trx t ON t.trx_mysql_thread_id <> p.id "
+        "JOIN information_schema.processlist tp ON tp.id = t.trx_mysql_thread_id AND tp.db <=> p.db "
+        "WHERE p.state = 'Waiting for table metadata lock'"
     ),
     # https://mariadb.com/kb/en/information-schema-innodb_lock_waits-table/; lock kind: RECORD or TABLE.
     lock_waits=(
