@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 from django.db import models
@@ -20,6 +19,7 @@ from lockkit.claims.mixin import Claimable
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 from lockkit.scope import locked
+from lockkit.validation import Duration
 
 _PICKED = '"lockkit_picked"'
 _ORDERED = '"lockkit_ordered"'
@@ -40,7 +40,7 @@ def claim(
     target: models.Model | QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
@@ -123,7 +123,7 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression] | None = None,
@@ -241,7 +241,7 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
     return written
 
 
-def heartbeat(claim: Claim, *, lease: float | timedelta | None = None) -> Claim:
+def heartbeat(claim: Claim, *, lease: Duration | None = None) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
     Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A
