@@ -27,8 +27,11 @@ PUBLIC_MODULES = (
     "lockkit.advisory",
     "lockkit.inspect",
     "lockkit.ddl",
+    "lockkit.aio",
+    "lockkit.signals",
 )
-OPTIONAL_PUBLIC_MODULES: tuple[str, ...] = ()  # modules announced but not written yet
+# Checked when they import: they need their extra (opentelemetry-api, prometheus-client).
+OPTIONAL_PUBLIC_MODULES = ("lockkit.contrib.otel", "lockkit.contrib.prometheus")
 SKIP_WITH_REASON = re.compile(r'next\s+"[^"]{10,}"$')
 
 
