@@ -89,7 +89,9 @@ def give_back(held: HeldLock, *, raise_errors: bool) -> None:
     """Release a lock the transaction does not release by itself (session-level, or MariaDB's ``GET_LOCK``).
 
     Never leaves the lock on the connection: if the release fails, the connection is closed (the server drops
-    every lock of a closed session) unless it is inside a transaction, whose owner then fails.
+    every lock of a closed session), inside a transaction too: the release fails there when the transaction is
+    already aborted, and a rollback would not release a session-level lock or ``GET_LOCK``. Django then rolls the
+    enclosing ``atomic()`` block back (``closed_in_transaction``).
 
     Args:
         held: The lock, as ``take`` returned it.
@@ -132,8 +134,8 @@ def give_back(held: HeldLock, *, raise_errors: bool) -> None:
 
 
 def _discard(connection: BaseDatabaseWrapper) -> None:
-    if not connection.in_atomic_block:
-        connection.close()
+    # Inside atomic() too: Django marks the block for rollback and forgets the connection at its end.
+    connection.close()
 
 
 __all__ = ["HeldLock", "give_back", "take"]

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.db import DataError, connections, transaction
 from django.dispatch import Signal
 
 import lockkit
@@ -72,3 +73,25 @@ def test_a_raising_claim_receiver_does_not_lose_the_claim() -> None:
     assert ran == ["claim_made"]
     assert len(claims) == 1
     assert Job.objects.get().claimed_by == "w1"
+
+
+def advisory_locks_held(alias: str = "default") -> int:
+    """Advisory locks the thread's own session holds (``pg_locks``)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+        )
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_lock_in_an_aborted_atomic_block_is_not_left_on_the_connection() -> None:
+    with pytest.raises(DataError), transaction.atomic():
+        with lockkit.advisory_lock("hostile-session", session=True):
+            assert advisory_locks_held() == 1
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")  # aborts the transaction: the release cannot run in it
+    # The connection is reused by this thread: no session-level lock may stay on it.
+    assert advisory_locks_held() == 0
