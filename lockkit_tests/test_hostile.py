@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from asgiref.sync import ThreadSensitiveContext, async_to_sync
 from django.db import DataError, connections, transaction
 from django.dispatch import Signal
 
 import lockkit
 from lockkit import signals
 from lockkit.claims import claim_next
+from lockkit.testing import hold_lock, wait_until_blocked
 from lockkit_tests.models import Job, Stock
 
 
@@ -95,3 +99,76 @@ def test_a_session_lock_in_an_aborted_atomic_block_is_not_left_on_the_connection
                 cursor.execute("SELECT 1 / 0")  # aborts the transaction: the release cannot run in it
     # The connection is reused by this thread: no session-level lock may stay on it.
     assert advisory_locks_held() == 0
+
+
+def db_sessions() -> list[tuple[int, str]]:
+    """Other sessions on the test database: (pid, state), waiting (bounded) for closing ones to leave."""
+    deadline = time.monotonic() + 10
+    while True:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, state FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            found = [(int(pid), str(state)) for pid, state in cursor.fetchall()]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_acalls_on_one_row_are_exact_and_leave_no_session() -> None:
+    Stock.objects.create(sku="hot", available=100)
+
+    @lockkit.locked_operation(retry=lockkit.RetryPolicy(attempts=50, wait_initial=0.01), lock_timeout=2)
+    def take_one() -> int:
+        stock = lockkit.current_scope().get(Stock, pk="hot")
+        stock.available -= 1
+        stock.save()
+        return stock.available
+
+    async def request() -> int:
+        async with ThreadSensitiveContext():
+            return await take_one.acall()
+
+    async def main() -> list[int]:
+        return await asyncio.wait_for(asyncio.gather(*(request() for _ in range(20))), 60)
+
+    left = async_to_sync(main)()
+    assert sorted(left) == list(range(80, 100))
+    assert Stock.objects.get(pk="hot").available == 80
+    assert db_sessions() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_acall_leaves_no_open_transaction_lock_or_session() -> None:
+    stock = Stock.objects.create(sku="hot", available=5)
+
+    @lockkit.locked_operation(retry=None, lock_timeout=20)
+    def take_one() -> int:
+        row = lockkit.current_scope().get(Stock, pk="hot")
+        row.available -= 1
+        row.save()
+        return row.available
+
+    async def main(holder: Any) -> None:
+        async def request() -> int:
+            async with ThreadSensitiveContext():
+                return await take_one.acall()
+
+        task = asyncio.ensure_future(request())
+        await asyncio.to_thread(wait_until_blocked, holder, timeout=20)
+        task.cancel()
+        await asyncio.to_thread(holder.release)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)
+
+    with hold_lock(stock) as holder:
+        async_to_sync(main)(holder)
+    # The call's thread cannot be interrupted: once the holder lets go it finishes and commits (as Django's own
+    # sync_to_async calls do); what must not happen is a transaction, a lock or a session left open.
+    deadline = time.monotonic() + 20
+    while Stock.objects.get(pk="hot").available != 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert Stock.objects.get(pk="hot").available == 4
+    assert db_sessions() == []
