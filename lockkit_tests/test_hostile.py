@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from django.dispatch import Signal
 import lockkit
 from lockkit import signals
 from lockkit.claims import claim_next
-from lockkit.testing import hold_lock, wait_until_blocked
+from lockkit.testing import hold_lock, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Job, Stock
 
 
@@ -172,3 +173,45 @@ def test_a_cancelled_acall_leaves_no_open_transaction_lock_or_session() -> None:
         time.sleep(0.02)
     assert Stock.objects.get(pk="hot").available == 4
     assert db_sessions() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("session", [False, True])
+def test_one_decorated_function_from_eight_threads_excludes_itself_and_leaves_no_lock(session: bool) -> None:
+    Stock.objects.create(sku="hot", available=0)
+    inside: list[int] = []
+    overlaps: list[int] = []
+    guard = threading.Lock()
+
+    @lockkit.advisory_lock("hostile-8", session=session, lock_timeout=30)
+    def bump() -> int:
+        with guard:
+            inside.append(1)
+            if len(inside) > 1:
+                overlaps.append(len(inside))
+        try:
+            # A read-modify-write that loses updates unless the calls are serialised.
+            stock = Stock.objects.get(pk="hot")
+            time.sleep(0.001)
+            Stock.objects.filter(pk="hot").update(available=stock.available + 1)
+            return advisory_locks_held()
+        finally:
+            with guard:
+                inside.pop()
+
+    outcomes = run_concurrently(bump, 8, timeout=60)
+    assert [(o.result, o.error) for o in outcomes] == [(1, None)] * 8  # each call held exactly its own one lock
+    assert overlaps == []
+    assert Stock.objects.get(pk="hot").available == 8
+    assert advisory_locks_held() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("session", [False, True])
+def test_keyboard_interrupt_in_the_block_releases_the_lock(session: bool) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        with lockkit.advisory_lock("hostile-kbd", session=session):
+            assert advisory_locks_held() == 1
+            raise KeyboardInterrupt
+    assert advisory_locks_held() == 0
+    assert not connections["default"].in_atomic_block
