@@ -13,6 +13,7 @@ import pytest
 from asgiref.sync import ThreadSensitiveContext, async_to_sync
 from django.db import DataError, connections, transaction
 from django.dispatch import Signal
+from django.test.utils import CaptureQueriesContext
 
 import lockkit
 from lockkit import signals
@@ -215,3 +216,12 @@ def test_keyboard_interrupt_in_the_block_releases_the_lock(session: bool) -> Non
             raise KeyboardInterrupt
     assert advisory_locks_held() == 0
     assert not connections["default"].in_atomic_block
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_all_refuses_a_none_primary_key_before_locking() -> None:
+    Stock.objects.create(sku="s1", available=1)
+    with lockkit.locked() as scope, CaptureQueriesContext(connections["default"]) as queries:
+        with pytest.raises(ValueError, match=r"pks: None is not a valid Stock primary key"):
+            scope.lock_all(Stock, pks=["s1", None])
+    assert not [q for q in queries.captured_queries if "FOR UPDATE" in q["sql"]]
