@@ -201,7 +201,8 @@ def test_one_decorated_function_from_eight_threads_excludes_itself_and_leaves_no
                 inside.pop()
 
     outcomes = run_concurrently(bump, 8, timeout=60)
-    assert [(o.result, o.error) for o in outcomes] == [(1, None)] * 8  # each call held exactly its own one lock
+    # Each call held exactly its own one lock.
+    assert [(o.result, o.error) for o in outcomes] == [(1, None)] * 8
     assert overlaps == []
     assert Stock.objects.get(pk="hot").available == 8
     assert advisory_locks_held() == 0
