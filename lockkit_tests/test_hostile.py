@@ -16,9 +16,10 @@ from django.dispatch import Signal
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
+import lockkit.inspect
 from lockkit import signals
 from lockkit.claims import claim_next
-from lockkit.testing import hold_lock, run_concurrently, wait_until_blocked
+from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Job, Stock
 
 
@@ -226,3 +227,28 @@ def test_lock_all_refuses_a_none_primary_key_before_locking() -> None:
         with pytest.raises(ValueError, match=r"pks: None is not a valid Stock primary key"):
             scope.lock_all(Stock, pks=["s1", None])
     assert not [q for q in queries.captured_queries if "FOR UPDATE" in q["sql"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_session_lock_holder_raises_advisory_lock_lost_at_exit() -> None:
+    with pytest.raises(lockkit.AdvisoryLockLost):
+        with lockkit.advisory_lock("hostile-killed", session=True) as held:
+            assert held.pid is not None
+            signalled = in_thread(lockkit.inspect.terminate, held.pid).result(timeout=30)
+            assert signalled.sent
+    # The dead connection was discarded: the thread's next query runs on a new session holding nothing.
+    assert advisory_locks_held() == 0
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "mariadb"])
+def test_a_killed_session_lock_holder_on_mariadb_raises_advisory_lock_lost() -> None:
+    if "mariadb" not in connections:  # pragma: no cover - without LOCKKIT_TEST_MYSQL_URL
+        pytest.skip("LOCKKIT_TEST_MYSQL_URL is not set")
+    with pytest.raises(lockkit.AdvisoryLockLost):
+        with lockkit.advisory_lock("hostile-killed", session=True, using="mariadb") as held:
+            assert held.pid is not None
+            assert in_thread(lockkit.inspect.terminate, held.pid, using="mariadb").result(timeout=30).sent
+    name = held.key.lock_name(connections["mariadb"].settings_dict["NAME"])
+    with connections["mariadb"].cursor() as cursor:
+        cursor.execute("SELECT IS_USED_LOCK(%s)", [name])
+        assert cursor.fetchone() == (None,)
