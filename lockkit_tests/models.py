@@ -177,3 +177,13 @@ class RankedJob(Claimable):
     name = models.CharField(max_length=40, default="")
     priority = models.IntegerField(null=True)
     state = models.CharField(max_length=20, default="pending")
+
+
+# -- The documentation's examples (README.md, docs/*.md, run by Sybil): `shop.models.Account` is this model. -----------
+
+
+class DocAccount(models.Model):
+    """A bank account for the transfer examples of the docs (lockkit_tests/doc_examples.py maps the names)."""
+
+    owner = models.CharField(max_length=40, default="")
+    balance = models.IntegerField(default=0)

@@ -85,7 +85,7 @@ class Holder:
         Raises:
             ContentionTimeout: ``func`` did not finish within the holder's ``timeout``.
             RuntimeError: the holding transaction has ended.
-            Whatever ``func`` raised.
+            Exception: whatever ``func`` raised, raised again here.
         """
         if not callable(func):
             raise TypeError(f"func must be callable, not {type(func).__name__}")
@@ -102,7 +102,7 @@ class Holder:
 
         Raises:
             ContentionTimeout: the session did not end within the holder's ``timeout``.
-            Whatever the commit raised.
+            Exception: whatever the commit raised, raised again here.
         """
         if self._ended:
             return

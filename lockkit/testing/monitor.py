@@ -129,7 +129,7 @@ class LockWaitMonitor:
         Raises:
             RuntimeError: it was already started.
             NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
-            Whatever the first read raised (a connection failure...).
+            Exception: whatever the first read raised (a connection failure...), raised again here.
         """
         if self._thread is not None:
             raise RuntimeError("a LockWaitMonitor can be started only once")
@@ -148,7 +148,7 @@ class LockWaitMonitor:
 
         Raises:
             RuntimeError: the thread did not stop within 10 seconds.
-            Whatever the sampling thread raised while it ran.
+            Exception: whatever the sampling thread raised while it ran, raised again here.
         """
         self._stop.set()
         if self._thread is None:

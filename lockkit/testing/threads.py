@@ -132,7 +132,7 @@ class ThreadCall(Generic[T]):
 
         Raises:
             ContentionTimeout: as ``outcome()``.
-            Whatever the callable raised.
+            Exception: whatever the callable raised, raised again here.
         """
         return self.outcome(timeout).unwrap()
 
@@ -199,7 +199,7 @@ def run_concurrently(
         TypeError: ``func`` is not callable, ``n`` is not an ``int``, ``args`` is neither a tuple nor a list
             of tuples, ``timeout`` is not seconds.
         ValueError: ``n`` is below 1, ``args`` does not hold ``n`` tuples, ``timeout`` is not positive.
-        Any exception a caller raised, when ``reraise`` is true.
+        Exception: with ``reraise``, the first exception a caller raised.
     """
     if not callable(func):
         raise TypeError(f"func must be callable, not {type(func).__name__}")
