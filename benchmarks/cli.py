@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     # Imported after setup: they define or use models.
-    from benchmarks import chart, pgbench, profiling, report, runner, schema, stats, sysinfo
+    from benchmarks import chart, pgbench, profiling, report, roundtrips, runner, schema, stats, sysinfo
 
     defaults = QUICK if args.quick else FULL
     settings = dataclasses.replace(
@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log(workload.title)
         runs += runner.run_workload(workload, target, settings, log)
+
+    trips = roundtrips.count()
+    log(f"round trips per operation (strace): {trips if trips is not None else 'strace not available'}")
 
     profile: dict[str, Any] | None = None
     if not args.no_profile:
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "summaries": [s.as_dict() for s in summaries],
         "ratios": [r.as_dict() for r in ratio_list],
         "profile": profile,
+        "roundtrips": trips,
     }
     data["targets"] = report.targets(data)
     for path in {out / "benchmarks.json", *([args.json] if args.json else [])}:

@@ -6,8 +6,10 @@ https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIME
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from lockkit.backends import psycopg_begin
 from lockkit.backends.base import Backend, TimeoutToken
 from lockkit.durations import milliseconds
 
@@ -18,10 +20,28 @@ if TYPE_CHECKING:
 _NAMES = ("lock_timeout", "statement_timeout")
 
 
+@dataclass(frozen=True)
+class PostgreSQLToken:
+    """What ``begin_scope`` hands back.
+
+    Attributes:
+        enclosing: For a nested scope, the enclosing values of the settings it changed, restored by ``end_scope``.
+        opened: For an outermost scope, the values of ``PostgreSQLBackend.opening_columns`` (as text), read by
+            the statement that opened the scope.
+    """
+
+    enclosing: dict[str, str] = field(default_factory=dict)
+    opened: tuple[Any, ...] = ()
+
+
 class PostgreSQLBackend(Backend):
     """Timeouts with ``is_local = true``: they end with the transaction, so nothing reaches the next user of a
     pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
-    back when it ends; on error the savepoint rollback reverts them by itself."""
+    back when it ends; on error the savepoint rollback reverts them by itself.
+
+    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` in one round trip (see
+    ``lockkit.backends.psycopg_begin``); ``fold_begin = False`` sends them separately, as psycopg2 always does.
+    """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
         return (
@@ -42,6 +62,17 @@ class PostgreSQLBackend(Backend):
             return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
         return []
 
+    #: Send ``BEGIN`` and an outermost scope's settings in one round trip on psycopg 3 (``psycopg_begin``).
+    fold_begin: bool = True
+
+    def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
+        """Constant SQL expressions selected by the statement that opens an outermost scope, at no extra round trip.
+
+        Their values (as text, in order) are ``PostgreSQLToken.opened``. lockkit's own expressions only: they are
+        written into the folded statement's text. None by default.
+        """
+        return ()
+
     def begin_scope(
         self,
         connection: BaseDatabaseWrapper,
@@ -50,32 +81,42 @@ class PostgreSQLBackend(Backend):
         statement_timeout: float | None,
         nested: bool,
     ) -> TimeoutToken:
-        values = {
-            name: f"{milliseconds(value)}ms"
+        timeouts = {
+            name: milliseconds(value)
             for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
             if value is not None
         }
-        if not values:
+        columns = () if nested else self.opening_columns(connection)
+        if not timeouts and not columns:
             return None
-        setters = ", ".join("set_config(%s, %s, true)" for _ in values)
+        if not nested and self.fold_begin and psycopg_begin.foldable(connection):
+            opened = psycopg_begin.begin_with_settings(connection, timeouts, columns)
+            return PostgreSQLToken(opened=opened) if columns else None
+        values = {name: f"{ms}ms" for name, ms in timeouts.items()}
+        setters = [*("set_config(%s, %s, true)" for _ in values), *columns]
         params: list[str] = [item for pair in values.items() for item in pair]
         with connection.cursor() as cursor:
             if not nested:
-                cursor.execute(f"SELECT {setters}", params)
-                return None
+                cursor.execute(f"SELECT {', '.join(setters)}", params)
+                if not columns:
+                    return None
+                row = cursor.fetchone()
+                assert row is not None
+                return PostgreSQLToken(opened=tuple(str(value) for value in row[len(values) :]))
             # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
             readers = ", ".join("current_setting(%s)" for _ in values)
             cursor.execute(
-                f"WITH enclosing AS MATERIALIZED (SELECT {readers}) SELECT enclosing.*, {setters} FROM enclosing",
+                f"WITH enclosing AS MATERIALIZED (SELECT {readers}) "
+                f"SELECT enclosing.*, {', '.join(setters)} FROM enclosing",
                 [*values, *params],
             )
             row = cursor.fetchone()
         assert row is not None
-        return dict(zip(values, row[: len(values)], strict=True))
+        return PostgreSQLToken(enclosing=dict(zip(values, row[: len(values)], strict=True)))
 
     def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        if not token:
+        if not isinstance(token, PostgreSQLToken) or not token.enclosing:
             return
-        setters = ", ".join("set_config(%s, %s, true)" for _ in token)
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token.enclosing)
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {setters}", [item for pair in token.items() for item in pair])
+            cursor.execute(f"SELECT {setters}", [item for pair in token.enclosing.items() for item in pair])
