@@ -57,6 +57,25 @@ def queryset_on(target: object, alias: str, name: str = "queryset") -> models.Qu
         TypeError: ``target`` is neither a queryset nor a model class (an instance, a manager, a list...).
         AliasMismatch: the queryset is bound to a different alias.
     """
+    queryset, bound = _checked(target, alias, name)
+    return queryset if bound == alias else queryset.using(alias)
+
+
+def locking_queryset_on(
+    target: object, alias: str, name: str = "queryset", **select_for_update: Any
+) -> models.QuerySet[Any]:
+    """``queryset_on(target, alias).select_for_update(**select_for_update)``, cloning the caller's queryset once.
+
+    Raises:
+        TypeError, AliasMismatch: as ``queryset_on``.
+    """
+    queryset, _bound = _checked(target, alias, name)
+    locked = queryset.select_for_update(**select_for_update)
+    locked._db = alias  # type: ignore[attr-defined]  # what .using(alias) sets, on the clone made just above
+    return locked
+
+
+def _checked(target: object, alias: str, name: str) -> tuple[models.QuerySet[Any], str | None]:
     if isinstance(target, type) and issubclass(target, models.Model):
         queryset: models.QuerySet[Any] = target._default_manager.all()
     elif isinstance(target, models.QuerySet):
@@ -72,4 +91,4 @@ def queryset_on(target: object, alias: str, name: str = "queryset") -> models.Qu
             f"{alias!r}; a lock taken on another alias is outside this transaction",
             alias=alias,
         )
-    return queryset if bound == alias else queryset.using(alias)
+    return queryset, bound

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from lockkit import aliases, conf
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.durations import seconds
 from lockkit.errors import ERROR_FOR_FAILURE, LockError, NotInLockedScope, classify
-from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry
+from lockkit.retry import RetryPolicy, RetrySetting, call_with_retry, check_retry
 from lockkit.sqlstate import code_of
 
 P = ParamSpec("P")
@@ -121,9 +120,9 @@ class _Options:
             aliases.check_alias(using)
         checked_model = aliases.check_model(model)
         if lock_timeout is not _UNSET:
-            seconds(lock_timeout, "lock_timeout", allow_none=True)
+            lock_timeout = seconds(lock_timeout, "lock_timeout", allow_none=True)
         if statement_timeout is not _UNSET:
-            seconds(statement_timeout, "statement_timeout", allow_none=True)
+            statement_timeout = seconds(statement_timeout, "statement_timeout", allow_none=True)
         nowait_ = _check_flag(nowait, "nowait")
         skip_locked_ = _check_flag(skip_locked, "skip_locked")
         no_key_ = _check_flag(no_key, "no_key")
@@ -143,19 +142,28 @@ class _Options:
         """Resolve the timeouts in seconds, reading settings now (lazily, so ``override_settings`` applies)."""
         lock_timeout = self.lock_timeout
         if lock_timeout is _UNSET:
-            lock_timeout = conf.setting("LOCK_TIMEOUT", conf.DEFAULT_LOCK_TIMEOUT)
+            lock_timeout = conf.resolved("LOCK_TIMEOUT", conf.DEFAULT_LOCK_TIMEOUT, _lock_timeout_setting)
         statement_timeout = self.statement_timeout
         if statement_timeout is _UNSET:
-            statement_timeout = conf.setting("STATEMENT_TIMEOUT", None)
-        return (
-            seconds(lock_timeout, "LOCKKIT['LOCK_TIMEOUT']", allow_none=True),
-            seconds(statement_timeout, "LOCKKIT['STATEMENT_TIMEOUT']", allow_none=True),
-        )
+            statement_timeout = conf.resolved("STATEMENT_TIMEOUT", None, _statement_timeout_setting)
+        return lock_timeout, statement_timeout
 
     def alias_for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if callable(self.using):
             return aliases.check_alias(self.using(*args, **kwargs), "the alias returned by using(...)")
         return aliases.resolve(self.using, self.model)
+
+
+def _lock_timeout_setting(value: object) -> float | None:
+    return seconds(value, "LOCKKIT['LOCK_TIMEOUT']", allow_none=True)
+
+
+def _statement_timeout_setting(value: object) -> float | None:
+    return seconds(value, "LOCKKIT['STATEMENT_TIMEOUT']", allow_none=True)
+
+
+def _retry_setting(value: object) -> RetrySetting:
+    return check_retry(value, "LOCKKIT['RETRY']")
 
 
 class LockScope:
@@ -325,12 +333,14 @@ class LockScope:
             TypeError: ``target`` is neither a queryset nor a model class.
         """
         self._check_active()
-        queryset = aliases.queryset_on(target, self.alias, "target")
         kwargs = self._sfu_kwargs
         if "of" in kwargs:
-            # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
-            kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
-        return queryset.select_for_update(**kwargs)
+            model = _model_of(target)
+            parents = _parent_links(model) if model is not None else ()
+            if parents:
+                # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
+                kwargs = {**kwargs, "of": (*kwargs["of"], *parents)}
+        return aliases.locking_queryset_on(target, self.alias, "target", **kwargs)
 
     def get(self, target: QuerySet[M] | type[M], *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
@@ -383,6 +393,14 @@ class LockScope:
         transaction.on_commit(func, using=self.alias, robust=robust)
 
 
+def _model_of(target: object) -> type[models.Model] | None:
+    if isinstance(target, type) and issubclass(target, models.Model):
+        return target
+    model = getattr(target, "model", None)  # a queryset or a manager; anything else is refused by aliases
+    return model if isinstance(model, type) and issubclass(model, models.Model) else None
+
+
+@functools.lru_cache(maxsize=512)
 def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
     """The ``of=`` paths of a model's multi-table parents (``country_ptr``, ``country_ptr__entity_ptr``)."""
     paths: list[str] = []
@@ -575,17 +593,18 @@ class _LockedOperation:
             alias = options.alias_for_call(args, kwargs)
             retry = retry_option
             if isinstance(retry, _Unset):
-                retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
+                retry = conf.resolved("RETRY", _DEFAULT_POLICY, _retry_setting)
             try:
                 if retry is None or _in_transaction(connections[alias]):
                     # Nested in an outer transaction (ATOMIC_REQUESTS included): a retry here would run inside
                     # the failed transaction, so make one attempt and let the owner of the transaction decide.
                     return attempt(alias, 1, args, kwargs)
-                numbers = itertools.count(1)  # per call: the attempt number each try runs with
-                retrying = build_retrying(retry, alias=alias, operation=operation)
-                # The call form (not the iterator) so that result predicates and a retry_error_callback's
-                # return value work as tenacity documents them.
-                return retrying(lambda: attempt(alias, next(numbers), args, kwargs))
+                return call_with_retry(
+                    retry,
+                    lambda number: attempt(alias, number, args, kwargs),
+                    alias=alias,
+                    operation=operation,
+                )
             except _Committed as committed:
                 raise committed.error from None
 
