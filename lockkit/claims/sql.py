@@ -14,11 +14,11 @@ from typing import Any
 from django.core.exceptions import EmptyResultSet
 from django.db import DatabaseError, connections
 from django.db.models import DateTimeField, DurationField, F, Field, Func, QuerySet, Value
-from django.db.models.expressions import BaseExpression
-from django.db.models.sql import UpdateQuery
+from django.db.models.expressions import BaseExpression, CombinedExpression
 from django.db.models.sql.datastructures import BaseTable
 
 from lockkit.claims.mixin import Claimable
+from lockkit.claims.setclause import SetClauses
 from lockkit.errors import ERROR_FOR_FAILURE, LockError, classify
 from lockkit.sqlstate import code_of
 
@@ -39,35 +39,50 @@ class StatementTimestamp(Func):
     output_field = DateTimeField()
 
 
+_CLOCK = StatementTimestamp()
+_NEXT_TOKEN = F("claim_token") + 1
+_NEXT_ATTEMPT = F("attempts") + 1
+
+
 def lease_end(lease: float) -> BaseExpression:
     """``statement_timestamp() + <lease seconds>`` (the interval travels as a parameter)."""
-    return StatementTimestamp() + Value(timedelta(seconds=lease), output_field=DurationField())
+    return _CLOCK + Value(timedelta(seconds=lease), output_field=DurationField())
+
+
+def _is_lease_end(value: object) -> bool:
+    return (
+        type(value) is CombinedExpression
+        and value.lhs is _CLOCK
+        and value.connector == "+"
+        and type(value.rhs) is Value
+        and type(value.rhs.value) is timedelta
+    )
 
 
 def claim_assignments(worker: str, lease: float, extra: dict[str, Any]) -> dict[str, Any]:
     """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
     return {
         "claimed_by": worker,
-        "claim_token": F("claim_token") + 1,
-        "claimed_at": StatementTimestamp(),
+        "claim_token": _NEXT_TOKEN,
+        "claimed_at": _CLOCK,
         "lease_expires_at": lease_end(lease),
-        "attempts": F("attempts") + 1,
+        "attempts": _NEXT_ATTEMPT,
         **extra,
     }
 
 
+_SET_CLAUSES = SetClauses(
+    {"next token": _NEXT_TOKEN, "clock": _CLOCK, "next attempt": _NEXT_ATTEMPT}, _is_lease_end
+)
+
+
 def update_prefix(model: type[Claimable], alias: str, values: dict[str, Any]) -> tuple[str, list[Any]]:
-    """Compile ``UPDATE <table> SET <assignments>`` (no ``WHERE``) with Django's update compiler.
+    """``UPDATE <table> SET <assignments>`` (no ``WHERE``), compiled by Django once per shape (``setclause``).
 
     Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``, ``Case``,
     functions); a field name it does not know raises ``FieldError`` here, before anything runs.
     """
-    query = UpdateQuery(model)
-    query.add_update_values(values)
-    sql, params = query.get_compiler(alias).as_sql()
-    if " WHERE " in sql or getattr(query, "related_updates", None):  # pragma: no cover - parents refused
-        raise AssertionError(f"unexpected UPDATE shape: {sql}")
-    return sql, list(params)
+    return _SET_CLAUSES.compile(model, alias, values)
 
 
 def locking_select(
