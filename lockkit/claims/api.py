@@ -16,10 +16,13 @@ from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
 from lockkit.claims import checks, sql
+from lockkit.claims.memo import PerQueryset
 from lockkit.claims.mixin import Claimable
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 from lockkit.scope import locked
+
+_SELECTS: PerQueryset[tuple[str, list[Any]] | None] = PerQueryset()
 
 _PICKED = '"lockkit_picked"'
 _ORDERED = '"lockkit_ordered"'
@@ -173,12 +176,19 @@ def claim_next(
     prefix, set_params = sql.update_prefix(
         model, alias, sql.claim_assignments(name, seconds, checks.assignments(model, set, "set"))
     )
-    candidates = candidates.using(alias).filter(lease_expires_at__isnull=True)
-    if ordering is not None:
-        candidates = candidates.order_by(*ordering)
-    elif not candidates.ordered:
-        candidates = candidates.order_by("pk")
-    locking = sql.locking_select(candidates, alias, limit=count, skip_locked=True)
+
+    def compile_select() -> tuple[str, list[Any]] | None:
+        picked = candidates.using(alias).filter(lease_expires_at__isnull=True)
+        if ordering is not None:
+            picked = picked.order_by(*ordering)
+        elif not picked.ordered:
+            picked = picked.order_by("pk")
+        return sql.locking_select(picked, alias, limit=count, skip_locked=True)
+
+    if candidates is queryset:  # the caller's own queryset object: its compiled SELECT is kept while it lives
+        locking = _SELECTS.get(candidates, (alias, count, ordering), compile_select)
+    else:
+        locking = compile_select()
     if locking is None:
         return []
     select, select_params = locking
