@@ -21,10 +21,10 @@ from lockkit.errors import (
     StaleClaim,
     StatementTimeout,
     TransientLockError,
-    classify,
 )
+from lockkit.operation import locked_operation
 from lockkit.retry import RetryEvent, RetryPolicy
-from lockkit.scope import LockScope, current_scope, lock, locked, locked_operation
+from lockkit.scope import LockScope, classify, current_scope, lock, locked
 
 __version__ = "0.1.0.dev0"
 

@@ -1,6 +1,6 @@
 """What lockkit can do on each configured database, and where its correctness depends on configuration.
 
-Read by the system checks (``lockkit.checks``) and the ``lockkit_capabilities`` management command.
+Read by the system checks (``lockkit.system_checks``) and the ``lockkit_capabilities`` management command.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from django.db.utils import DatabaseErrorWrapper
 from oracledb import errors as oracle_errors
 
 from lockkit import Failure, classify
-from lockkit.sqlstate import CODES, code_of
+from lockkit.codes import CODES, code_of
 
 F = Failure
 

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from lockkit.capabilities import capabilities, configuration_warnings
-from lockkit.checks import check_capabilities, check_configuration
+from lockkit.system_checks import check_capabilities, check_configuration
 
 
 def report(*aliases: str) -> str:

@@ -74,12 +74,17 @@ def test_callable_alias_receives_the_call_arguments_and_threads_stay_apart() -> 
     assert Stock.objects.using("other").get(sku="s").available == 4
 
 
-def test_positional_callable_with_options_is_a_resolver() -> None:
-    @lockkit.locked_operation(lambda alias: alias, lock_timeout=1)
-    def where(alias: str) -> str:
-        return lockkit.current_scope().alias
+def test_positional_callable_is_always_the_decorated_function() -> None:
+    # Django's rule (as for atomic): a positional callable is decorated, with the options given alongside it;
+    # an alias resolver is only ever passed as using=.
+    def where(alias: str) -> tuple[str, float | None]:
+        scope = lockkit.current_scope()
+        return scope.alias, scope.lock_timeout
 
-    assert where("other") == "other"
+    decorated = lockkit.locked_operation(where, lock_timeout=1)
+    assert decorated("other") == ("default", 1.0)
+    resolved = lockkit.locked_operation(using=lambda alias: alias, lock_timeout=1)(where)
+    assert resolved("other") == ("other", 1.0)
 
 
 def test_callable_returning_unknown_alias_fails_before_sql() -> None:

@@ -176,14 +176,15 @@ def test_opening_columns_ride_on_the_opening_statement(monkeypatch: pytest.Monke
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_current_xact_id()::text")
             (xid,) = cursor.fetchone()
-        assert scope._token.opened == (xid,)
+        assert scope._transaction.opened == (xid,)
         with lockkit.locked() as inner:  # a nested scope selects no opening column
-            assert inner._token.opened == ()
+            assert inner._transaction.opened == ()
     assert statements(queries)[0] == (
         "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()"
     )
     monkeypatch.setattr(PostgreSQLBackend, "fold_begin", False)
     with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=None) as scope:
-        assert len(scope._token.opened) == 1
-        assert int(scope._token.opened[0]) > int(xid)
+        (later,) = scope._transaction.opened
+        assert later is not None
+        assert int(later) > int(xid)
     assert statements(queries)[0] == "SELECT pg_current_xact_id()"

@@ -1,7 +1,18 @@
-"""The per-vendor interface, with the generic behaviour: capabilities from Django's feature flags, no timeouts."""
+"""The per-vendor interface, with the generic behaviour: capabilities from Django's feature flags, no timeouts.
+
+A scope calls four hooks, named after when they run::
+
+    open_transaction        scope entry: BEGIN (or SAVEPOINT when nested)
+    apply_timeouts          right after it; returns a TimeoutToken (what to put back) or None
+    ... the scope's body ...
+    restore_before_release  a nested scope ending without error, before RELEASE SAVEPOINT
+    after_transaction_end   after COMMIT, ROLLBACK or RELEASE, with or without error (only with a token)
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError
@@ -10,8 +21,19 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.transaction import Atomic
 
-# What a backend hands back from begin_scope to restore on exit; opaque to the caller.
-TimeoutToken = Any
+
+@dataclass(frozen=True)
+class TimeoutToken:
+    """What ``apply_timeouts`` changed: each setting's name and the value to put back.
+
+    Attributes:
+        previous: The setting names (constants of the backend, never user input) and their enclosing values.
+        opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
+            statement that applied the timeouts, at no extra round trip; empty otherwise.
+    """
+
+    previous: Mapping[str, str | float | int]
+    opened: tuple[str | None, ...] = ()
 
 
 class Backend:
@@ -62,7 +84,7 @@ class Backend:
             kwargs["of"] = ("self",)
         return kwargs
 
-    def begin_transaction(
+    def open_transaction(
         self,
         connection: BaseDatabaseWrapper,
         atomic: Atomic,
@@ -71,7 +93,7 @@ class Backend:
         statement_timeout: float | None,
         nested: bool,
     ) -> None:
-        """Begin the scope's transaction or savepoint: ``atomic.__enter__()``.
+        """Run at scope entry: begin the scope's transaction or savepoint, ``atomic.__enter__()``.
 
         A backend overrides this when the transaction must begin differently (SQLite begins it with
         ``BEGIN IMMEDIATE`` so the write lock is taken, and waited for, when the scope begins). If it raises, no
@@ -79,28 +101,34 @@ class Backend:
         """
         atomic.__enter__()
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
-        """Apply a scope's timeouts right after its transaction or savepoint began; return what to restore."""
+    ) -> TimeoutToken | None:
+        """Run right after ``open_transaction``: apply the scope's timeouts.
+
+        Returns:
+            What to put back when the scope ends, or ``None`` when nothing needs restoring.
+        """
         return None
 
-    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        """Restore the enclosing timeouts when a nested scope ends without error, before its savepoint is released.
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Run when a nested scope ends without error, before its savepoint is released: restore the timeouts.
 
         For settings that live in the transaction (PostgreSQL's ``set_config(..., true)``): on error the savepoint
         rollback restores them by itself, and the end of the outermost transaction discards them.
         """
 
-    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
-        """Restore session settings after the scope's transaction or savepoint ended, with or without error.
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Run after the scope's COMMIT, ROLLBACK or savepoint RELEASE, with or without error: restore session settings.
 
-        Called only when ``begin_scope`` returned a token that is not ``None``, after the commit, the savepoint
+        Called only when ``apply_timeouts`` returned a token that is not ``None``, after the commit, the savepoint
         release or the rollback, for nested and outermost scopes alike. For settings a rollback does not revert
         (MySQL's session variables, SQLite's busy timeout), so that no value reaches the next user of the
         connection. An implementation that cannot restore must not leave the altered value behind (close the

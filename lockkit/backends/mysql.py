@@ -8,6 +8,7 @@ https://dev.mysql.com/doc/refman/8.0/en/server-system-variables.html#sysvar_max_
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lockkit.backends.base import Backend, TimeoutToken
@@ -43,6 +44,7 @@ class MySQLBackend(Backend):
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: session variables, restored when the scope ends."""
         statement = (
             "max_statement_time, session value restored on exit, microseconds"
             if connection.mysql_is_mariadb  # type: ignore[attr-defined]
@@ -51,6 +53,7 @@ class MySQLBackend(Backend):
         return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn when the server is read-only (``@@GLOBAL.read_only``)."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT @@GLOBAL.read_only")
             row = cursor.fetchone()
@@ -59,14 +62,15 @@ class MySQLBackend(Backend):
             return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
         return []
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
+        """Set the session variables and return their previous values (a rollback does not revert them)."""
         wanted: dict[str, float | int] = {}
         if lock_timeout is not None:
             wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
@@ -80,14 +84,17 @@ class MySQLBackend(Backend):
             cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
             row = cursor.fetchone()
             assert row is not None
-            previous = dict(zip(wanted, row, strict=True))
+            previous = TimeoutToken(dict(zip(wanted, row, strict=True)))
             _set(cursor, wanted)
         return previous
 
-    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Put the previous session values back; close the connection if that fails outside a transaction."""
         try:
             with connection.cursor() as cursor:
-                _set(cursor, token)
+                _set(cursor, token.previous)
         except BaseException:
             if not connection.in_atomic_block:
                 # A session whose settings could not be put back must not serve anyone else.
@@ -95,6 +102,6 @@ class MySQLBackend(Backend):
             raise
 
 
-def _set(cursor: object, values: dict[str, float | int]) -> None:
+def _set(cursor: object, values: Mapping[str, str | float | int]) -> None:
     assignments = ", ".join(f"SESSION {name} = %s" for name in values)
     cursor.execute(f"SET {assignments}", list(values.values()))  # type: ignore[attr-defined]

@@ -6,37 +6,24 @@ https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIME
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lockkit.backends import psycopg_begin
 from lockkit.backends.base import Backend, TimeoutToken
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-# The setting names are constants of ours, never user input; values always travel as parameters.
+# The setting names are constants of ours, never user input. Values travel as parameters, except in the folded
+# BEGIN (psycopg_begin): there an int of milliseconds lockkit computed from a validated duration, written with %d.
 _NAMES = ("lock_timeout", "statement_timeout")
 
 
-@dataclass(frozen=True)
-class PostgreSQLToken:
-    """What ``begin_scope`` hands back.
-
-    Attributes:
-        enclosing: For a nested scope, the enclosing values of the settings it changed, restored by ``end_scope``.
-        opened: For an outermost scope, the values of ``PostgreSQLBackend.opening_columns`` (as text), read by
-            the statement that opened the scope.
-    """
-
-    enclosing: dict[str, str] = field(default_factory=dict)
-    opened: tuple[Any, ...] = ()
-
-
 class PostgreSQLBackend(Backend):
-    """Timeouts with ``is_local = true``: they end with the transaction, so nothing reaches the next user of a
-    pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
+    """Timeouts with ``is_local = true``: they end with the transaction.
+
+    Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
     back when it ends; on error the savepoint rollback reverts them by itself.
 
     An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` in one round trip (see
@@ -44,12 +31,14 @@ class PostgreSQLBackend(Backend):
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: ``set_config(..., true)``, transaction-scoped."""
         return (
             "lock_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
             "statement_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
         )
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn about a hot standby or ``default_transaction_read_only``; connects."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')")
             row = cursor.fetchone()
@@ -68,19 +57,25 @@ class PostgreSQLBackend(Backend):
     def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
         """Constant SQL expressions selected by the statement that opens an outermost scope, at no extra round trip.
 
-        Their values (as text, in order) are ``PostgreSQLToken.opened``. lockkit's own expressions only: they are
-        written into the folded statement's text. None by default.
+        Their values (as text, in order) are ``TimeoutToken.opened``. lockkit's own constant expressions only: on
+        psycopg 3 they are written into the text of the folded ``BEGIN; SELECT ...``. None by default.
         """
         return ()
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
+        """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore.
+
+        An outermost scope on psycopg 3 that is about to send its ``BEGIN`` sends ``BEGIN; SELECT set_config(...)``
+        in one message instead (``psycopg_begin``), with the milliseconds written as ``int`` literals; otherwise
+        the values are parameters.
+        """
         timeouts = {
             name: milliseconds(value)
             for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
@@ -91,7 +86,7 @@ class PostgreSQLBackend(Backend):
             return None
         if not nested and self.fold_begin and psycopg_begin.foldable(connection):
             opened = psycopg_begin.begin_with_settings(connection, timeouts, columns)
-            return PostgreSQLToken(opened=opened) if columns else None
+            return TimeoutToken({}, opened) if columns else None
         values = {name: f"{ms}ms" for name, ms in timeouts.items()}
         setters = [*("set_config(%s, %s, true)" for _ in values), *columns]
         params: list[str] = [item for pair in values.items() for item in pair]
@@ -102,7 +97,7 @@ class PostgreSQLBackend(Backend):
                     return None
                 row = cursor.fetchone()
                 assert row is not None
-                return PostgreSQLToken(opened=tuple(str(value) for value in row[len(values) :]))
+                return TimeoutToken({}, tuple(None if v is None else str(v) for v in row[len(values) :]))
             # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
             readers = ", ".join("current_setting(%s)" for _ in values)
             cursor.execute(
@@ -112,11 +107,12 @@ class PostgreSQLBackend(Backend):
             )
             row = cursor.fetchone()
         assert row is not None
-        return PostgreSQLToken(enclosing=dict(zip(values, row[: len(values)], strict=True)))
+        return TimeoutToken(dict(zip(values, row[: len(values)], strict=True)))
 
-    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        if not isinstance(token, PostgreSQLToken) or not token.enclosing:
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the enclosing values back before the savepoint is released."""
+        if not token.previous:
             return
-        setters = ", ".join("set_config(%s, %s, true)" for _ in token.enclosing)
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {setters}", [item for pair in token.enclosing.items() for item in pair])
+            cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])

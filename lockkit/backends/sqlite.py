@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import NotSupportedError
 
 from lockkit.backends.base import Backend
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -35,9 +35,10 @@ class SQLiteBackend(Backend):
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: the busy timeout of ``BEGIN IMMEDIATE``; no statement timeout."""
         return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
 
-    def begin_transaction(
+    def open_transaction(
         self,
         connection: BaseDatabaseWrapper,
         atomic: Atomic,
@@ -46,6 +47,11 @@ class SQLiteBackend(Backend):
         statement_timeout: float | None,
         nested: bool,
     ) -> None:
+        """Begin with ``BEGIN IMMEDIATE`` under the scope's busy timeout, so the write lock is waited for here.
+
+        Raises:
+            NotSupportedError: the scope asked for a ``statement_timeout``, which SQLite cannot apply.
+        """
         if statement_timeout is not None:
             raise NotSupportedError(
                 f"statement_timeout is not supported on sqlite ({connection.alias!r}); "

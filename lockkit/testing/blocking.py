@@ -14,10 +14,10 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.aliases import check_alias
-from lockkit.durations import seconds
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder
 from lockkit.testing.threads import ThreadCall
+from lockkit.validation import duration
 
 # Each query returns (waiting session, blocking session) edges; constant text, no parameters.
 _PG_EDGES = (
@@ -148,9 +148,7 @@ def wait_until_blocked(
         raise TypeError(f"count must be an int, not {type(count).__name__}")
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    limit, pause = seconds(timeout, "timeout"), seconds(poll, "poll")
-    assert limit is not None
-    assert pause is not None
+    limit, pause = duration(timeout, "timeout"), duration(poll, "poll")
     watched = [contenders] if isinstance(contenders, ThreadCall) else list(contenders)
     if not all(isinstance(call, ThreadCall) for call in watched):
         raise TypeError("contenders must be a ThreadCall or a sequence of them (from in_thread)")

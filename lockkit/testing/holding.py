@@ -16,14 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, models, router, transaction
+from django.db import connections, models, router, transaction
 
 from lockkit.aliases import check_alias
-from lockkit.durations import milliseconds, seconds
-from lockkit.errors import ERROR_FOR_FAILURE, classify
-from lockkit.sqlstate import code_of
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.sessions import backend_pid
+from lockkit.translate import translate
+from lockkit.validation import duration, milliseconds
 
 T = TypeVar("T")
 
@@ -151,14 +150,7 @@ def _as_queryset(target: object) -> tuple[models.QuerySet[Any], str | None]:
 
 def _classified(exc: BaseException, alias: str, nowait: bool) -> BaseException:
     """lockkit's typed error for a database failure (``LockNotAvailable``...), else ``exc`` itself."""
-    if not isinstance(exc, DatabaseError):
-        return exc
-    failure = classify(exc, nowait=nowait)
-    if failure is None:
-        return exc
-    error = ERROR_FOR_FAILURE[failure](f"hold_lock on {alias!r}: {exc}", sqlstate=code_of(exc), alias=alias)
-    error.__cause__ = exc
-    return error
+    return translate(exc, alias=alias, nowait=nowait) or exc
 
 
 def _bound_lock_wait(alias: str, limit: float) -> None:
@@ -220,8 +212,7 @@ def hold_lock(
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, not {type(flag).__name__}")
     alias = check_alias(using) if using is not None else bound or router.db_for_write(queryset.model)
-    limit = seconds(timeout, "timeout")
-    assert limit is not None
+    limit = duration(timeout, "timeout")
     options: dict[str, Any] = {"nowait": True} if nowait else {}
     if no_key:
         options["no_key"] = True

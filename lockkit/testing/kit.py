@@ -11,13 +11,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from lockkit.durations import seconds
 from lockkit.testing.aliases import AliasLog, assert_single_alias
 from lockkit.testing.blocking import blocked_by, wait_until_blocked
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.holding import Holder, hold_lock
 from lockkit.testing.sessions import backend_pid
 from lockkit.testing.threads import Outcome, ThreadCall, in_thread, run_concurrently
+from lockkit.validation import duration
 
 T = TypeVar("T")
 
@@ -32,9 +32,7 @@ class ContentionKit:
     """
 
     def __init__(self, timeout: float = 10.0) -> None:
-        limit = seconds(timeout, "timeout")
-        assert limit is not None
-        self.timeout = limit
+        self.timeout = duration(timeout, "timeout")
         self._calls: list[ThreadCall[Any]] = []
 
     def hold_lock(self, target: object, **options: Any) -> AbstractContextManager[Holder]:

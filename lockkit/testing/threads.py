@@ -14,9 +14,9 @@ from typing import Any, Generic, TypeVar
 
 from django.db import connections
 
-from lockkit.durations import seconds
 from lockkit.testing.errors import ContentionTimeout
 from lockkit.testing.sessions import SessionTracker
+from lockkit.validation import duration
 
 T = TypeVar("T")
 
@@ -51,9 +51,7 @@ class Outcome(Generic[T]):
 
 
 def _limit(value: object, name: str) -> float:
-    limit = seconds(value, name)
-    assert limit is not None
-    return limit
+    return duration(value, name)
 
 
 class ThreadCall(Generic[T]):
