@@ -16,6 +16,7 @@ reaches this statement.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -83,8 +84,7 @@ def begin_with_settings(
         django.db.DatabaseError: as for any statement (the driver's error, wrapped by Django).
     """
     raw = connection.connection
-    selected = [set_config_literal(name, ms) for name, ms in timeouts.items()] + list(columns)
-    sql = f"{_begin_statement(raw)}; SELECT {', '.join(selected)}"
+    sql = _folded_sql(_begin_statement(raw), tuple(timeouts.items()), tuple(columns))
     connection.validate_thread_sharing()
     # Through Django's cursor wrapper, so execute_wrapper() hooks, connection.queries and Django's error wrapping
     # (DatabaseError, marking a broken connection unusable) see this statement like any other.
@@ -96,6 +96,13 @@ def begin_with_settings(
     wrapped.execute(sql)
     row: tuple[Any, ...] = cursor.row
     return row[len(timeouts) :]
+
+
+@functools.lru_cache(maxsize=256)
+def _folded_sql(begin: str, timeouts: tuple[tuple[str, int], ...], columns: tuple[str, ...]) -> str:
+    """``BEGIN ...; SELECT set_config(...), ..., <columns>``, built once per distinct set of values."""
+    selected = [set_config_literal(name, ms) for name, ms in timeouts] + list(columns)
+    return f"{begin}; SELECT {', '.join(selected)}"
 
 
 def _begin_statement(raw: psycopg.Connection[Any]) -> str:
