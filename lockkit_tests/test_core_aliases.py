@@ -109,3 +109,15 @@ def test_model_scope_context_manager(settings: Any) -> None:
         assert scope.alias == "other"
     with lockkit.locked(model=Stock) as scope:
         assert scope.alias == "default"  # the router has no opinion: default
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_lock_all_with_a_queryset_of_pks_stays_on_the_scope_alias() -> None:
+    Stock.objects.create(sku="a", available=1)
+    with lockkit.locked("default") as scope:
+        with CaptureQueriesContext(connections["other"]) as other:
+            with pytest.raises(lockkit.AliasMismatch):
+                scope.lock_all(Stock, pks=Stock.objects.using("other").values("pk"))
+            rows = scope.lock_all(Stock, pks=Stock.objects.filter(available=1).values("pk"))
+        assert len(other) == 0
+    assert [r.sku for r in rows] == ["a"]

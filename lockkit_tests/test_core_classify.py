@@ -13,39 +13,10 @@ from django.db.transaction import TransactionManagementError
 
 import lockkit
 from lockkit import Failure, codes
-from lockkit.codes import CODES, code_of, lookup
+from lockkit.codes import code_of, lookup
 from lockkit.errors import error_class
 from lockkit.translate import translate, translating
 from lockkit_tests.util import raise_sqlstate
-
-# The table, pinned: a change to a row must change this test too.
-EXPECTED_ROWS = {
-    ("postgresql", "55P03"): (Failure.LOCK_NOT_AVAILABLE, True),
-    ("postgresql", "40P01"): (Failure.DEADLOCK_DETECTED, False),
-    ("postgresql", "40001"): (Failure.SERIALIZATION_FAILURE, False),
-    ("postgresql", "57014"): (Failure.STATEMENT_TIMEOUT, False),
-    ("postgresql", "25006"): (Failure.READ_ONLY, False),
-    ("mysql", "1205"): (Failure.LOCK_TIMEOUT, True),  # MariaDB's NOWAIT failure too (test_backend_mariadb.py)
-    ("mysql", "1213"): (Failure.DEADLOCK_DETECTED, False),
-    ("mysql", "3572"): (Failure.LOCK_NOT_AVAILABLE, False),
-    ("mysql", "1969"): (Failure.STATEMENT_TIMEOUT, False),
-    ("mysql", "3024"): (Failure.STATEMENT_TIMEOUT, False),
-    ("mysql", "1290"): (Failure.READ_ONLY, False),
-    ("mysql", "1792"): (Failure.READ_ONLY, False),
-    ("mysql", "1836"): (Failure.READ_ONLY, False),
-    ("sqlite", "5"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "261"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "773"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "6"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "262"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "517"): (Failure.SERIALIZATION_FAILURE, False),
-    ("sqlite", "8"): (Failure.READ_ONLY, False),
-    ("oracle", "54"): (Failure.LOCK_NOT_AVAILABLE, True),
-    ("oracle", "30006"): (Failure.LOCK_TIMEOUT, False),
-    ("oracle", "60"): (Failure.DEADLOCK_DETECTED, False),
-    ("oracle", "8177"): (Failure.SERIALIZATION_FAILURE, False),
-    ("oracle", "16000"): (Failure.READ_ONLY, False),
-}
 
 PG_CASES = [
     # (SQLSTATE, nowait, failure, lockkit error)
@@ -56,12 +27,6 @@ PG_CASES = [
     ("57014", False, Failure.STATEMENT_TIMEOUT, lockkit.StatementTimeout),
     ("25006", False, Failure.READ_ONLY, lockkit.ReadOnlyDatabase),
 ]
-
-
-def test_table_is_pinned() -> None:
-    actual = {(row.vendor, row.code): (row.failure, row.ambiguous_nowait) for row in CODES}
-    assert actual == EXPECTED_ROWS
-    assert len(CODES) == len(actual)  # no duplicate (vendor, code)
 
 
 def _server_error(code: str) -> DatabaseError:
