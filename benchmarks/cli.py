@@ -74,7 +74,18 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     # Imported after setup: they define or use models.
-    from benchmarks import chart, pgbench, profiling, report, roundtrips, runner, schema, stats, sysinfo
+    from benchmarks import (
+        chart,
+        interleaved,
+        pgbench,
+        profiling,
+        report,
+        roundtrips,
+        runner,
+        schema,
+        stats,
+        sysinfo,
+    )
 
     defaults = QUICK if args.quick else FULL
     settings = dataclasses.replace(
@@ -106,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log(workload.title)
         runs += runner.run_workload(workload, target, settings, log)
+
+    pairs = interleaved.run(rounds=4 if args.quick else 300) if not args.only else []
+    for pair in pairs:
+        t = pair["time_ratio"]
+        log(f"interleaved: {pair['label']}: {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})")
 
     trips = roundtrips.count()
     log(f"round trips per operation (strace): {trips if trips is not None else 'strace not available'}")
@@ -145,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": [r.as_dict() for r in ratio_list],
         "profile": profile,
         "roundtrips": trips,
+        "interleaved": pairs,
     }
     data["targets"] = report.targets(data)
     for path in {out / "benchmarks.json", *([args.json] if args.json else [])}:

@@ -167,6 +167,26 @@ def _ratio_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _interleaved(pairs: list[dict[str, Any]]) -> list[str]:
+    first = pairs[0]
+    lines = [
+        f"One process alternates blocks of {first['block']} operations of each side of a pair, {first['rounds']} "
+        "rounds, the order swapped every round (`benchmarks/interleaved.py`); a burst of load lands on both sides "
+        "within milliseconds. The ratio is computed per round, then summarised.",
+        "",
+        f"| pair | µs per operation (candidate) | µs per operation (baseline) | time ratio: median (min{DASH}max) "
+        "| throughput ratio (1 / median) |",
+        "|---|---|---|---|---|",
+    ]
+    for pair in pairs:
+        t = pair["time_ratio"]
+        lines.append(
+            f"| {pair['label']} | {pair['candidate_us']:,.0f} | {pair['baseline_us']:,.0f} | {_ratio(t)} | "
+            f"{1 / t['median']:.3f} |"
+        )
+    return lines
+
+
 def _roundtrips(counts: dict[str, float]) -> list[str]:
     from benchmarks.roundtrips import COUNT, OPERATIONS
 
@@ -248,6 +268,8 @@ def render(data: dict[str, Any], chart: str | None) -> str:
         if ran:
             lines += [*_workload_table(workload, data), ""]
     lines += ["### Ratios, pair by pair", "", *_ratio_table(data), ""]
+    if data.get("interleaved"):
+        lines += ["### Interleaved in one process", "", *_interleaved(data["interleaved"]), ""]
     if data.get("roundtrips"):
         lines += ["### Round trips per operation", "", *_roundtrips(data["roundtrips"]), ""]
     if data.get("profile"):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeAlias
 
+from django.core.signals import setting_changed
 from django.db import models
 
 from lockkit import aliases, conf
@@ -87,6 +89,36 @@ class ScopeOptions:
             TypeError: a parameter has the wrong type.
             ValueError: an unknown alias, a bad duration, ``nowait`` together with ``skip_locked``.
         """
+        arguments = (
+            using,
+            model,
+            lock_timeout,
+            statement_timeout,
+            nowait,
+            skip_locked,
+            no_key,
+            allow_callable,
+        )
+        try:
+            hash(arguments)
+        except TypeError:  # an unhashable argument (refused below, by name): validate without the cache
+            return cls._validated(*arguments)
+        # The same arguments validate to the same frozen options: a ``with locked(...)`` written inline in a hot
+        # path validates once (per type of each argument, and until DATABASES or LOCKKIT change).
+        return _build_cached(*arguments)
+
+    @classmethod
+    def _validated(
+        cls,
+        using: object,
+        model: object,
+        lock_timeout: object,
+        statement_timeout: object,
+        nowait: object,
+        skip_locked: object,
+        no_key: object,
+        allow_callable: bool,
+    ) -> ScopeOptions:
         if using is not None and not isinstance(using, str) and not (allow_callable and callable(using)):
             kinds = (
                 "a database alias (str), a callable returning one,"
@@ -132,6 +164,19 @@ class ScopeOptions:
         if callable(self.using):
             return aliases.check_alias(self.using(*args, **kwargs), "the alias returned by using(...)")
         return aliases.resolve(self.using, self.model)
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _build_cached(*arguments: Any) -> ScopeOptions:
+    return ScopeOptions._validated(*arguments)
+
+
+def _forget_built(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"DATABASES", "LOCKKIT"}:  # an alias checked earlier may be gone
+        _build_cached.cache_clear()
+
+
+setting_changed.connect(_forget_built, dispatch_uid="lockkit.options.forget_built")
 
 
 def _timeout(value: object, name: str) -> float | Default | None:

@@ -176,3 +176,18 @@ def test_lock_clones_the_callers_queryset_once_and_leaves_it_alone(monkeypatch: 
         assert not mine.query.select_for_update
         assert mine._db is None  # type: ignore[attr-defined]
         assert [s.sku for s in locked] == ["a"]
+
+
+def test_scope_options_are_validated_once_per_distinct_arguments() -> None:
+    from lockkit.options import ScopeOptions
+
+    first = ScopeOptions.build("default", lock_timeout=2, nowait=True)
+    assert ScopeOptions.build("default", lock_timeout=2, nowait=True) is first
+    assert ScopeOptions.build("default", lock_timeout=2.0, nowait=True) == first  # another type, same value
+    for _ in range(2):  # a refusal is never cached
+        with pytest.raises(ValueError, match="not a configured database alias"):
+            lockkit.locked("nope")
+        with pytest.raises(TypeError, match="lock_timeout"):
+            lockkit.locked(lock_timeout=True)
+    with pytest.raises(TypeError, match="using must be"):
+        lockkit.locked(["default"])  # type: ignore[call-overload]  # unhashable: validated without the cache

@@ -89,13 +89,13 @@ def begin_with_settings(
     # Through Django's cursor wrapper, so execute_wrapper() hooks, connection.queries and Django's error wrapping
     # (DatabaseError, marking a broken connection unusable) see this statement like any other.
     # Django's stubs type the argument as a CursorWrapper; at run time it is any DB-API cursor (the driver's).
-    cursor: Any = _SimpleQueryCursor(raw)
+    cursor: Any = _SimpleQueryCursor(raw, first_column=len(timeouts))
     wrapped = (
         connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
     )
     wrapped.execute(sql)
     row: tuple[Any, ...] = cursor.row
-    return row[len(timeouts) :]
+    return row
 
 
 @functools.lru_cache(maxsize=256)
@@ -120,8 +120,9 @@ def _begin_statement(raw: psycopg.Connection[Any]) -> str:
 class _SimpleQueryCursor:
     """The part of a DB-API cursor Django's ``CursorWrapper`` uses, sending one simple-query message through libpq."""
 
-    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], first_column: int = 0) -> None:
         self._raw = raw
+        self._first_column = first_column  # the columns before it (set_config's results) are not read
         self.rowcount = -1
         self.row: tuple[Any, ...] = ()
         # Django's debug log (connection.queries) reads the last statement from psycopg's ``cursor._query.query``.
@@ -139,7 +140,9 @@ class _SimpleQueryCursor:
             # PQexec returns the last statement's result: the SELECT's one row, read as text.
             self.row = tuple(
                 None if value is None else value.decode(encoding)
-                for value in (result.get_value(0, column) for column in range(result.nfields))
+                for value in (
+                    result.get_value(0, column) for column in range(self._first_column, result.nfields)
+                )
             )
             self.rowcount = result.ntuples
             return
