@@ -61,6 +61,15 @@ def queryset_on(target: object, alias: str, name: str = "queryset") -> models.Qu
     return queryset if bound == alias else queryset.using(alias)
 
 
+def check_queryset_alias(target: object, alias: str, name: str = "queryset") -> None:
+    """Check what ``queryset_on(target, alias, name)`` checks, without building a queryset.
+
+    Raises:
+        TypeError, AliasMismatch: as ``queryset_on``.
+    """
+    _checked(target, alias, name)
+
+
 def locking_queryset_on(
     target: object, alias: str, name: str = "queryset", **select_for_update: Any
 ) -> models.QuerySet[Any]:
