@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         log(workload.title)
         runs += runner.run_workload(workload, target, settings, log)
 
-    pairs = interleaved.run(rounds=4 if args.quick else 300) if not args.only else []
+    pairs = interleaved.run(operations=100 if args.quick else 3000) if not args.only else []
     for pair in pairs:
         t = pair["time_ratio"]
         log(f"interleaved: {pair['label']}: {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})")

@@ -190,12 +190,13 @@ def _ratio_table(data: dict[str, Any]) -> list[str]:
 def _interleaved(pairs: list[dict[str, Any]]) -> list[str]:
     first = pairs[0]
     lines = [
-        f"One process alternates blocks of {first['block']} operations of each side of a pair, {first['rounds']} "
-        "rounds, the order swapped every round (`benchmarks/interleaved.py`); a burst of load lands on both sides "
-        "within milliseconds. The ratio is computed per round, then summarised.",
+        f"One process alternates the two sides of a pair operation by operation, {first['operations']:,} operations "
+        "each, the order swapped every pair, and times every operation (`benchmarks/interleaved.py`). The run is "
+        f"cut into {first['chunks']} consecutive chunks; the ratio of the two sides' median times is taken per "
+        "chunk, then summarised. A burst of load lands on both sides within a millisecond.",
         "",
-        f"| pair | µs per operation (candidate) | µs per operation (baseline) | time ratio: median (min{DASH}max) "
-        "| throughput ratio (1 / median) |",
+        f"| pair | median µs per operation (candidate) | median µs per operation (baseline) | time ratio: median "
+        f"(min{DASH}max) over chunks | throughput ratio (1 / median) |",
         "|---|---|---|---|---|",
     ]
     for pair in pairs:

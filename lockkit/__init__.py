@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockkit import inspect as inspect  # ``lockkit.inspect.blocking()`` after a bare ``import lockkit``
+from lockkit.advisory import advisory_lock
 from lockkit.errors import (
+    AdvisoryLockLost,
     AliasMismatch,
     DeadlockDetected,
     Failure,
@@ -16,6 +19,7 @@ from lockkit.errors import (
     LockNotAvailable,
     LockTimeout,
     NotInLockedScope,
+    OnCommitError,
     ReadOnlyDatabase,
     SerializationFailure,
     StaleClaim,
@@ -29,6 +33,7 @@ from lockkit.scope import LockScope, classify, current_scope, lock, locked
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AdvisoryLockLost",
     "AliasMismatch",
     "DeadlockDetected",
     "Failure",
@@ -37,6 +42,7 @@ __all__ = [
     "LockScope",
     "LockTimeout",
     "NotInLockedScope",
+    "OnCommitError",
     "ReadOnlyDatabase",
     "RetryEvent",
     "RetryPolicy",
@@ -45,6 +51,7 @@ __all__ = [
     "StatementTimeout",
     "TransientLockError",
     "__version__",
+    "advisory_lock",
     "classify",
     "current_scope",
     "lock",

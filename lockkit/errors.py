@@ -120,6 +120,16 @@ class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
 
 
+class AdvisoryLockLost(LockError):
+    """A session-level advisory lock was no longer held by this session when its block ended.
+
+    The connection was closed or replaced during the block (``close_old_connections()``, a lost connection, a
+    server restart), or a pooler in transaction mode (PgBouncer ``pool_mode = transaction``) gave the block a
+    different server session than the one that took the lock: the block did not run under the lock the whole
+    time. Never retried.
+    """
+
+
 class StaleClaim(LockError):
     """A job claim was used after it stopped holding its row; nothing was written. Never retried.
 
@@ -141,6 +151,27 @@ class StaleClaim(LockError):
         """Build the error for the stale ``claims`` on ``alias``."""
         super().__init__(message, alias=alias)
         self.claims = claims
+
+
+class OnCommitError(Exception):
+    """An ``on_commit`` callback failed after the transaction committed: the work is committed; do not retry it.
+
+    Deliberately neither a ``LockError`` nor a ``django.db.OperationalError``: a generic "catch the database error
+    and retry" must not run committed work again. The callback's exception is ``__cause__``; callbacks registered
+    after the failing one did not run (Django stops at the first failure). Register a callback with
+    ``robust=True`` to have Django log its failure and carry on instead. See
+    https://docs.djangoproject.com/en/stable/topics/db/transactions/#performing-actions-after-commit.
+
+    Attributes:
+        result: What the operation returned (``None`` for a ``locked()`` block, which returns nothing).
+        alias: The database alias whose transaction committed.
+    """
+
+    def __init__(self, message: str = "", *, alias: str | None = None, result: Any = None) -> None:
+        """Build the error for the transaction on ``alias`` whose operation returned ``result``."""
+        super().__init__(message)
+        self.alias = alias
+        self.result = result
 
 
 def error_class(failure: Failure) -> type[LockError]:

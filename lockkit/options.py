@@ -6,17 +6,13 @@ import enum
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, TypeAlias
+from typing import Any
 
 from django.core.signals import setting_changed
 from django.db import models
 
 from lockkit import aliases, conf
-from lockkit.validation import flag, optional_duration
-
-#: A duration as the public API takes it: seconds (``int``/``float``) or a ``timedelta``.
-Duration: TypeAlias = float | int | timedelta
+from lockkit.validation import Duration, flag, optional_duration
 
 
 class Default(enum.Enum):

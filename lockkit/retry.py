@@ -13,14 +13,13 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import tenacity
 
 from lockkit.codes import code_of
 from lockkit.errors import Failure, LockError
-from lockkit.validation import duration, optional_duration, positive_int
+from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
 
@@ -83,9 +82,9 @@ class RetryPolicy:
 
     attempts: int = 3
     retry_on: Collection[Failure] = field(default=DEFAULT_RETRY_ON)
-    wait_initial: float | timedelta = 0.005
-    wait_max: float | timedelta = 0.2
-    deadline: float | timedelta | None = None
+    wait_initial: Duration = 0.005
+    wait_max: Duration = 0.2
+    deadline: Duration | None = None
     before_retry: Hook | None = None
     on_give_up: Hook | None = None
 

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from lockkit.backends import TimeoutToken, backend_for
+from lockkit.errors import OnCommitError
 from lockkit.translate import translating
 
 
@@ -29,7 +30,8 @@ class ScopeTransaction:
         alias: The database alias.
         nested: The transaction began inside an existing one on the alias (it is a savepoint).
         committed: The scope's own transaction has committed (set by its first ``on_commit`` hook); an error
-            raised after that comes from a later callback, not from the commit.
+            raised after that comes from a later callback, not from the commit, and is raised as
+            ``OnCommitError``.
     """
 
     def __init__(
@@ -52,6 +54,9 @@ class ScopeTransaction:
         self._atomic = transaction.atomic(using=alias)
         self._translating = translating(alias, nowait=nowait, attempts=attempt)
         self._token: TimeoutToken | None = None
+        # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
+        self._restored = False
+        self._restore_error: BaseException | None = None
 
     def __enter__(self) -> ScopeTransaction:
         """Begin the transaction or savepoint and apply the timeouts.
@@ -92,6 +97,14 @@ class ScopeTransaction:
 
     def _mark_committed(self) -> None:
         self.committed = True
+        if self._token is not None:
+            # Before the user's callbacks, which run after this hook: they see the connection's own session
+            # settings (MySQL), as they do on PostgreSQL where the scope's values ended with the transaction.
+            self._restored = True
+            try:
+                self.backend.after_transaction_end(connections[self.alias], self._token, nested=False)
+            except Exception as exc:  # raised after the callbacks, by _after_end: they must still run
+                self._restore_error = exc
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -116,9 +129,15 @@ class ScopeTransaction:
             self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except BaseException as commit_exc:
             self._after_end(pending=True)
-            if self.committed:
-                raise  # an on_commit callback failed after the COMMIT: not a failure of the transaction
-            self._raise_translated(commit_exc)
+            if self.committed and isinstance(commit_exc, Exception):
+                # An on_commit callback failed after the COMMIT: not a failure of the transaction.
+                raise OnCommitError(
+                    f"an on_commit callback failed after the transaction on {self.alias!r} committed "
+                    f"({type(commit_exc).__name__}: {commit_exc}); the work is committed: do not retry it",
+                    alias=self.alias,
+                ) from commit_exc
+            if not self.committed:
+                self._raise_translated(commit_exc)
             raise
         self._after_end(pending=exc is not None)
         if exc is not None:
@@ -137,6 +156,10 @@ class ScopeTransaction:
         already made sure the altered value cannot outlive the failure).
         """
         if self._token is None:
+            return
+        if self._restored:
+            if self._restore_error is not None and not pending:
+                raise self._restore_error
             return
         try:
             self.backend.after_transaction_end(connections[self.alias], self._token, nested=self.nested)

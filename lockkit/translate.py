@@ -11,7 +11,7 @@ from types import TracebackType
 
 from django.db import DatabaseError
 
-from lockkit.codes import classify, code_of
+from lockkit.codes import classify, code_of, lookup
 from lockkit.errors import LockError, error_class
 
 
@@ -33,8 +33,10 @@ def translate(exc: BaseException, *, alias: str, nowait: bool, attempts: int = 1
     failure = classify(exc, nowait=nowait)
     if failure is None:
         return None
+    row = lookup(exc)
+    hint = f" ({row.hint})" if row is not None and row.hint else ""
     error = error_class(failure)(
-        f"{failure.value} on database {alias!r}: {exc}".strip(),
+        f"{failure.value} on database {alias!r}: {exc}".strip() + hint,
         sqlstate=code_of(exc),
         alias=alias,
         attempts=attempts,

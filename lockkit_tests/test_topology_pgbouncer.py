@@ -91,3 +91,26 @@ def test_scope_timeouts_apply_inside_and_never_reach_the_next_client_of_the_serv
     finally:
         with connections["primary"].cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [leaky_pid])  # do not leave it to later tests
+
+
+def test_a_session_advisory_lock_through_transaction_pooling_is_reported_lost() -> None:
+    """PgBouncer hands out a server connection per transaction: a session-level lock stays on the server connection
+    that took it, which the next client gets, while the block's own release lands elsewhere."""
+    client = bouncer_client()
+    held_pid = 0
+    try:
+        with pytest.raises(lockkit.AdvisoryLockLost, match="pooler") as caught:
+            with lockkit.advisory_lock("cron:pooled", using=ALIAS, session=True) as held:
+                assert held.pid is not None
+                held_pid = held.pid
+                # PgBouncer reuses the server connection released last: the one holding the lock.
+                row = client.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                assert row[0] == held_pid
+        assert caught.value.alias == ALIAS
+    finally:
+        client.rollback()
+        client.close()
+        if held_pid:
+            with connections["primary"].cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [held_pid])  # drop the stranded lock

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.transaction import Atomic
 
+    from lockkit.advisory_keys import AdvisoryKey
+    from lockkit.waits import LockWait
+
 
 @dataclass(frozen=True)
 class TimeoutToken:
@@ -133,4 +136,104 @@ class Backend:
         (MySQL's session variables, SQLite's busy timeout), so that no value reaches the next user of the
         connection. An implementation that cannot restore must not leave the altered value behind (close the
         connection when it is outside any transaction).
+        """
+
+    # -- advisory locks --------------------------------------------------------------------------------------
+
+    #: Whether a transaction-scoped advisory lock ends with the transaction by itself (PostgreSQL's
+    #: ``pg_advisory_xact_lock``); when ``False`` the scope releases it explicitly (MariaDB's ``RELEASE_LOCK``).
+    advisory_locks_end_with_transaction = True
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Say how advisory locks work here, for ``lockkit_capabilities``; ``None`` when lockkit has none."""
+        return None
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Refuse, before any SQL runs, an advisory lock the database cannot take.
+
+        Raises:
+            NotSupportedError: the database has no such advisory lock.
+        """
+        raise NotSupportedError(
+            f"advisory locks are not supported on {connection.vendor} ({connection.alias!r})"
+        )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """Take an advisory lock; return whether it was granted and the server session id that holds it.
+
+        ``False`` means the ``nowait`` attempt found it held, or (MariaDB) the ``timeout`` in seconds expired; a
+        database error (PostgreSQL's expired ``lock_timeout``) propagates. Transaction-scoped locks are taken in
+        the caller's transaction, whose ``lock_timeout`` the caller has set.
+        """
+        self.check_advisory(connection, shared=shared, session=session)
+        return False, None  # pragma: no cover - check_advisory raised
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """Release one hold of a session-level (MariaDB: any) advisory lock.
+
+        Returns:
+            Whether this session held it, and the server session id.
+        """
+        raise NotSupportedError(
+            f"advisory locks are not supported on {connection.vendor} ({connection.alias!r})"
+        )
+
+    # -- lock inspection -------------------------------------------------------------------------------------
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Return the sessions of the connection's database waiting for locks, with their direct blockers.
+
+        Raises:
+            NotSupportedError: lockkit cannot inspect locks on this database.
+        """
+        raise NotSupportedError(f"lock inspection is not supported on {connection.vendor} ({alias!r})")
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """Say which database session ``pid`` is connected to.
+
+        Returns:
+            Its database (``None``: no such session), whether that is the connection's own database, and whether
+            ``pid`` is the connection's own session.
+        """
+        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent."""
+        raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
+
+    # -- bounded DDL -----------------------------------------------------------------------------------------
+
+    #: Whether a bound set inside a transaction ends with it by itself (PostgreSQL's ``set_config(..., true)``);
+    #: when ``False`` the caller restores it with ``unbound_lock_waits`` on every path.
+    lock_waits_bound_end_with_transaction = False
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """Bound the lock waits of the statements that follow (DDL included); return what to restore.
+
+        Transaction-scoped when ``in_transaction`` where the database has such a form, else session-scoped: the
+        caller restores it with ``unbound_lock_waits`` on every path.
+
+        Raises:
+            NotSupportedError: lockkit cannot bound lock waits on this database.
+        """
+        raise NotSupportedError(f"lock waits cannot be bounded on {connection.vendor} ({connection.alias!r})")
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put back what ``bound_lock_waits`` changed.
+
+        If that fails outside a transaction, close the connection (so the altered value cannot reach the next user
+        of it) and raise.
         """

@@ -11,10 +11,16 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from django.db import NotSupportedError
+
+from lockkit.backends import mysql_locks
 from lockkit.backends.base import Backend, TimeoutToken
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory_keys import AdvisoryKey
+    from lockkit.waits import LockWait
 
 # innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
 _MAX_LOCK_WAIT = 1_073_741_824
@@ -34,7 +40,79 @@ def _statement_timeout(connection: BaseDatabaseWrapper, value: float) -> tuple[s
     return "max_execution_time", max(1, round(value * 1000))
 
 
-class MySQLBackend(Backend):
+class _NamedLocks:
+    """``GET_LOCK``/``RELEASE_LOCK``: session-level named locks, so the scope releases them itself; exclusive only."""
+
+    advisory_locks_end_with_transaction = False
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        return (
+            "GET_LOCK/RELEASE_LOCK named locks (per database, released at scope end), exclusive only, "
+            "waits bounded by GET_LOCK's own timeout (fractions of a second)"
+        )
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        if shared:
+            raise NotSupportedError(
+                f"shared advisory locks are not supported on {connection.vendor} ({connection.alias!r}): "
+                "GET_LOCK locks are exclusive"
+            )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        self.check_advisory(connection, shared=shared, session=session)
+        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        return mysql_locks.release(connection, key)
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        return mysql_locks.lock_waits(connection, alias)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        return mysql_locks.session_database(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        return mysql_locks.signal(connection, pid, terminate=terminate)
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        # DDL waits for metadata locks (lock_wait_timeout), data statements for row locks
+        # (innodb_lock_wait_timeout); both are session variables in whole seconds, restored by the caller.
+        wanted: dict[str, float | int] = {
+            "lock_wait_timeout": lock_wait_seconds(lock_timeout),
+            "innodb_lock_wait_timeout": lock_wait_seconds(lock_timeout),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
+            row = cursor.fetchone()
+            assert row is not None
+            previous = dict(zip(wanted, row, strict=True))
+            _set(cursor, wanted)
+        return TimeoutToken(previous)
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        try:
+            with connection.cursor() as cursor:
+                _set(cursor, token.previous)
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
+
+
+class MySQLBackend(_NamedLocks, Backend):
     """``innodb_lock_wait_timeout`` and ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL).
 
     Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lockkit.backends import psycopg_begin
+from lockkit.backends import postgresql_locks, psycopg_begin
 from lockkit.backends.base import Backend, TimeoutToken
 from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory_keys import AdvisoryKey
+    from lockkit.waits import LockWait
 
 # The setting names are constants of ours, never user input. Values travel as parameters, except in the folded
 # BEGIN (psycopg_begin): there an int of milliseconds lockkit computed from a validated duration, written with %d.
@@ -116,3 +119,76 @@ class PostgreSQLBackend(Backend):
         setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])
+
+    # -- advisory locks, inspection, bounded DDL (SQL in postgresql_locks) -----------------------------------
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe PostgreSQL advisory locks for ``lockkit_capabilities``."""
+        return (
+            "pg_advisory_xact_lock (scope) / pg_advisory_lock (session=True), exclusive and shared, "
+            "bigint or (int, int) keys, waits bounded by lock_timeout"
+        )
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Every form exists on PostgreSQL."""
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set."""
+        # The wait is bounded by the transaction's lock_timeout, which the caller's scope has set.
+        return postgresql_locks.acquire(connection, key, shared=shared, session=session, nowait=nowait)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """``pg_advisory_unlock``: release one hold of a session-level lock."""
+        return postgresql_locks.release(connection, key, shared=shared)
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Read ``pg_locks`` and ``pg_blocking_pids()`` for the sessions of this database."""
+        return postgresql_locks.lock_waits(connection, alias)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """``pg_stat_activity``: the database session ``pid`` is connected to."""
+        return postgresql_locks.session_database(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """``pg_cancel_backend`` or ``pg_terminate_backend``."""
+        return postgresql_locks.signal(connection, pid, terminate=terminate)
+
+    lock_waits_bound_end_with_transaction = True
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """``set_config('lock_timeout', ..., is_local)``: transaction-scoped inside a transaction."""
+        # is_local = true ends with the transaction by itself; outside one it is the session's, restored after.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, %s)",
+                [f"{milliseconds(lock_timeout)}ms", in_transaction],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        return TimeoutToken({"lock_timeout": row[0]})
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the session-level ``lock_timeout`` back (closing the connection if that fails)."""
+        # Only called for a session-level bound: a transaction-scoped one ends with its transaction.
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, false)", [token.previous["lock_timeout"]]
+                )
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 from django.db import models
@@ -21,6 +20,7 @@ from lockkit.claims.mixin import Claimable
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 from lockkit.scope import locked
+from lockkit.validation import Duration
 
 _SELECTS: PerQueryset[tuple[str, list[Any]] | None] = PerQueryset()
 
@@ -43,7 +43,7 @@ def claim(
     target: models.Model | QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
@@ -126,7 +126,7 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression] | None = None,
@@ -251,7 +251,7 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
     return written
 
 
-def heartbeat(claim: Claim, *, lease: float | timedelta | None = None) -> Claim:
+def heartbeat(claim: Claim, *, lease: Duration | None = None) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
     Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A

@@ -77,6 +77,17 @@ MARIADB = Dialect(
         "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM information_schema.innodb_lock_waits w "
         "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
         "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id"
+        # A session waiting in GET_LOCK (lockkit.advisory_lock): the lock name is the statement's first quoted
+        # text, and IS_USED_LOCK names its holder. https://mariadb.com/kb/en/get_lock/
+        " UNION ALL SELECT p.id, IS_USED_LOCK(SUBSTRING_INDEX(SUBSTRING_INDEX(p.info, CHAR(39), 2), CHAR(39), -1)) "
+        "FROM information_schema.processlist p WHERE p.state = 'User lock' "
+        "AND IS_USED_LOCK(SUBSTRING_INDEX(SUBSTRING_INDEX(p.info, CHAR(39), 2), CHAR(39), -1)) IS NOT NULL"
+        # DDL waiting for a table's metadata lock: the server does not say who holds it (without the
+        # metadata_lock_info plugin), so every other open transaction of the database is a candidate.
+        " UNION ALL SELECT p.id, t.trx_mysql_thread_id FROM information_schema.processlist p "
+        "JOIN information_schema.innodb_trx t ON t.trx_mysql_thread_id <> p.id "
+        "JOIN information_schema.processlist tp ON tp.id = t.trx_mysql_thread_id AND tp.db <=> p.db "
+        "WHERE p.state = 'Waiting for table metadata lock'"
     ),
     # https://mariadb.com/kb/en/information-schema-innodb_lock_waits-table/; lock kind: RECORD or TABLE.
     lock_waits=(
@@ -125,6 +136,14 @@ def dialect_of(connection: BaseDatabaseWrapper) -> Dialect:
         return POSTGRESQL
     if connection.vendor == "mysql":
         return MARIADB if getattr(connection, "mysql_is_mariadb", False) else MYSQL
+    if connection.vendor == "sqlite":
+        raise NotImplementedError(
+            f"the contention toolkit (hold_lock, wait_until_blocked, blocked_by, backend_pid) does not support "
+            f"SQLite ({connection.alias!r}): SQLite has no row locks and no server sessions to observe (a lockkit "
+            "scope there takes the whole database's write lock at BEGIN IMMEDIATE). Test contention on PostgreSQL "
+            "or MariaDB/MySQL; on SQLite two scopes simply run one after the other, and a wait longer than "
+            "lock_timeout raises LockTimeout"
+        )
     raise NotImplementedError(
         f"the contention toolkit does not support {connection.vendor} ({connection.alias!r}): it needs "
         "PostgreSQL or MariaDB/MySQL, whose sessions can wait for each other's row locks"
