@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sample_project.cli import main
+from sample_project.demo.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())
