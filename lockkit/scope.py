@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.db import connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import advisory_locks, aliases, codes
+from lockkit import advisory_locks, aliases, codes, events, signals
 from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
 from lockkit.advisory_locks import HeldLock
 from lockkit.errors import Failure, NotInLockedScope
@@ -215,7 +215,12 @@ class LockScope:
                 been deleted raises ``DoesNotExist``).
             NotInLockedScope, AliasMismatch, TypeError, ValueError: as ``lock()``.
         """
-        return self.lock(target).get(*args, **lookups)
+        queryset = self.lock(target)
+        if not signals.lock_acquired.receivers:
+            return queryset.get(*args, **lookups)
+        return events.timed_lock(
+            LockScope, self, queryset.model, lambda: queryset.get(*args, **lookups), _one
+        )
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -244,15 +249,17 @@ class LockScope:
         """
         queryset = self.lock(target)
         if pks is None:
-            return list(queryset.order_by("pk"))
+            return self._locked_rows(queryset.order_by("pk"))
         if isinstance(pks, QuerySet):
             # A subquery on the scope's alias (refused if bound elsewhere), not evaluated on another database.
-            return list(queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks")).order_by("pk"))
+            return self._locked_rows(
+                queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks")).order_by("pk")
+            )
         if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
             raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
         model: Any = queryset.model
         wanted = [_primary_key(model, pk) for pk in pks]
-        rows = {row.pk: row for row in queryset.filter(pk__in=wanted).order_by("pk")}
+        rows = {row.pk: row for row in self._locked_rows(queryset.filter(pk__in=wanted).order_by("pk"))}
         missing = [pk for pk in wanted if pk not in rows]
         if missing:
             missing = _match_by_collation(rows, wanted, missing)
@@ -262,6 +269,12 @@ class LockScope:
                 f"on {self.alias!r}"
             )
         return [rows[pk] for pk in wanted]
+
+    def _locked_rows(self, queryset: QuerySet[M]) -> list[M]:
+        """Evaluate a locking queryset; timed for ``lockkit.signals.lock_acquired`` only when it has receivers."""
+        if not signals.lock_acquired.receivers:
+            return list(queryset)
+        return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
         """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
@@ -294,14 +307,22 @@ class LockScope:
         self._check_active()
         backend = self._transaction.backend
         backend.check_advisory(connections[self.alias], shared=shared, session=False)
-        held = advisory_locks.take(
-            self.alias,
-            checked,
-            shared=shared,
-            session=False,
-            nowait=self.nowait,
-            lock_timeout=self.lock_timeout,
-            attempts=self.attempt,
+
+        def take() -> HeldLock:
+            return advisory_locks.take(
+                self.alias,
+                checked,
+                shared=shared,
+                session=False,
+                nowait=self.nowait,
+                lock_timeout=self.lock_timeout,
+                attempts=self.attempt,
+            )
+
+        held = (
+            take()
+            if not signals.lock_acquired.receivers
+            else events.timed_lock(LockScope, self, None, take, _one)
         )
         if not backend.advisory_locks_end_with_transaction:
             self._advisory.append(held)
@@ -323,6 +344,10 @@ class LockScope:
         flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _one(_: object) -> int:
+    return 1
 
 
 def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:
@@ -539,7 +564,8 @@ def refuse_unsupported(func: object, name: str) -> None:
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         raise TypeError(
             f"{name} cannot decorate the async function {getattr(func, '__qualname__', func)!r}: lockkit scopes "
-            "are synchronous; call a sync locked operation through asgiref.sync.sync_to_async"
+            "are synchronous; decorate a plain def with @locked_operation and await its awaitable form, "
+            "`await func.acall(...)`"
         )
     if inspect.isgeneratorfunction(func):
         raise TypeError(
