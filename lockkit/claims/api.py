@@ -14,29 +14,11 @@ from django.db import models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
-from lockkit.claims import checks, sql
-from lockkit.claims.memo import PerQueryset
-from lockkit.claims.mixin import Claimable
+from lockkit.claims import inputs, sql
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 from lockkit.scope import locked
 from lockkit.validation import Duration
-
-_SELECTS: PerQueryset[tuple[str, list[Any]] | None] = PerQueryset()
-
-_PICKED = '"lockkit_picked"'
-_ORDERED = '"lockkit_ordered"'
-_GIVEN = '"lockkit_given"'
-_LIVE = '"lockkit_live"'
-_DONE = '"lockkit_done"'
-_EXPIRED = '"lockkit_expired"'
-
-
-def _returning(model: type[Claimable], alias: str) -> str:
-    return ", ".join(
-        [sql.pk_column(model, alias)]
-        + [sql.column(model, alias, name) for name in ("claim_token", "lease_expires_at", "attempts")]
-    )
 
 
 def claim(
@@ -74,8 +56,9 @@ def claim(
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: an unsaved instance, a non-positive lease, an empty worker name, an unknown field in
-            ``set``.
+        ValueError: an unsaved instance, a non-positive lease, an empty or unstorable worker name, an unknown
+            field in ``set``/``when`` or a ``set`` value its column cannot store, a queryset that already carries
+            ``select_for_update()`` (claims lock the rows themselves).
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
         MultipleObjectsReturned: the queryset matches more than one claimable row (nothing is claimed).
@@ -83,7 +66,7 @@ def claim(
     """
     hint: models.Model | None = None
     if isinstance(target, models.Model):
-        model = checks.claimable_model(type(target), "target")
+        model = inputs.claimable_model(type(target), "target")
         if target.pk is None:
             raise ValueError(f"target is an unsaved {model.__name__} instance: it has no row to claim")
         queryset: QuerySet[Any] = model._base_manager.filter(pk=target.pk)
@@ -92,23 +75,18 @@ def claim(
             queryset = queryset.using(target._state.db)
         hint = target
     elif isinstance(target, QuerySet):
-        queryset = checks.queryset(target, "target")
-        model = checks.claimable_model(queryset.model, "target")
+        queryset = inputs.queryset(target, "target")
+        model = inputs.claimable_model(queryset.model, "target")
     else:
         raise TypeError(
             f"target must be a saved Claimable instance or a QuerySet, not {type(target).__name__}"
         )
-    name = checks.worker(worker)
-    seconds = checks.lease(lease)
-    condition = checks.condition(when)
-    alias = checks.alias_for(using, queryset, hint)
-    prefix, set_params = sql.update_prefix(
-        model, alias, sql.claim_assignments(name, seconds, checks.assignments(model, set, "set"))
-    )
-    candidates = queryset.using(alias).filter(lease_expires_at__isnull=True)
-    if condition is not None:
-        candidates = candidates.filter(condition)
-    statement = f"{prefix} WHERE {sql.pk_column(model, alias)} = %s RETURNING {_returning(model, alias)}"
+    name = inputs.worker(worker)
+    seconds = inputs.lease(lease)
+    alias = inputs.alias_for(using, queryset, hint)
+    statements = sql.for_table(model, alias)
+    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
+    candidates = inputs.condition(when, queryset.using(alias).filter(lease_expires_at__isnull=True))
     with locked(alias, no_key=True) as scope:
         rows = list(scope.lock(candidates).only("pk").order_by()[:2])
         if not rows:
@@ -117,9 +95,8 @@ def claim(
             raise model.MultipleObjectsReturned(
                 f"target matches more than one claimable {model.__name__} row; claim one, or use claim_next()"
             )
-        pk_value = sql.prepare_pks(model, alias, [rows[0].pk])[0][0]
-        (row,), _ = sql.run(alias, statement, [*set_params, pk_value])
-    return Claim(model, row[0], int(row[1]), name, row[2], int(row[3]), alias, seconds)
+        row = statements.claim_row(rows[0].pk, values)
+    return Claim.from_row(row, model=model, alias=alias, lease=seconds)
 
 
 def claim_next(
@@ -129,7 +106,7 @@ def claim_next(
     lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
-    order_by: Sequence[str | BaseExpression] | None = None,
+    order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
@@ -160,88 +137,58 @@ def claim_next(
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: a non-positive ``lease`` or ``limit``, a sliced or distinct queryset, a bad ``set``.
+        ValueError: a non-positive ``lease`` or ``limit``, an empty or unstorable worker name, a sliced or
+            distinct queryset or one that already carries ``select_for_update()``, a bad ``set``, an ``order_by``
+            naming an unknown field or using an aggregate or window function.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
         LockTimeout, StatementTimeout: the connection's own ``lock_timeout``/``statement_timeout`` expired
             (row locks are never waited for; table locks, e.g. during a migration, can be).
     """
-    candidates = checks.queryset(queryset)
-    model = checks.claimable_model(candidates.model, "queryset")
-    name = checks.worker(worker)
-    seconds = checks.lease(lease)
-    count = checks.positive_int(limit, "limit")
-    ordering = checks.order(order_by)
-    alias = checks.alias_for(using, candidates)
-    prefix, set_params = sql.update_prefix(
-        model, alias, sql.claim_assignments(name, seconds, checks.assignments(model, set, "set"))
-    )
+    candidates = inputs.queryset(queryset)
+    model = inputs.claimable_model(candidates.model, "queryset")
+    name = inputs.worker(worker)
+    seconds = inputs.lease(lease)
+    count = inputs.positive_int(limit, "limit")
+    alias = inputs.alias_for(using, candidates)
+    statements = sql.for_table(model, alias)
+    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
+    source = candidates
 
-    def compile_select() -> tuple[str, list[Any]] | None:
-        picked = candidates.using(alias).filter(lease_expires_at__isnull=True)
-        if ordering is not None:
-            picked = picked.order_by(*ordering)
-        elif not picked.ordered:
-            picked = picked.order_by("pk")
-        return sql.locking_select(picked, alias, limit=count, skip_locked=True)
+    def ordered() -> QuerySet[Any]:
+        return inputs.order(order_by, source.using(alias).filter(lease_expires_at__isnull=True))
 
-    if candidates is queryset:  # the caller's own queryset object: its compiled SELECT is kept while it lives
-        locking = _SELECTS.get(candidates, (alias, count, ordering), compile_select)
-    else:
-        locking = compile_select()
-    if locking is None:
-        return []
-    select, select_params = locking
-    pk = sql.pk_column(model, alias)
-    statement = (
-        f"WITH {_PICKED} (pk) AS MATERIALIZED ({select}), "
-        f"{_ORDERED} (pk, position) AS MATERIALIZED (SELECT pk, row_number() OVER () FROM {_PICKED}) "
-        f"{prefix} FROM {_ORDERED} WHERE {pk} = {_ORDERED}.pk "
-        f"AND {sql.column(model, alias, 'lease_expires_at')} IS NULL "
-        f"RETURNING {_returning(model, alias)}, {_ORDERED}.position"
+    # The caller's own queryset object (not one built here from a manager or a model): its SELECT is kept.
+    # order_by is validated when the SELECT is compiled, so only a None or a list/tuple order_by is ever a key.
+    keyable = order_by is None or isinstance(order_by, list | tuple)
+    reuse = (
+        (queryset, None if order_by is None else tuple(order_by)) if source is queryset and keyable else None
     )
-    rows, _ = sql.run(alias, statement, [*select_params, *set_params])
-    rows.sort(key=lambda row: int(row[4]))
-    return [Claim(model, row[0], int(row[1]), name, row[2], int(row[3]), alias, seconds) for row in rows]
+    rows = statements.claim_next(ordered, count, values, reuse=reuse)
+    return [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
 
 
 def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[Any, Any]:
     """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
 
-    Live means the row still carries the claim's token and is claimed. The rows are locked (``FOR NO KEY
-    UPDATE``, re-checked after any wait) in a materialized CTE; the data-modifying CTE updates them only when
-    all are live; the outer query reports which were live. Returns ``{pk: lease_expires_at}`` of the rows
-    written.
+    Live means the row still carries the claim's token and is claimed. Returns ``{pk: lease_expires_at}`` of
+    the rows written.
 
     Raises:
         StaleClaim: a claim is no longer live (nothing was written).
     """
     first = claims[0]
     model, alias = first.model, first.alias
-    checks.alias_for(alias, model._base_manager.all())
-    prefix, set_params = sql.update_prefix(model, alias, values)
-    pks, pk_array = sql.prepare_pks(model, alias, [c.pk for c in claims])
-    pk = sql.pk_column(model, alias)
-    token = sql.column(model, alias, "claim_token")
-    lease = sql.column(model, alias, "lease_expires_at")
-    table = pk.rsplit(".", 1)[0]
-    statement = (
-        f"WITH {_GIVEN} (pk, token) AS (SELECT * FROM unnest(%s::{pk_array}, %s::bigint[])), "
-        f"{_LIVE} (pk) AS MATERIALIZED (SELECT {pk} FROM {table} JOIN {_GIVEN} "
-        f"ON {pk} = {_GIVEN}.pk AND {token} = {_GIVEN}.token WHERE {lease} IS NOT NULL "
-        f"FOR NO KEY UPDATE OF {table}), "
-        f"{_DONE} AS ({prefix} FROM {_LIVE} WHERE {pk} = {_LIVE}.pk "
-        f"AND (SELECT count(*) FROM {_LIVE}) = %s RETURNING {pk} AS pk, {lease} AS lease) "
-        f"SELECT {_LIVE}.pk, {_DONE}.pk IS NOT NULL, {_DONE}.lease FROM {_LIVE} LEFT JOIN {_DONE} "
-        f"ON {_DONE}.pk = {_LIVE}.pk"
-    )
-    params = [pks, [c.token for c in claims], *set_params, len(claims)]
-    rows, _ = sql.run(alias, statement, params)
-    written = {row[0]: row[2] for row in rows if row[1]}
+    inputs.alias_for(alias, model._base_manager.all())
+    statements = sql.for_table(model, alias)
+    pks = inputs.prepared_pks(claims, alias)
+    rows = statements.fenced_update(pks, [c.token for c in claims], [c.worker for c in claims], values)
+    written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
     if len(written) != len(claims):
-        live = {row[0] for row in rows}
-        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live)
-        listing = ", ".join(f"pk={c.pk!r} token={c.token}" for c in stale)
+        # The statement writes all rows or none, so nothing was written here.
+        live = {row["pk"] for row in rows}
+        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
+        listing = ", ".join(f"pk={c.pk!r} token={c.token} worker={c.worker!r}" for c in stale)
         raise StaleClaim(
             f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row "
             f"(reclaimed, completed or released; a newer claim may own it): {listing}; nothing was written",
@@ -266,12 +213,15 @@ def heartbeat(claim: Claim, *, lease: Duration | None = None) -> Claim:
         A new ``Claim`` with the new ``lease_expires_at`` (and ``lease``).
 
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``lease`` is not a positive duration.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid (each message names
+            ``claim.<field>``; a pk its column would not store unchanged included), or ``lease`` is not a
+            positive duration.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    held = checks.claim(claim)
-    seconds = held.lease if lease is None else checks.lease(lease)
-    written = _fenced_update((held,), {"lease_expires_at": sql.lease_end(seconds)})
+    held = inputs.claim(claim)
+    seconds = held.lease if lease is None else inputs.lease(lease)
+    end = sql.for_table(held.model, held.alias).lease_end(seconds)
+    written = _fenced_update((held,), {"lease_expires_at": end})
     return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
 
 
@@ -282,22 +232,31 @@ def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
     your own ``transaction.atomic()`` together with the job's result writes to make them commit (or fail)
     together.
 
+    Args:
+        claim: The claim to end.
+        set: Fields to write with the completion (values or expressions); ``None`` for none.
+
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
+            field that cannot be set or a value its column cannot store.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    complete_many([checks.claim(claim)], set=set)
+    complete_many([inputs.claim(claim)], set=set)
 
 
 def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
     """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
+    Args:
+        claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
+        set: Fields to write to every row (values or expressions); ``None`` for none.
+
     Raises:
-        TypeError, ValueError: not an iterable of ``Claim``, claims of different models/aliases or repeated
-            rows, a bad ``set``.
+        TypeError, ValueError: not an iterable of ``Claim``, an invalid claim, claims of different
+            models/aliases or repeated rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
-    _end(checks.claims(claims), set)
+    _end(inputs.claims(claims), set)
 
 
 def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
@@ -306,29 +265,46 @@ def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
     The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
     keeps counting.
 
+    Args:
+        claim: The claim to end.
+        set: Fields to write with the release (values or expressions); ``None`` for none.
+
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
+            field that cannot be set or a value its column cannot store.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    release_many([checks.claim(claim)], set=set)
+    release_many([inputs.claim(claim)], set=set)
 
 
 def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
     """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
+    The same statement as ``complete_many`` (both end the claims); the two names say what ``set`` means.
+
+    Args:
+        claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
+        set: Fields to write to every row (values or expressions); ``None`` for none.
+
     Raises:
         TypeError, ValueError, StaleClaim: as ``complete_many``.
     """
-    _end(checks.claims(claims), set)
+    _end(inputs.claims(claims), set)
 
 
 def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
+    """End claims: the one implementation of ``complete_many`` and ``release_many``.
+
+    Completing and releasing write the same thing (the claim ends: ``lease_expires_at = NULL``, plus the
+    caller's ``set``); they differ only in what the caller's ``set`` says about the job.
+    """
     if not claims:
         if values is not None and not isinstance(values, dict):
             raise TypeError(f"set must be a dict of field names to values, not {type(values).__name__}")
         return  # no model to check the field names against, and nothing to write
     model = claims[0].model
-    _fenced_update(claims, {"lease_expires_at": None, **checks.assignments(model, values, "set")})
+    alias = claims[0].alias
+    _fenced_update(claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)})
 
 
 def reclaim_expired(
@@ -362,19 +338,21 @@ def reclaim_expired(
 
     Raises:
         TypeError, ValueError: a wrong type, a non-positive ``max_attempts``, ``max_attempts`` without
-            ``exhausted_set`` (or the reverse), a bad ``set``, a sliced or distinct queryset.
+            ``exhausted_set`` (or the reverse), a bad ``set``/``exhausted_set``, a sliced or distinct queryset
+            or one that already carries ``select_for_update()``.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
     """
-    candidates = checks.queryset(queryset)
-    model = checks.claimable_model(candidates.model, "queryset")
-    back = checks.assignments(model, set, "set")
+    candidates = inputs.queryset(queryset)
+    model = inputs.claimable_model(candidates.model, "queryset")
+    alias = inputs.alias_for(using, candidates)
+    back = inputs.assignments(model, set, "set", alias)
     if (max_attempts is None) != (exhausted_set is None):
         raise ValueError("max_attempts and exhausted_set must be given together")
     values: dict[str, Any] = {"lease_expires_at": None}
     if max_attempts is not None:
-        ceiling = checks.positive_int(max_attempts, "max_attempts")
-        exhausted = checks.assignments(model, exhausted_set, "exhausted_set")
+        ceiling = inputs.positive_int(max_attempts, "max_attempts")
+        exhausted = inputs.assignments(model, exhausted_set, "exhausted_set", alias)
         for field_name in {**back, **exhausted}:
             field = model._meta.get_field(field_name)
             assert isinstance(field, Field)
@@ -387,20 +365,7 @@ def reclaim_expired(
             )
     else:
         values.update(back)
-    alias = checks.alias_for(using, candidates)
-    prefix, set_params = sql.update_prefix(model, alias, values)
-    expired = candidates.using(alias).order_by().filter(lease_expires_at__lt=sql.StatementTimestamp())
-    locking = sql.locking_select(expired, alias, limit=None, skip_locked=True)
-    if locking is None:
-        return 0
-    select, select_params = locking
-    statement = (
-        f"WITH {_EXPIRED} (pk) AS MATERIALIZED ({select}) "
-        f"{prefix} FROM {_EXPIRED} WHERE {sql.pk_column(model, alias)} = {_EXPIRED}.pk "
-        f"AND {sql.column(model, alias, 'lease_expires_at')} < statement_timestamp()"
-    )
-    _, count = sql.run(alias, statement, [*select_params, *set_params])
-    return count
+    return sql.for_table(model, alias).reclaim_expired(candidates.using(alias), values)
 
 
 def _expression(value: Any, field: Any) -> Any:
