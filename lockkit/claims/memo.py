@@ -24,6 +24,7 @@ class PerQueryset(Generic[T]):
     """A cache of ``compute()`` results per (queryset object, key, current time zone)."""
 
     def __init__(self) -> None:
+        """Start empty; entries go with their queryset object."""
         self._memo: weakref.WeakKeyDictionary[QuerySet[Any], dict[Hashable, T]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 

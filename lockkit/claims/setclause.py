@@ -43,6 +43,7 @@ class SetClauses:
     def __init__(
         self, constants: Mapping[str, BaseExpression], is_lease_end: Callable[[object], bool]
     ) -> None:
+        """Recognise ``constants`` (by identity) and lease ends (by ``is_lease_end``) in assignments."""
         self._constants = {id(expression): name for name, expression in constants.items()}
         self._keep = list(constants.values())  # the ids above stay valid while these live
         self._is_lease_end = is_lease_end
