@@ -16,6 +16,9 @@ from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 from lockkit_tests import doc_examples
 
+# The test databases' session fixtures, for every directory of the suite (sample_project and the docs too).
+pytest_plugins = ["lockkit_tests.databases"]
+
 pytest_collect_file = Sybil(
     parsers=[PythonCodeBlockParser(), SkipParser()],
     patterns=list(doc_examples.DOCUMENTS),

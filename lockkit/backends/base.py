@@ -31,9 +31,12 @@ class TimeoutToken:
 
     Attributes:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
+        opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
+            statement that applied the timeouts, at no extra round trip; empty otherwise.
     """
 
     previous: Mapping[str, str | float | int]
+    opened: tuple[str | None, ...] = ()
 
 
 class Backend:

@@ -212,8 +212,9 @@ def bound_alias(queryset: QuerySet[Any]) -> str | None:
 
 
 def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None = None) -> str:
-    """The alias: ``using``, else the queryset's own (``.using()``), else the router's; for an instance (``hint``),
-    ``instance_alias``.
+    """The alias: ``using``, else the queryset's own (``.using()``), else the router's.
+
+    For an instance (``hint``): ``instance_alias``.
 
     Raises:
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
@@ -226,7 +227,7 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
         alias = str(bound_alias(queryset))
     else:
         alias = aliases.check_alias(router.db_for_write(queryset.model), "router.db_for_write(model)")
-    aliases.queryset_on(queryset, alias, "queryset")
+    aliases.check_queryset_alias(queryset, alias, "queryset")
     return alias
 
 

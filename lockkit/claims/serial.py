@@ -10,7 +10,7 @@ See https://mariadb.com/kb/en/select/#skip-locked and https://www.sqlite.org/lan
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -89,14 +89,20 @@ class SerialClaimsSQL(ClaimsSQL):
 
     def claim_next(
         self,
-        candidates: QuerySet[Any],
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
         limit: int,
         values: dict[str, Any],
         fields: Sequence[Field[Any, Any]] = (),
+        *,
+        reuse: tuple[QuerySet[Any], Hashable] | None = None,
     ) -> list[Row]:
-        """Pick up to ``limit`` free rows in order (skipping locked ones), then claim them, in one transaction."""
+        """Pick up to ``limit`` free rows in order (skipping locked ones), then claim them, in one transaction.
+
+        ``reuse`` is accepted for the interface and not used: the picking ``SELECT`` is compiled per call here.
+        """
+        queryset = candidates if isinstance(candidates, QuerySet) else candidates()
         with locked(self.alias):
-            pks = self.pick(candidates, limit=limit, skip_locked=True)
+            pks = self.pick(queryset, limit=limit, skip_locked=True)
             if not pks:
                 return []
             rows = self.write(pks, values, f"{self.table.column('lease_expires_at')} IS NULL", fields)

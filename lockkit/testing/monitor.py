@@ -88,6 +88,7 @@ class LockWaitMonitor:
     _ready: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Check the alias and the interval before any thread starts."""
         check_alias(self.using, "using")
         self.interval = duration(self.interval, "interval")
 
@@ -112,8 +113,12 @@ class LockWaitMonitor:
         return max((sample.waiting for sample in list(self.samples)), default=0)
 
     def mean_waiting(self, start: float | None = None, end: float | None = None) -> float:
-        """The mean number of sessions waiting per sample, over the samples read between ``start`` and
-        ``end`` (seconds since the epoch, ``time.time()``; default: all of them); 0.0 without a sample."""
+        """The mean number of sessions waiting per sample; 0.0 without a sample.
+
+        Args:
+            start: Only samples read at or after this time (seconds since the epoch, ``time.time()``); default all.
+            end: Only samples read at or before this time; default all.
+        """
         inside = [
             sample.waiting
             for sample in list(self.samples)
@@ -163,11 +168,13 @@ class LockWaitMonitor:
             raise error
 
     def __enter__(self) -> LockWaitMonitor:
+        """Start sampling; return the monitor."""
         return self.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """Stop sampling; re-raise the sampling thread's error, or attach it to the block's own as a note."""
         if exc is None:
             self.stop()
             return

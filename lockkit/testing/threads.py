@@ -72,6 +72,7 @@ class ThreadCall(Generic[T]):
         barrier: threading.Barrier | None = None,
         barrier_timeout: float | None = None,
     ) -> None:
+        """Prepare the call; ``start()`` runs it on its own thread."""
         self.name = f"lockkit-call-{index}-{getattr(func, '__name__', 'callable')}"
         self._outcome: Outcome[T] = Outcome(index)
         self._sessions = SessionTracker()
@@ -80,6 +81,7 @@ class ThreadCall(Generic[T]):
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def start(self) -> ThreadCall[T]:
+        """Start the thread (it may wait at the barrier first); return this call."""
         self._thread.start()
         return self
 
