@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockkit import inspect as inspect  # ``lockkit.inspect.blocking()`` after a bare ``import lockkit``
+from lockkit.advisory import advisory_lock
 from lockkit.errors import (
+    AdvisoryLockLost,
     AliasMismatch,
     DeadlockDetected,
     Failure,
@@ -21,14 +24,15 @@ from lockkit.errors import (
     StaleClaim,
     StatementTimeout,
     TransientLockError,
-    classify,
 )
+from lockkit.operation import locked_operation
 from lockkit.retry import RetryEvent, RetryPolicy
-from lockkit.scope import LockScope, current_scope, lock, locked, locked_operation
+from lockkit.scope import LockScope, classify, current_scope, lock, locked
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AdvisoryLockLost",
     "AliasMismatch",
     "DeadlockDetected",
     "Failure",
@@ -45,6 +49,7 @@ __all__ = [
     "StatementTimeout",
     "TransientLockError",
     "__version__",
+    "advisory_lock",
     "classify",
     "current_scope",
     "lock",

@@ -8,13 +8,16 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.core import checks
 
+from lockkit.system_checks import check_capabilities, check_configuration
+
 
 class LockkitConfig(AppConfig):
+    """lockkit's app config: registers the system checks."""
+
     name = "lockkit"
     verbose_name = "lockkit"
 
     def ready(self) -> None:
-        from lockkit.checks import check_capabilities, check_configuration
-
+        """Register the configuration check and the database capability check."""
         checks.register(check_configuration)
         checks.register(check_capabilities, checks.Tags.database)

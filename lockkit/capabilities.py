@@ -1,6 +1,6 @@
 """What lockkit can do on each configured database, and where its correctness depends on configuration.
 
-Read by the system checks (``lockkit.checks``) and the ``lockkit_capabilities`` management command.
+Read by the system checks (``lockkit.system_checks``) and the ``lockkit_capabilities`` management command.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class Capabilities:
         row_locks: ``SELECT ... FOR UPDATE`` exists (SQLite: no; lockkit locks the whole database instead).
         nowait, skip_locked, of, no_key: The ``select_for_update`` options the database honours.
         lock_timeout, statement_timeout: How lockkit applies the scope's timeouts, or ``None`` when it cannot.
+        advisory_locks: How ``advisory_lock()`` works here, or ``None`` when it is not supported.
         warnings: Where correctness depends on configuration.
         error: Why the server could not be asked (the flags that need it are then ``False``), or ``None``.
     """
@@ -41,11 +42,13 @@ class Capabilities:
     no_key: bool = False
     lock_timeout: str | None = None
     statement_timeout: str | None = None
+    advisory_locks: str | None = None
     warnings: tuple[str, ...] = field(default=())
     error: str | None = None
 
 
-def _pooler(settings_dict: dict[str, Any]) -> str | None:
+def pooler(settings_dict: dict[str, Any]) -> str | None:
+    """Say why a database's settings look like a connection pooler (its port or host name), or ``None``."""
     try:
         port = int(settings_dict.get("PORT") or 0)
     except (TypeError, ValueError):
@@ -83,8 +86,8 @@ def configuration_warnings(alias: str) -> list[str]:
             "write lock in time and may fail at once with 'database is locked'"
             + (f"; {context}" if context else "")
         )
-    pooler = _pooler(settings_dict)
-    if pooler is not None:
+    found_pooler = pooler(settings_dict)
+    if found_pooler is not None:
         advice = (
             "lockkit's PostgreSQL timeouts are transaction-scoped and safe in transaction pooling; "
             "in session "
@@ -97,7 +100,12 @@ def configuration_warnings(alias: str) -> list[str]:
             "server session for the whole transaction: use session pooling, or multiplexing that keeps a "
             "transaction on one backend"
         )
-        warnings.append(f"{alias!r} looks like it is behind a connection pooler ({pooler}): {advice}")
+        # A session-level advisory lock lives on the server session that took it.
+        advice += (
+            "; advisory_lock(session=True) needs one server session for the whole block, which transaction "
+            "pooling does not give (lockkit raises AdvisoryLockLost at the end when it notices)"
+        )
+        warnings.append(f"{alias!r} looks like it is behind a connection pooler ({found_pooler}): {advice}")
         if connection.vendor == "postgresql" and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
             warnings.append(
                 f"{alias!r} is behind a pooler without DISABLE_SERVER_SIDE_CURSORS = True: "
@@ -130,6 +138,7 @@ def capabilities(alias: str) -> Capabilities:
             no_key=bool(features.has_select_for_no_key_update),
             lock_timeout=lock_timeout,
             statement_timeout=statement_timeout,
+            advisory_locks=backend.advisory_support(connection),
             warnings=warnings,
         )
     except Exception as exc:  # an unreachable server must not break the report of the others
@@ -158,6 +167,7 @@ def format_table(caps: Capabilities) -> str:
         ("no_key (FOR NO KEY UPDATE)", _yes(caps.no_key)),
         ("lock_timeout", caps.lock_timeout or "not applied"),
         ("statement_timeout", caps.statement_timeout or "not supported"),
+        ("advisory locks", caps.advisory_locks or "not supported"),
     ]
     if caps.error is not None:
         rows = [("server", f"unreachable: {caps.error}")]
@@ -168,4 +178,4 @@ def format_table(caps: Capabilities) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Capabilities", "capabilities", "configuration_warnings", "format_table"]
+__all__ = ["Capabilities", "capabilities", "configuration_warnings", "format_table", "pooler"]

@@ -1,4 +1,8 @@
-"""lockkit's exception hierarchy, the ``Failure`` kinds, and ``classify()``.
+"""lockkit's exception hierarchy, the ``Failure`` kinds, and the registry from a kind to its error class.
+
+Each error class that stands for a database-reported failure declares its kind once (``failure = Failure.X``);
+defining the class registers it, and ``error_class()`` finds it. Adding a kind touches two places: the enum and the
+class here, plus its rows in ``lockkit.codes``. This module imports nothing else from lockkit.
 
 Database-reported failures subclass both :class:`LockError` and Django's ``OperationalError``, so existing
 ``except OperationalError`` blocks keep working; misuse errors subclass ``TransactionManagementError``.
@@ -24,6 +28,10 @@ class Failure(enum.Enum):
     READ_ONLY = "read_only_sql_transaction"
 
 
+# Filled by LockError.__init_subclass__: the one class that declares each failure kind.
+_ERROR_CLASSES: dict[Failure, type[LockError]] = {}
+
+
 class LockError(Exception):
     """Base class of every lockkit error.
 
@@ -35,6 +43,20 @@ class LockError(Exception):
 
     failure: ClassVar[Failure | None] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register a subclass that declares its own ``failure`` as the error class of that kind.
+
+        Raises:
+            TypeError: another class already declared the same ``failure``.
+        """
+        super().__init_subclass__(**kwargs)
+        failure = cls.__dict__.get("failure")
+        if failure is None:
+            return
+        registered = _ERROR_CLASSES.setdefault(failure, cls)
+        if registered is not cls:
+            raise TypeError(f"{failure} is already declared by {registered.__qualname__}")
+
     def __init__(
         self,
         message: str = "",
@@ -43,6 +65,7 @@ class LockError(Exception):
         alias: str | None = None,
         attempts: int = 1,
     ) -> None:
+        """Build the error; every argument but ``message`` is keyword-only (see the class attributes)."""
         super().__init__(message)
         self.sqlstate = sqlstate
         self.alias = alias
@@ -97,6 +120,16 @@ class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
 
 
+class AdvisoryLockLost(LockError):
+    """A session-level advisory lock was no longer held by this session when its block ended.
+
+    The connection was closed or replaced during the block (``close_old_connections()``, a lost connection, a
+    server restart), or a pooler in transaction mode (PgBouncer ``pool_mode = transaction``) gave the block a
+    different server session than the one that took the lock: the block did not run under the lock the whole
+    time. Never retried.
+    """
+
+
 class StaleClaim(LockError):
     """A job claim was used after it stopped holding its row; nothing was written. Never retried.
 
@@ -115,52 +148,15 @@ class StaleClaim(LockError):
         alias: str | None = None,
         claims: tuple[Any, ...] = (),
     ) -> None:
+        """Build the error for the stale ``claims`` on ``alias``."""
         super().__init__(message, alias=alias)
         self.claims = claims
 
 
-ERROR_FOR_FAILURE: dict[Failure, type[LockError]] = {
-    Failure.LOCK_NOT_AVAILABLE: LockNotAvailable,
-    Failure.LOCK_TIMEOUT: LockTimeout,
-    Failure.DEADLOCK_DETECTED: DeadlockDetected,
-    Failure.SERIALIZATION_FAILURE: SerializationFailure,
-    Failure.STATEMENT_TIMEOUT: StatementTimeout,
-    Failure.READ_ONLY: ReadOnlyDatabase,
-}
+def error_class(failure: Failure) -> type[LockError]:
+    """Return the lockkit error class that declares ``failure``.
 
-
-def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
-    """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
-
-    The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
-    driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
-    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
-    apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
-    outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
-    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
-    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
-
-    Args:
-        exc: Any exception.
-        nowait: Whether the failing statement used ``NOWAIT``; ``None`` to take it from the active scope.
-
-    Returns:
-        The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+    Raises:
+        KeyError: no class declares ``failure`` (a kind added to the enum without its class).
     """
-    from lockkit.sqlstate import lookup
-
-    if isinstance(exc, LockError):
-        return exc.failure
-    row = lookup(exc)
-    if row is None:
-        return None
-    if not row.ambiguous_nowait:
-        return row.failure
-    if nowait is None:
-        from lockkit.scope import _innermost_scope
-
-        scope = _innermost_scope()
-        if scope is None:
-            return row.failure  # outside any scope: the code's own meaning
-        nowait = scope.nowait
-    return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
+    return _ERROR_CLASSES[failure]

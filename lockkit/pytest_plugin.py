@@ -27,10 +27,12 @@ _NOT_TRANSACTIONAL = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``contention`` marker."""
     config.addinivalue_line("markers", _MARKER_HELP)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give tests marked ``contention`` a transactional database (pytest-django)."""
     if not config.pluginmanager.hasplugin("django"):
         return
     for item in items:
@@ -56,8 +58,7 @@ def _lockkit_contention_requires_transaction(request: pytest.FixtureRequest) -> 
 
 
 def _wraps_in_transaction(test_class: type) -> bool:
-    """Whether a unittest class is Django's ``TestCase`` (each test inside a transaction) rather than
-    ``TransactionTestCase``."""
+    """Whether a unittest class is Django's ``TestCase`` (each test in a transaction), not ``TransactionTestCase``."""
     from django.test import TestCase
 
     return issubclass(test_class, TestCase)
@@ -65,8 +66,10 @@ def _wraps_in_transaction(test_class: type) -> bool:
 
 @pytest.fixture
 def contention(request: pytest.FixtureRequest) -> Iterator[ContentionKit]:
-    """The contention helpers (``hold_lock``, ``wait_until_blocked``, ``in_thread``, ``run_concurrently``,
-    ``assert_single_alias``...) bound to this test, on a transactional database.
+    """Return the contention helpers bound to this test, on a transactional database.
+
+    The helpers are ``hold_lock``, ``wait_until_blocked``, ``in_thread``, ``run_concurrently``,
+    ``assert_single_alias``...
 
     Threads started with ``contention.in_thread`` must have finished by the end of the test: one still running
     is cancelled and fails the test. The default timeout is the ``contention`` marker's ``timeout`` (10 s).

@@ -15,8 +15,9 @@ from typing import Any
 
 import tenacity
 
-from lockkit.durations import seconds
+from lockkit.codes import code_of
 from lockkit.errors import Failure, LockError
+from lockkit.validation import duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
 
@@ -49,14 +50,6 @@ class RetryEvent:
 
 
 Hook = Callable[[RetryEvent], None]
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -92,7 +85,12 @@ class RetryPolicy:
     on_give_up: Hook | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self.attempts, "attempts")
+        """Validate and normalise the fields (durations to seconds, ``retry_on`` to a frozenset).
+
+        Raises:
+            TypeError, ValueError: a field has the wrong type or value, named.
+        """
+        positive_int(self.attempts, "attempts")
         if isinstance(self.retry_on, str | bytes | Failure) or not isinstance(self.retry_on, Iterable):
             raise TypeError("retry_on must be an iterable of lockkit.Failure")
         retry_on = frozenset(self.retry_on)
@@ -104,9 +102,9 @@ class RetryPolicy:
                 "retry_on cannot include Failure.READ_ONLY: a read-only database never becomes writable"
             )
         object.__setattr__(self, "retry_on", retry_on)
-        object.__setattr__(self, "wait_initial", seconds(self.wait_initial, "wait_initial"))
-        object.__setattr__(self, "wait_max", seconds(self.wait_max, "wait_max"))
-        object.__setattr__(self, "deadline", seconds(self.deadline, "deadline", allow_none=True))
+        object.__setattr__(self, "wait_initial", duration(self.wait_initial, "wait_initial"))
+        object.__setattr__(self, "wait_max", duration(self.wait_max, "wait_max"))
+        object.__setattr__(self, "deadline", optional_duration(self.deadline, "deadline"))
         if self._seconds("wait_max") < self._seconds("wait_initial"):
             raise ValueError(f"wait_max ({self.wait_max}) must be >= wait_initial ({self.wait_initial})")
         for name in ("before_retry", "on_give_up"):
@@ -160,8 +158,6 @@ def check_retry(value: object, name: str = "retry") -> RetrySetting:
 
 
 def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: float) -> RetryEvent:
-    from lockkit.sqlstate import code_of
-
     assert state.outcome is not None
     error = state.outcome.exception()  # None when a tenacity result predicate asked for the retry
     failure = error.failure if isinstance(error, LockError) else None

@@ -1,57 +1,41 @@
-"""``locked()``, ``locked_operation()``, ``LockScope`` and the stack of active scopes.
+"""The public scope layer: ``LockScope``, the stack of active scopes, ``current_scope``, ``lock``, ``locked``.
 
-Configuration lives on the ``Locked``/decorator objects; every per-call value (the transaction, the timeouts to
-restore, the attempt number) lives on the ``LockScope`` of that call, kept in a ``ContextVar`` stack (per thread and
-per task). One decorated function is therefore safe to call from many threads at once.
+Configuration lives on the ``Locked``/decorator objects (a frozen ``ScopeOptions``); every per-call value (the
+transaction, the timeouts, the attempt number) lives on the ``LockScope`` of that call, kept in a ``ContextVar``
+stack (per thread and per task). One decorated function is therefore safe to call from many threads at once. The
+transaction itself is ``lockkit.transaction.ScopeTransaction``; ``locked_operation`` is in ``lockkit.operation``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from django.db import DatabaseError, connections, models, transaction
+from django.db import connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import aliases, conf
-from lockkit.backends import TimeoutToken, backend_for
-from lockkit.durations import seconds
-from lockkit.errors import ERROR_FOR_FAILURE, LockError, NotInLockedScope, classify
-from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry
-from lockkit.sqlstate import code_of
+from lockkit import advisory_locks, aliases, codes
+from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
+from lockkit.advisory_locks import HeldLock
+from lockkit.errors import Failure, NotInLockedScope
+from lockkit.options import FROM_SETTINGS, Duration, ScopeOptions
+from lockkit.transaction import ScopeTransaction
+from lockkit.validation import flag
 
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=models.Model)
 
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<default from settings.LOCKKIT>"
-
-
-_UNSET: Any = _Unset()
-
-
-class _NotGiven:
-    def __repr__(self) -> str:
-        return "<not given>"
-
-
-_NOT_GIVEN: Any = _NotGiven()
-
-_scopes: ContextVar[tuple[LockScope, ...]] = ContextVar("lockkit_scopes", default=())
+_scopes: ContextVar[tuple[ScopeBlock, ...]] = ContextVar("lockkit_scopes", default=())
 
 
 def _innermost_scope() -> LockScope | None:
     stack = _scopes.get()
-    return stack[-1] if stack else None
+    return stack[-1].scope if stack else None
 
 
 def current_scope() -> LockScope:
@@ -79,83 +63,28 @@ def lock(target: QuerySet[M] | type[M]) -> QuerySet[M]:
     return current_scope().lock(target)
 
 
-def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
-    return value
+def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
+    """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
 
+    The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
+    driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
+    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
+    apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
+    outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
+    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
-@dataclass(frozen=True)
-class _Options:
-    """A scope's validated configuration. ``lock_timeout``/``statement_timeout`` may be ``_UNSET`` (from settings)."""
+    Args:
+        exc: Any exception.
+        nowait: Whether the failing statement used ``NOWAIT``; ``None`` to take it from the active scope.
 
-    using: str | Callable[..., str] | None
-    model: type[models.Model] | None
-    lock_timeout: Any
-    statement_timeout: Any
-    nowait: bool
-    skip_locked: bool
-    no_key: bool
-
-    @classmethod
-    def build(
-        cls,
-        using: object,
-        *,
-        model: object,
-        lock_timeout: object,
-        statement_timeout: object,
-        nowait: object,
-        skip_locked: object,
-        no_key: object,
-        allow_callable: bool,
-    ) -> _Options:
-        if using is not None and not isinstance(using, str) and not (allow_callable and callable(using)):
-            kinds = (
-                "a database alias (str), a callable returning one,"
-                if allow_callable
-                else "a database alias (str)"
-            )
-            raise TypeError(f"using must be {kinds} or None, not {type(using).__name__}")
-        if isinstance(using, str):
-            aliases.check_alias(using)
-        checked_model = aliases.check_model(model)
-        if lock_timeout is not _UNSET:
-            seconds(lock_timeout, "lock_timeout", allow_none=True)
-        if statement_timeout is not _UNSET:
-            seconds(statement_timeout, "statement_timeout", allow_none=True)
-        nowait_ = _check_flag(nowait, "nowait")
-        skip_locked_ = _check_flag(skip_locked, "skip_locked")
-        no_key_ = _check_flag(no_key, "no_key")
-        if nowait_ and skip_locked_:
-            raise ValueError("nowait and skip_locked are mutually exclusive")
-        return cls(
-            using,
-            checked_model,
-            lock_timeout,
-            statement_timeout,
-            nowait_,
-            skip_locked_,
-            no_key_,
-        )
-
-    def timeouts(self) -> tuple[float | None, float | None]:
-        """Resolve the timeouts in seconds, reading settings now (lazily, so ``override_settings`` applies)."""
-        lock_timeout = self.lock_timeout
-        if lock_timeout is _UNSET:
-            lock_timeout = conf.setting("LOCK_TIMEOUT", conf.DEFAULT_LOCK_TIMEOUT)
-        statement_timeout = self.statement_timeout
-        if statement_timeout is _UNSET:
-            statement_timeout = conf.setting("STATEMENT_TIMEOUT", None)
-        return (
-            seconds(lock_timeout, "LOCKKIT['LOCK_TIMEOUT']", allow_none=True),
-            seconds(statement_timeout, "LOCKKIT['STATEMENT_TIMEOUT']", allow_none=True),
-        )
-
-    def alias_for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        if callable(self.using):
-            return aliases.check_alias(self.using(*args, **kwargs), "the alias returned by using(...)")
-        return aliases.resolve(self.using, self.model)
+    Returns:
+        The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+    """
+    if nowait is None:
+        scope = _innermost_scope()
+        nowait = None if scope is None else scope.nowait
+    return codes.classify(exc, nowait=nowait)
 
 
 class LockScope:
@@ -169,136 +98,45 @@ class LockScope:
         nested (bool): The scope began inside an existing transaction on its alias (it runs in a savepoint).
     """
 
-    def __init__(self, options: _Options, alias: str, attempt: int) -> None:
-        connection = connections[alias]
-        backend = backend_for(connection)
+    def __init__(self, options: ScopeOptions, alias: str, attempt: int) -> None:
+        """Prepare a scope; ``ScopeBlock`` opens it. Validates the options against the backend, runs no SQL.
+
+        Raises:
+            django.db.NotSupportedError: the backend cannot honour ``nowait``/``skip_locked``/``no_key``.
+        """
         self.alias = alias
         self.attempt = attempt
         self.nowait = options.nowait
         self.skip_locked = options.skip_locked
         self.no_key = options.no_key
         self.lock_timeout, self.statement_timeout = options.timeouts()
-        self.nested = _in_transaction(connection)
+        self._transaction = ScopeTransaction(
+            alias,
+            lock_timeout=self.lock_timeout,
+            statement_timeout=self.statement_timeout,
+            nowait=self.nowait,
+            attempt=attempt,
+        )
+        self.nested = self._transaction.nested
         # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
-        self._sfu_kwargs = backend.select_for_update_kwargs(
-            connection, nowait=self.nowait, skip_locked=self.skip_locked, no_key=self.no_key
+        self._sfu_kwargs = self._transaction.backend.select_for_update_kwargs(
+            connections[alias], nowait=self.nowait, skip_locked=self.skip_locked, no_key=self.no_key
         )
-        self._backend = backend
-        self._atomic = transaction.atomic(using=alias)
-        self._token: TimeoutToken = None
         self._active = False
-        self._committed = (
-            False  # set by the first commit hook: later errors come from callbacks, not the commit
-        )
-        self._owner: object = None  # the Locked or decorator call that opened the scope (it exits its own)
+        # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
+        self._advisory: list[HeldLock] = []
 
     def __repr__(self) -> str:
+        """Show the alias, the attempt and whether the scope is nested."""
         return f"<LockScope alias={self.alias!r} attempt={self.attempt} nested={self.nested}>"
-
-    # -- lifecycle -------------------------------------------------------------------------------------------
-
-    def _enter(self) -> None:
-        try:
-            # The BEGIN itself may wait for a lock (SQLite's BEGIN IMMEDIATE): classify its failure too.
-            self._backend.begin_transaction(
-                connections[self.alias],
-                self._atomic,
-                lock_timeout=self.lock_timeout,
-                statement_timeout=self.statement_timeout,
-                nested=self.nested,
-            )
-        except BaseException as exc:
-            self._reraise_classified(exc)
-            raise
-        try:
-            self._token = self._backend.begin_scope(
-                connections[self.alias],
-                lock_timeout=self.lock_timeout,
-                statement_timeout=self.statement_timeout,
-                nested=self.nested,
-            )
-        except BaseException as exc:
-            self._atomic.__exit__(type(exc), exc, exc.__traceback__)
-            self._reraise_classified(exc)
-            raise
-        if not self.nested:
-            # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
-            # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
-            transaction.on_commit(self._mark_committed, using=self.alias)
-        self._active = True
-        _scopes.set((*_scopes.get(), self))
-
-    def _mark_committed(self) -> None:
-        self._committed = True
 
     @property
     def committed(self) -> bool:
         """Whether the scope's own transaction has committed (only an outermost scope commits)."""
-        return self._committed
-
-    def _exit(self, exc: BaseException | None) -> None:
-        self._active = False
-        stack = _scopes.get()
-        _scopes.set(tuple(s for s in stack if s is not self))
-        connection = connections[self.alias]
-        restore_error: BaseException | None = None
-        # After an error swallowed inside the block the savepoint is rolled back anyway, which reverts the timeouts.
-        if exc is None and self.nested and self._token and not connection.needs_rollback:
-            try:
-                self._backend.end_scope(connection, self._token)
-            except BaseException as restore_exc:
-                # Typically 25P02: the body swallowed a database error, so the savepoint cannot be released.
-                # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
-                exc = restore_error = restore_exc
-        try:
-            self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
-        except BaseException as commit_exc:
-            self._after_scope(pending=True)
-            if self._committed:
-                raise  # an on_commit callback failed after the COMMIT: not a failure of the transaction
-            self._reraise_classified(commit_exc)
-            raise
-        self._after_scope(pending=exc is not None)
-        if exc is not None:
-            self._reraise_classified(exc)
-            if restore_error is not None:
-                raise restore_error
-
-    def _after_scope(self, *, pending: bool) -> None:
-        """Let the backend restore session settings a rollback does not revert (MySQL), after success or error.
-
-        A failure to restore is raised when nothing else is; otherwise the scope's own error wins (the backend has
-        already made sure the altered value cannot outlive the failure).
-        """
-        if self._token is None:
-            return
-        try:
-            self._backend.after_scope(connections[self.alias], self._token, nested=self.nested)
-        except BaseException:
-            if not pending:
-                raise
-
-    def _reraise_classified(self, exc: BaseException) -> None:
-        """Raise the typed lockkit error for a database failure, ``from`` the original; return for anything else."""
-        if isinstance(exc, LockError):
-            if exc.alias is None:
-                exc.alias = self.alias
-            return
-        if not isinstance(exc, DatabaseError):
-            return
-        failure = classify(exc, nowait=self.nowait)
-        if failure is None:
-            return
-        error = ERROR_FOR_FAILURE[failure](
-            f"{failure.value} on database {self.alias!r}: {exc}".strip(),
-            sqlstate=code_of(exc),
-            alias=self.alias,
-            attempts=self.attempt,
-        )
-        raise error from exc
+        return self._transaction.committed
 
     def _check_active(self) -> None:
-        if not self._active or self not in _scopes.get():
+        if not self._active or all(block.scope is not self for block in _scopes.get()):
             raise NotInLockedScope(
                 f"{self!r} is not active in this thread or task; lock inside its with-block"
             )
@@ -365,6 +203,50 @@ class LockScope:
             queryset = queryset.filter(pk__in=list(pks))
         return list(queryset.order_by("pk"))
 
+    def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
+        """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
+
+        PostgreSQL: ``pg_advisory_xact_lock`` (``_shared`` with ``shared``), released by the end of the outermost
+        transaction (or the rollback of the scope's savepoint); with the scope's ``nowait``,
+        ``pg_try_advisory_xact_lock``. MariaDB/MySQL: ``GET_LOCK`` with the scope's ``lock_timeout``, released
+        when the scope ends on every path (a nested scope that succeeds hands it to the enclosing scope), so it
+        never stays on a pooled connection. SQLite: the scope's ``BEGIN IMMEDIATE`` write lock already excludes
+        every other scope, so it covers every key. Inside a ``locked_operation`` a ``LockTimeout`` is retried like
+        a row lock's. See https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS.
+
+        Args:
+            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits) or a ``(namespace, key)`` pair.
+            shared: Take a shared lock (PostgreSQL): shared holders exclude exclusive ones, not each other.
+
+        Returns:
+            The ``HeldLock`` (alias, key with its 64-bit value, server session id).
+
+        Raises:
+            TypeError, ValueError: a bad key or flag, before any SQL runs.
+            NotInLockedScope: the scope is not active in this thread or task.
+            django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
+                nested in a transaction that does not hold the write lock.
+            LockNotAvailable: the scope has ``nowait`` and another session holds the key.
+            LockTimeout: the key was not granted within the scope's ``lock_timeout``.
+        """
+        checked = advisory_key(key)
+        flag(shared, "shared")
+        self._check_active()
+        backend = self._transaction.backend
+        backend.check_advisory(connections[self.alias], shared=shared, session=False)
+        held = advisory_locks.take(
+            self.alias,
+            checked,
+            shared=shared,
+            session=False,
+            nowait=self.nowait,
+            lock_timeout=self.lock_timeout,
+            attempts=self.attempt,
+        )
+        if not backend.advisory_locks_end_with_transaction:
+            self._advisory.append(held)
+        return held
+
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
         """Run ``func`` after the outermost transaction on the scope's alias commits.
 
@@ -378,7 +260,7 @@ class LockScope:
         """
         if not callable(func):
             raise TypeError(f"func must be callable, not {type(func).__name__}")
-        _check_flag(robust, "robust")
+        flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
 
@@ -395,35 +277,117 @@ def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...
     return tuple(paths)
 
 
+class ScopeBlock:
+    """Opens one ``LockScope`` for a ``with`` block: its transaction, and its place on the stack of active scopes.
+
+    Used by ``Locked`` and ``locked_operation``; ``owner`` is the object that opened it, so that it exits its own.
+    """
+
+    def __init__(self, options: ScopeOptions, alias: str, attempt: int, *, owner: object = None) -> None:
+        """Prepare the scope (no SQL yet).
+
+        Raises:
+            django.db.NotSupportedError: the backend cannot honour the scope's locking options.
+        """
+        self.scope = LockScope(options, alias, attempt)
+        self.owner = owner
+
+    @property
+    def active(self) -> bool:
+        """Whether the block's scope is open."""
+        return self.scope._active
+
+    @property
+    def committed(self) -> bool:
+        """Whether the scope's own transaction has committed."""
+        return self.scope.committed
+
+    def __enter__(self) -> LockScope:
+        """Begin the transaction and push the scope on this thread's (or task's) stack.
+
+        Raises:
+            LockError: the database reported a classified failure while beginning.
+        """
+        self.scope._transaction.__enter__()
+        self.scope._active = True
+        _scopes.set((*_scopes.get(), self))
+        return self.scope
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Pop the scope and end its transaction, raising the typed error for a database failure."""
+        self.scope._active = False
+        _scopes.set(tuple(block for block in _scopes.get() if block is not self))
+        try:
+            self.scope._transaction.__exit__(exc_type, exc, tb)
+        except BaseException:
+            self._end_advisory(succeeded=False)
+            raise
+        self._end_advisory(succeeded=exc is None)
+
+    def _end_advisory(self, *, succeeded: bool) -> None:
+        """Release the advisory locks the transaction does not release by itself (MariaDB), on every path.
+
+        A nested scope that succeeded hands them to the enclosing scope on its alias, as PostgreSQL keeps a
+        transaction-scoped lock until the outermost transaction ends; otherwise they are released now. Never
+        raises: the transaction's outcome is decided, and a lock that cannot be released has its connection closed
+        (the server drops the locks of a closed session).
+        """
+        held, self.scope._advisory = self.scope._advisory, []
+        if not held:
+            return
+        alias = self.scope.alias
+        enclosing = next(
+            (b.scope for b in reversed(_scopes.get()) if b.scope.alias == alias and b.active), None
+        )
+        if succeeded and enclosing is not None:
+            enclosing._advisory.extend(held)
+            return
+        for lock in reversed(held):
+            advisory_locks.give_back(lock, raise_errors=False)
+
+
 class Locked:
     """The object ``locked()`` returns: a context manager yielding a ``LockScope``, and a decorator.
 
     It holds only configuration; each ``with`` block gets its own ``LockScope``, so one ``Locked`` may be shared.
     """
 
-    def __init__(self, options: _Options) -> None:
+    def __init__(self, options: ScopeOptions) -> None:
+        """Hold the validated options."""
         self._options = options
 
     def __enter__(self) -> LockScope:
+        """Open a scope on the alias the options resolve to.
+
+        Raises:
+            LockError: the database reported a classified failure while beginning.
+        """
         alias = self._options.alias_for_call((), {})
-        scope = LockScope(self._options, alias, attempt=1)
-        scope._owner = self
-        scope._enter()
-        return scope
+        return ScopeBlock(self._options, alias, 1, owner=self).__enter__()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        # The innermost scope this object opened: a generator or another alias's scope may have opened others
-        # since, and exiting those instead would end the wrong transaction.
-        for scope in reversed(_scopes.get()):
-            if scope._active and scope._owner is self:
-                scope._exit(exc)
+        """End the innermost scope this object opened.
+
+        A generator or another alias's scope may have opened others since, and exiting those instead would end
+        the wrong transaction.
+        """
+        for block in reversed(_scopes.get()):
+            if block.active and block.owner is self:
+                block.__exit__(exc_type, exc, tb)
                 return
         raise NotInLockedScope("locked() exited without an active scope")  # pragma: no cover - misuse only
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
-        _refuse_async(func, "locked")
+        """Decorate ``func`` so each call runs inside this scope (never retried).
+
+        Raises:
+            TypeError: ``func`` is not a plain synchronous function.
+        """
+        refuse_unsupported(func, "locked")
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -433,7 +397,12 @@ class Locked:
         return wrapper
 
 
-def _refuse_async(func: object, name: str) -> None:
+def refuse_unsupported(func: object, name: str) -> None:
+    """Refuse what ``locked``/``locked_operation`` cannot decorate, naming it.
+
+    Raises:
+        TypeError: ``func`` is not callable, is a model class, an ``async`` function or a generator function.
+    """
     if not callable(func):
         raise TypeError(f"{name}(...) decorates a callable, not {type(func).__name__}")
     if isinstance(func, type) and issubclass(func, models.Model):
@@ -452,23 +421,6 @@ def _refuse_async(func: object, name: str) -> None:
         )
 
 
-def _in_transaction(connection: Any) -> bool:
-    """Whether the connection is inside a transaction someone else began (``atomic`` or autocommit turned off)."""
-    return bool(connection.in_atomic_block or not connection.get_autocommit())
-
-
-class _Committed(BaseException):
-    """Carries an error raised after an attempt committed (an ``on_commit`` callback) past the retry loop.
-
-    A ``BaseException`` so that no retry predicate (``retry_if_exception_type()`` matches ``Exception``) retries
-    work that is already committed.
-    """
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(error)
-        self.error = error
-
-
 @overload
 def locked(using: Callable[P, R], /) -> Callable[P, R]: ...
 @overload
@@ -476,8 +428,8 @@ def locked(
     using: str | None = None,
     *,
     model: type[models.Model] | None = None,
-    lock_timeout: Any = _UNSET,
-    statement_timeout: Any = _UNSET,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
     nowait: bool = False,
     skip_locked: bool = False,
     no_key: bool = False,
@@ -486,8 +438,8 @@ def locked(
     using: Any = None,
     *,
     model: type[models.Model] | None = None,
-    lock_timeout: Any = _UNSET,
-    statement_timeout: Any = _UNSET,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
     nowait: bool = False,
     skip_locked: bool = False,
     no_key: bool = False,
@@ -525,170 +477,21 @@ def locked(
         LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
             ReadOnlyDatabase: the database reported that failure inside the block or at commit.
     """
-    if callable(using) and _all_defaults(
-        model, _UNSET, lock_timeout, statement_timeout, nowait, skip_locked, no_key
-    ):
-        return Locked(_DEFAULT_OPTIONS)(using)
-    options = _Options.build(
-        using,
+    options = ScopeOptions.build(
+        None if callable(using) else using,
         model=model,
         lock_timeout=lock_timeout,
         statement_timeout=statement_timeout,
         nowait=nowait,
         skip_locked=skip_locked,
         no_key=no_key,
-        allow_callable=False,
     )
+    if callable(using):
+        # ``@locked`` written bare decorates; locked() takes no alias resolver (locked_operation(using=...) does).
+        if options != ScopeOptions():
+            raise TypeError(f"using must be a database alias (str) or None, not {type(using).__name__}")
+        return Locked(options)(using)
     return Locked(options)
 
 
-class _LockedOperation:
-    """The decorator ``locked_operation(...)`` returns; configuration only, no per-call state."""
-
-    def __init__(self, options: _Options, retry: RetrySetting | _Unset) -> None:
-        self._options = options
-        self._retry = retry
-
-    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
-        _refuse_async(func, "locked_operation")
-        options, retry_option = self._options, self._retry
-        operation = getattr(func, "__qualname__", repr(func))
-
-        def attempt(alias: str, number: int, args: Any, kwargs: Any) -> R:
-            scope = LockScope(options, alias, number)
-            scope._enter()
-            try:
-                result = func(*args, **kwargs)
-            except BaseException as exc:
-                scope._exit(exc)
-                raise
-            try:
-                scope._exit(None)
-            except BaseException as exc:
-                if scope.committed:
-                    raise _Committed(exc) from exc
-                raise
-            return result
-
-        @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            alias = options.alias_for_call(args, kwargs)
-            retry = retry_option
-            if isinstance(retry, _Unset):
-                retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
-            try:
-                if retry is None or _in_transaction(connections[alias]):
-                    # Nested in an outer transaction (ATOMIC_REQUESTS included): a retry here would run inside
-                    # the failed transaction, so make one attempt and let the owner of the transaction decide.
-                    return attempt(alias, 1, args, kwargs)
-                numbers = itertools.count(1)  # per call: the attempt number each try runs with
-                retrying = build_retrying(retry, alias=alias, operation=operation)
-                # The call form (not the iterator) so that result predicates and a retry_error_callback's
-                # return value work as tenacity documents them.
-                return retrying(lambda: attempt(alias, next(numbers), args, kwargs))
-            except _Committed as committed:
-                raise committed.error from None
-
-        return wrapper
-
-
-_DEFAULT_POLICY = RetryPolicy()
-_DEFAULT_OPTIONS = _Options(None, None, _UNSET, _UNSET, False, False, False)
-
-
-@overload
-def locked_operation(using_or_func: Callable[P, R], /) -> Callable[P, R]: ...  # type: ignore[overload-overlap]
-@overload
-def locked_operation(
-    using_or_func: str | Callable[..., str] | None = None,
-    /,
-    *,
-    using: str | Callable[..., str] | None = None,
-    model: type[models.Model] | None = None,
-    retry: RetrySetting | _Unset = _UNSET,
-    lock_timeout: Any = _UNSET,
-    statement_timeout: Any = _UNSET,
-    nowait: bool = False,
-    skip_locked: bool = False,
-    no_key: bool = False,
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-def locked_operation(
-    using_or_func: Any = _NOT_GIVEN,
-    /,
-    *,
-    using: Any = _NOT_GIVEN,
-    model: type[models.Model] | None = None,
-    retry: Any = _UNSET,
-    lock_timeout: Any = _UNSET,
-    statement_timeout: Any = _UNSET,
-    nowait: bool = False,
-    skip_locked: bool = False,
-    no_key: bool = False,
-) -> Any:
-    """Decorate a function so each call runs in a locked scope, retried as a whole on transient failures.
-
-    Each call resolves one alias (``using``, a callable of the call's arguments, ``router.db_for_write(model)``
-    or ``"default"``) and runs the function inside ``locked(alias, ...)``; inside it, ``lockkit.current_scope()``
-    and ``lockkit.lock()`` reach the scope. When the call owns the outermost transaction on that alias, a failure
-    the retry policy lists rolls the transaction back and re-runs the whole function in a fresh one; nested in an
-    outer ``atomic()`` (``ATOMIC_REQUESTS`` included) it makes exactly one attempt and raises the classified error,
-    leaving the outer transaction usable. See
-    https://www.postgresql.org/docs/current/mvcc-serialization-failure-handling.html.
-
-    Args:
-        using: An alias, ``None``, or (keyword ``using=``, or positional together with other options) a callable
-            receiving the decorated function's arguments and returning the alias. Used bare as
-            ``@locked_operation``, it decorates the function with every default.
-        model: The model whose ``router.db_for_write`` gives the alias when ``using`` is ``None``.
-        retry: A ``RetryPolicy``, a tenacity ``Retrying`` (copied per call, with ``reraise=True``) or ``None`` for
-            no retries. Default ``settings.LOCKKIT["RETRY"]``, itself ``RetryPolicy()``.
-        lock_timeout, statement_timeout, nowait, skip_locked, no_key: As for ``locked()``.
-
-    Returns:
-        A decorator; the decorated function returns what the function returns.
-
-    Raises:
-        TypeError: at decoration, a wrong parameter type or an ``async def`` function; at call, ``using`` returned
-            something that is not a string.
-        ValueError: at decoration, a bad value (see ``locked()``); at call, ``using`` returned an unknown alias.
-        LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
-            ReadOnlyDatabase: the failure of the last attempt, with ``.attempts`` set.
-    """
-    if using_or_func is not _NOT_GIVEN and using is not _NOT_GIVEN:
-        raise TypeError("locked_operation() got using both positionally and as a keyword")
-    if (
-        using is _NOT_GIVEN
-        and callable(using_or_func)
-        and _all_defaults(model, retry, lock_timeout, statement_timeout, nowait, skip_locked, no_key)
-    ):
-        return _LockedOperation(_DEFAULT_OPTIONS, _UNSET)(using_or_func)
-    if using is _NOT_GIVEN:
-        using = None if using_or_func is _NOT_GIVEN else using_or_func
-    options = _Options.build(
-        using,
-        model=model,
-        lock_timeout=lock_timeout,
-        statement_timeout=statement_timeout,
-        nowait=nowait,
-        skip_locked=skip_locked,
-        no_key=no_key,
-        allow_callable=True,
-    )
-    checked_retry = retry if retry is _UNSET else check_retry(retry)
-    return _LockedOperation(options, checked_retry)
-
-
-def _all_defaults(*values: object) -> bool:
-    model, retry, lock_timeout, statement_timeout, nowait, skip_locked, no_key = values
-    return (
-        model is None
-        and retry is _UNSET
-        and lock_timeout is _UNSET
-        and statement_timeout is _UNSET
-        and nowait is False
-        and skip_locked is False
-        and no_key is False
-    )
-
-
-__all__ = ["LockScope", "Locked", "current_scope", "lock", "locked", "locked_operation"]
+__all__ = ["LockScope", "Locked", "ScopeBlock", "classify", "current_scope", "lock", "locked"]

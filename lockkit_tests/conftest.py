@@ -47,3 +47,18 @@ def django_db_modify_db_settings(
             yield
     finally:
         shutil.rmtree(sqlite_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _pgbouncer_stopped_before_teardown(django_db_setup: None) -> Iterator[None]:
+    """Stop the session's PgBouncer before the test databases are dropped: its server connections would keep
+    the primary's test database from being dropped (torn down before ``django_db_setup``, which it follows)."""
+    yield
+    topology.stop_pgbouncer()
+
+
+@pytest.fixture(autouse=True)
+def _pgbouncer_users_stop_it_before_teardown(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None and "pgbouncer" in marker.kwargs.get("databases", ()):
+        request.getfixturevalue("_pgbouncer_stopped_before_teardown")

@@ -39,7 +39,7 @@ class RemoteItem(models.Model):
     value = models.IntegerField(default=0)
 
 
-# -- The peer suite (lockkit_tests/peer/): scenarios of Django's own select_for_update tests. --------------
+# -- The Django parity suite (lockkit_tests/django_parity/): scenarios of Django's select_for_update tests. ------
 
 
 class PeerEntity(models.Model):

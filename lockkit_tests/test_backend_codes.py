@@ -1,9 +1,9 @@
-"""Vendor error codes without a server: real driver exception objects (oracledb, psycopg as CockroachDB
-reports them, mysqlclient), wrapped the way Django wraps them, classified by lockkit. Pins every vendor
-row."""
+"""The code table, pinned once, without a server: real driver exception objects (psycopg, mysqlclient, sqlite3,
+oracledb; psycopg as CockroachDB reports them), wrapped the way Django wraps them, classified by lockkit."""
 
 from __future__ import annotations
 
+import sqlite3
 from types import ModuleType
 from typing import Any
 
@@ -15,7 +15,7 @@ from django.db.utils import DatabaseErrorWrapper
 from oracledb import errors as oracle_errors
 
 from lockkit import Failure, classify
-from lockkit.sqlstate import CODES, code_of
+from lockkit.codes import CODES, code_of
 
 F = Failure
 
@@ -42,26 +42,85 @@ def oracle_error(code: int, message: str) -> BaseException:
     return error.exc_type(error)
 
 
-ORACLE = [
-    (54, "resource busy and acquire with NOWAIT specified or timeout expired", F.LOCK_NOT_AVAILABLE),
-    (30006, "resource busy; acquire with WAIT timeout expired", F.LOCK_TIMEOUT),
-    (60, "deadlock detected while waiting for resource", F.DEADLOCK_DETECTED),
-    (8177, "can't serialize access for this transaction", F.SERIALIZATION_FAILURE),
-    (16000, "database or pluggable database open for read-only access", F.READ_ONLY),
+def driver_error(vendor: str, code: str, message: str) -> BaseException:
+    """A real driver exception for ``code``, raised through Django's error wrapper as user code sees it."""
+    if vendor == "postgresql":
+        return django_wrapped(psycopg, psycopg.errors.lookup(code)(message))
+    if vendor == "oracle":
+        return django_wrapped(oracledb, oracle_error(int(code), message))
+    if vendor == "mysql":  # mysqlclient compiles against the MariaDB client library: the `mysql` extra
+        mysqldb: Any = pytest.importorskip(
+            "MySQLdb", reason="mysqlclient is not installed (pip install '.[mysql]')"
+        )
+        return django_wrapped(mysqldb, mysqldb.OperationalError(int(code), message))
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorcode = int(code)  # set by the sqlite3 module on errors from the library
+    return django_wrapped(sqlite3, error)
+
+
+# The code table, pinned once: a change to a row must change this table too. Each row also goes through its real
+# driver's exception class, wrapped by Django, and back through classify() and code_of().
+# (vendor, code, failure, ambiguous under NOWAIT, the driver's message)
+TABLE = [
+    ("postgresql", "55P03", F.LOCK_NOT_AVAILABLE, True, "could not obtain lock on row in relation"),
+    ("postgresql", "40P01", F.DEADLOCK_DETECTED, False, "deadlock detected"),
+    ("postgresql", "40001", F.SERIALIZATION_FAILURE, False, "could not serialize access"),
+    ("postgresql", "57014", F.STATEMENT_TIMEOUT, False, "canceling statement due to statement timeout"),
+    ("postgresql", "25006", F.READ_ONLY, False, "cannot execute UPDATE in a read-only transaction"),
+    # MariaDB's NOWAIT failure is 1205 too (pinned on the real server in test_backend_mariadb.py).
+    ("mysql", "1205", F.LOCK_TIMEOUT, True, "Lock wait timeout exceeded; try restarting transaction"),
+    ("mysql", "1213", F.DEADLOCK_DETECTED, False, "Deadlock found when trying to get lock"),
+    (
+        "mysql",
+        "3572",
+        F.LOCK_NOT_AVAILABLE,
+        False,
+        "lock(s) could not be acquired immediately and NOWAIT is set",
+    ),
+    (
+        "mysql",
+        "1969",
+        F.STATEMENT_TIMEOUT,
+        False,
+        "Query execution was interrupted (max_statement_time exceeded)",
+    ),
+    ("mysql", "3024", F.STATEMENT_TIMEOUT, False, "maximum statement execution time exceeded"),
+    ("mysql", "1290", F.READ_ONLY, False, "The MariaDB server is running with the --read-only option"),
+    ("mysql", "1792", F.READ_ONLY, False, "Cannot execute statement in a READ ONLY transaction"),
+    ("mysql", "1836", F.READ_ONLY, False, "Running in read-only mode"),
+    ("sqlite", "5", F.LOCK_TIMEOUT, False, "database is locked"),
+    ("sqlite", "261", F.LOCK_TIMEOUT, False, "database is locked"),
+    ("sqlite", "517", F.SERIALIZATION_FAILURE, False, "database is locked"),
+    ("sqlite", "773", F.LOCK_TIMEOUT, False, "database is locked"),
+    ("sqlite", "6", F.LOCK_TIMEOUT, False, "database table is locked"),
+    ("sqlite", "262", F.LOCK_TIMEOUT, False, "database table is locked"),
+    ("sqlite", "8", F.READ_ONLY, False, "attempt to write a readonly database"),
+    ("oracle", "54", F.LOCK_NOT_AVAILABLE, True, "resource busy and acquire with NOWAIT specified"),
+    ("oracle", "30006", F.LOCK_TIMEOUT, False, "resource busy; acquire with WAIT timeout expired"),
+    ("oracle", "60", F.DEADLOCK_DETECTED, False, "deadlock detected while waiting for resource"),
+    ("oracle", "8177", F.SERIALIZATION_FAILURE, False, "can't serialize access for this transaction"),
+    ("oracle", "16000", F.READ_ONLY, False, "database open for read-only access"),
 ]
 
 
-@pytest.mark.parametrize(("code", "message", "failure"), ORACLE)
-def test_oracle_codes(code: int, message: str, failure: Failure) -> None:
-    exc = django_wrapped(oracledb, oracle_error(code, message))
-    assert classify(exc) is failure
-    assert code_of(exc) == str(code)
+def test_the_code_table_is_pinned() -> None:
+    actual = {(row.vendor, row.code): (row.failure, row.ambiguous_nowait) for row in CODES}
+    assert actual == {(vendor, code): (failure, ambiguous) for vendor, code, failure, ambiguous, _ in TABLE}
+    assert len(CODES) == len(TABLE)  # no duplicate (vendor, code)
 
 
-def test_oracle_resource_busy_is_told_apart_by_the_scope_option() -> None:
-    exc = django_wrapped(oracledb, oracle_error(54, ORACLE[0][1]))
-    assert classify(exc, nowait=True) is F.LOCK_NOT_AVAILABLE
-    assert classify(exc, nowait=False) is F.LOCK_TIMEOUT
+@pytest.mark.parametrize(
+    ("vendor", "code", "failure", "ambiguous", "message"), TABLE, ids=[f"{v}-{c}" for v, c, *_ in TABLE]
+)
+def test_each_row_classifies_its_drivers_error(
+    vendor: str, code: str, failure: Failure, ambiguous: bool, message: str
+) -> None:
+    exc = driver_error(vendor, code, message)
+    assert code_of(exc) == code
+    assert classify(exc) is failure  # outside a scope: the row's own failure
+    if ambiguous:  # told apart by the scope's nowait option
+        assert classify(exc, nowait=True) is F.LOCK_NOT_AVAILABLE
+        assert classify(exc, nowait=False) is F.LOCK_TIMEOUT
 
 
 def test_oracle_error_built_from_its_message_only_is_read_from_full_code() -> None:
@@ -72,6 +131,12 @@ def test_oracle_error_built_from_its_message_only_is_read_from_full_code() -> No
 
 def test_oracle_unrelated_error_is_not_classified() -> None:
     assert classify(django_wrapped(oracledb, oracle_error(942, "table or view does not exist"))) is None
+
+
+def test_cockroachdb_lock_timeout_and_nowait_share_55p03() -> None:
+    exc = django_wrapped(psycopg, psycopg.errors.LockNotAvailable("could not obtain lock on row in t@t_pkey"))
+    assert classify(exc, nowait=True) is F.LOCK_NOT_AVAILABLE
+    assert classify(exc, nowait=False) is F.LOCK_TIMEOUT
 
 
 # CockroachDB speaks the PostgreSQL protocol: psycopg raises its SQLSTATE classes with CockroachDB's messages.
@@ -113,84 +178,8 @@ def test_cockroachdb_codes(sqlstate: str, message: str, failure: Failure) -> Non
     assert code_of(exc) == sqlstate
 
 
-def test_cockroachdb_lock_timeout_and_nowait_share_55p03() -> None:
-    exc = django_wrapped(psycopg, psycopg.errors.LockNotAvailable("could not obtain lock on row in t@t_pkey"))
-    assert classify(exc, nowait=True) is F.LOCK_NOT_AVAILABLE
-    assert classify(exc, nowait=False) is F.LOCK_TIMEOUT
-
-
 def test_cockroachdb_ambiguous_commit_is_not_classified() -> None:
     """40003: the commit may or may not have happened, so it must never be retried blindly."""
     exc = django_wrapped(psycopg, psycopg.errors.lookup("40003")("result is ambiguous"))
     assert classify(exc) is None
     assert code_of(exc) == "40003"
-
-
-MYSQL = [
-    (1205, "Lock wait timeout exceeded; try restarting transaction", F.LOCK_TIMEOUT),
-    (1213, "Deadlock found when trying to get lock; try restarting transaction", F.DEADLOCK_DETECTED),
-    (
-        3572,
-        "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
-        F.LOCK_NOT_AVAILABLE,
-    ),
-    (1969, "Query execution was interrupted (max_statement_time exceeded)", F.STATEMENT_TIMEOUT),
-    (3024, "Query execution was interrupted, maximum statement execution time exceeded", F.STATEMENT_TIMEOUT),
-    (
-        1290,
-        "The MariaDB server is running with the --read-only option so it cannot execute this statement",
-        F.READ_ONLY,
-    ),
-    (1792, "Cannot execute statement in a READ ONLY transaction", F.READ_ONLY),
-    (1836, "Running in read-only mode", F.READ_ONLY),
-]
-
-
-@pytest.fixture
-def mysqldb() -> Any:
-    """mysqlclient's module; it compiles against the MariaDB/MySQL client library, so it is the `mysql` extra."""
-    return pytest.importorskip("MySQLdb", reason="mysqlclient is not installed (pip install -e '.[mysql]')")
-
-
-@pytest.mark.parametrize(("number", "message", "failure"), MYSQL)
-def test_mysql_codes_outside_a_scope(mysqldb: Any, number: int, message: str, failure: Failure) -> None:
-    exc = django_wrapped(mysqldb, mysqldb.OperationalError(number, message))
-    assert classify(exc) is failure
-    assert code_of(exc) == str(number)
-
-
-def test_mysql_1205_is_lock_not_available_in_a_nowait_scope(mysqldb: Any) -> None:
-    """MariaDB raises 1205 for NOWAIT too (pinned on the real server in test_backend_mariadb.py)."""
-    exc = django_wrapped(mysqldb, mysqldb.OperationalError(1205, MYSQL[0][1]))
-    assert classify(exc, nowait=True) is F.LOCK_NOT_AVAILABLE
-    assert classify(exc, nowait=False) is F.LOCK_TIMEOUT
-
-
-def test_every_non_postgresql_row_is_pinned_here_or_on_a_real_server() -> None:
-    pinned = (
-        {("oracle", str(code)) for code, _, _ in ORACLE}
-        | {("mysql", str(number)) for number, _, _ in MYSQL}
-        | {("sqlite", code) for code in ("5", "261", "517", "773", "6", "262", "8")}
-    )
-    assert {(row.vendor, row.code) for row in CODES if row.vendor != "postgresql"} == pinned
-
-
-@pytest.mark.parametrize(
-    ("code", "failure"),
-    [
-        (5, F.LOCK_TIMEOUT),
-        (261, F.LOCK_TIMEOUT),
-        (517, F.SERIALIZATION_FAILURE),
-        (773, F.LOCK_TIMEOUT),
-        (6, F.LOCK_TIMEOUT),
-        (262, F.LOCK_TIMEOUT),
-        (8, F.READ_ONLY),
-    ],
-)
-def test_sqlite_extended_codes(code: int, failure: Failure) -> None:
-    import sqlite3
-
-    driver_error = sqlite3.OperationalError("database is locked")
-    driver_error.sqlite_errorcode = code  # set by the sqlite3 module on errors from the library
-    exc = django_wrapped(sqlite3, driver_error)
-    assert classify(exc) is failure

@@ -5,22 +5,16 @@ Runs only when ``LOCKKIT_TEST_MYSQL_URL`` is set (the ``mariadb`` alias); skippe
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any
-
 import pytest
 from django.conf import settings
-from django.db import NotSupportedError, OperationalError, connections, transaction
-from django.db.models import F
+from django.db import NotSupportedError, OperationalError, connections
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
-from lockkit import Failure, RetryEvent, RetryPolicy
+from lockkit import RetryEvent, RetryPolicy
 from lockkit.backends.mysql import lock_wait_seconds
-from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
+from lockkit.testing import backend_pid, hold_lock
 from lockkit_tests.models import Item, Owner, Stock
-from lockkit_tests.util import reserve_one_on
 
 ALIAS = "mariadb"
 
@@ -52,103 +46,8 @@ def stock(available: int, sku: str = "widget") -> Stock:
     return Stock.objects.using(ALIAS).create(sku=sku, available=available)
 
 
-def test_wait_until_blocked_sees_innodb_lock_waits() -> None:
-    row = stock(1)
-    result: dict[str, Any] = {}
-
-    def contender() -> None:
-        try:
-            result["pid"] = backend_pid(ALIAS)
-            with lockkit.locked(ALIAS, lock_timeout=10) as scope:
-                result["available"] = scope.get(Stock, pk=row.pk).available
-        except BaseException as exc:  # re-raised in the test thread
-            result["error"] = exc
-        finally:
-            connections.close_all()
-
-    with hold_lock(row, using=ALIAS) as holder:
-        thread = threading.Thread(target=contender)
-        thread.start()
-        blocked = wait_until_blocked(holder, timeout=10)
-    thread.join(JOIN)
-    assert not thread.is_alive()
-    assert "error" not in result, result.get("error")
-    assert blocked == [result["pid"]]
-    assert result["available"] == 1
-
-
-def test_waiter_decides_on_the_committed_value() -> None:
-    row = stock(1)
-    locked_evt, release = threading.Event(), threading.Event()
-    holder_pid: list[int] = []
-    results: dict[str, Any] = {}
-
-    def buyer(name: str, wait_for_release: bool) -> None:
-        try:
-            with lockkit.locked(ALIAS, lock_timeout=10) as scope:
-                item = scope.get(Stock, pk=row.pk)
-                if wait_for_release:
-                    holder_pid.append(backend_pid(ALIAS))
-                    locked_evt.set()
-                    assert release.wait(JOIN)
-                if item.available > 0:
-                    item.available -= 1
-                    item.save(using=ALIAS)
-                    results[name] = "bought"
-                else:
-                    results[name] = "sold out"
-        except BaseException as exc:
-            results[name] = exc
-        finally:
-            connections.close_all()
-
-    first = threading.Thread(target=buyer, args=("first", True))
-    first.start()
-    assert locked_evt.wait(JOIN)
-    second = threading.Thread(target=buyer, args=("second", False))
-    second.start()
-    wait_until_blocked(holder_pid[0], using=ALIAS, timeout=10)
-    release.set()
-    first.join(JOIN)
-    second.join(JOIN)
-    assert not first.is_alive()
-    assert not second.is_alive()
-    assert results == {"first": "bought", "second": "sold out"}
-    assert Stock.objects.using(ALIAS).get(pk=row.pk).available == 0
-
-
-def test_nowait_failure_is_1205_on_mariadb_and_raises_lock_not_available() -> None:
-    """MariaDB reports a NOWAIT failure with error 1205, the lock wait timeout number (MySQL 8 uses 3572)."""
-    row = stock(1)
-    with hold_lock(row, using=ALIAS):
-        started = time.monotonic()
-        with pytest.raises(lockkit.LockNotAvailable) as caught, lockkit.locked(ALIAS, nowait=True) as scope:
-            scope.get(Stock, pk=row.pk)
-        elapsed = time.monotonic() - started
-    error = caught.value
-    django_error = error.__cause__
-    assert django_error is not None
-    driver_error = django_error.__cause__  # lockkit <- django OperationalError <- MySQLdb
-    assert driver_error is not None
-    assert type(driver_error).__module__.startswith("MySQLdb")
-    expected = 1205 if connections[ALIAS].mysql_is_mariadb else 3572  # type: ignore[attr-defined]
-    assert driver_error.args[0] == expected
-    assert error.sqlstate == str(expected)
-    assert error.alias == ALIAS
-    assert elapsed < 1.0  # failed at once, not after innodb_lock_wait_timeout
-
-
-def test_lock_timeout_rounds_up_to_whole_seconds_and_raises_lock_timeout() -> None:
-    row = stock(1)
-    before = session_lock_wait()
-    with hold_lock(row, using=ALIAS):
-        started = time.monotonic()
-        with pytest.raises(lockkit.LockTimeout) as caught, lockkit.locked(ALIAS, lock_timeout=0.2) as scope:
-            scope.get(Stock, pk=row.pk)
-        elapsed = time.monotonic() - started
-    assert caught.value.sqlstate == "1205"
-    assert 0.9 <= elapsed < 5.0  # 0.2 s became innodb_lock_wait_timeout = 1
-    assert session_lock_wait() == before  # restored after the failure
+def test_lock_timeout_rounds_up_to_whole_seconds() -> None:
+    """innodb_lock_wait_timeout takes whole seconds; the scenario itself is in test_contention_scenarios.py."""
     assert lock_wait_seconds(0.2) == 1
     assert lock_wait_seconds(1.0) == 1
     assert lock_wait_seconds(1.01) == 2
@@ -176,82 +75,6 @@ def test_session_timeouts_are_restored_after_success_and_failure() -> None:
         assert session_lock_wait() == 3
     assert inside == [8, 11]
     assert session_lock_wait() == before
-
-
-def test_statement_timeout_raises_statement_timeout_and_is_restored() -> None:
-    connection = connections[ALIAS]
-    if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-        pytest.skip("max_execution_time on MySQL applies to SELECT only; this test uses MariaDB's variable")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@SESSION.max_statement_time")
-        before = cursor.fetchone()
-    with (
-        pytest.raises(lockkit.StatementTimeout) as caught,
-        lockkit.locked(ALIAS, statement_timeout=0.2),
-        connection.cursor() as cursor,
-    ):
-        cursor.execute("SELECT SLEEP(5)")
-    assert caught.value.sqlstate == "1969"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@SESSION.max_statement_time")
-        assert cursor.fetchone() == before
-
-
-def test_deadlock_is_retried_and_both_operations_succeed() -> None:
-    stock(10, "a")
-    stock(10, "b")
-    barrier = threading.Barrier(2)
-    events: list[RetryEvent] = []
-    policy = RetryPolicy(attempts=5, before_retry=events.append)
-
-    @lockkit.locked_operation(ALIAS, retry=policy, lock_timeout=10)
-    def move(first: str, second: str) -> int:
-        scope = lockkit.current_scope()
-        scope.get(Stock, pk=first)
-        if scope.attempt == 1:
-            barrier.wait(JOIN)  # both hold their first row before either asks for the second
-        scope.get(Stock, pk=second)
-        Stock.objects.using(ALIAS).filter(pk=first).update(available=F("available") - 1)
-        return scope.attempt
-
-    outcomes = run_concurrently(move, 2, args=[("a", "b"), ("b", "a")], timeout=JOIN)
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    assert sorted(o.result for o in outcomes if o.result is not None) == [1, 2]
-    assert [(e.failure, e.sqlstate, e.alias) for e in events] == [(Failure.DEADLOCK_DETECTED, "1213", ALIAS)]
-    assert {s.sku: s.available for s in Stock.objects.using(ALIAS).order_by("sku")} == {"a": 9, "b": 9}
-
-
-def test_no_oversell_under_contention() -> None:
-    stock(5)
-    reserve = reserve_one_on(ALIAS)
-
-    outcomes = run_concurrently(reserve, 8, timeout=JOIN)
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    assert sum(1 for o in outcomes if o.result) == 5
-    assert Stock.objects.using(ALIAS).get(pk="widget").available == 0
-
-
-def test_nested_operation_never_retries_and_outer_transaction_stays_usable() -> None:
-    row = stock(1)
-    other = stock(3, "other")
-    events: list[RetryEvent] = []
-
-    @lockkit.locked_operation(
-        ALIAS, retry=RetryPolicy(attempts=5, before_retry=events.append), lock_timeout=1
-    )
-    def take() -> None:
-        lockkit.current_scope().get(Stock, pk=row.pk)
-
-    before = session_lock_wait()
-    with hold_lock(row, using=ALIAS), transaction.atomic(using=ALIAS):
-        with pytest.raises(lockkit.LockTimeout) as caught:
-            take()
-        assert caught.value.attempts == 1
-        assert session_lock_wait() == before
-        # The failure rolled back the nested savepoint only: the outer transaction goes on.
-        Stock.objects.using(ALIAS).filter(pk=other.pk).update(available=2)
-    assert events == []
-    assert Stock.objects.using(ALIAS).get(pk=other.pk).available == 2
 
 
 def test_of_is_not_passed_on_mariadb_and_no_key_is_refused_before_sql() -> None:

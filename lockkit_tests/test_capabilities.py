@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from lockkit.capabilities import capabilities, configuration_warnings
-from lockkit.checks import check_capabilities, check_configuration
+from lockkit.system_checks import check_capabilities, check_configuration
 
 
 def report(*aliases: str) -> str:
@@ -35,6 +35,8 @@ def test_command_prints_a_table_per_alias() -> None:
     assert "no: BEGIN IMMEDIATE locks the whole database" in sqlite
     assert "  statement_timeout                  not supported" in sqlite
     assert "warning: SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE'" in sqlite
+    assert "  advisory locks                     pg_advisory_xact_lock (scope)" in default
+    assert "  advisory locks                     inside a scope only" in sqlite
 
 
 def test_command_reports_every_alias_by_default_and_refuses_unknown_ones() -> None:
@@ -54,6 +56,8 @@ def test_mariadb_capabilities() -> None:
     assert caps.of is (not connections["mariadb"].mysql_is_mariadb)  # type: ignore[attr-defined]
     assert caps.lock_timeout is not None
     assert "whole seconds" in caps.lock_timeout
+    assert caps.advisory_locks is not None
+    assert caps.advisory_locks.startswith("GET_LOCK/RELEASE_LOCK")
 
 
 def test_sqlite_warning_goes_away_with_immediate_transactions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,6 +72,7 @@ def test_a_pooler_port_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
     warnings = configuration_warnings("other")
     assert len(warnings) == 2
     assert "connection pooler (PgBouncer's default port 6432)" in warnings[0]
+    assert "advisory_lock(session=True) needs one server session" in warnings[0]
     assert "DISABLE_SERVER_SIDE_CURSORS" in warnings[1]
     monkeypatch.setitem(connections["other"].settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     assert len(configuration_warnings("other")) == 1

@@ -9,9 +9,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +29,15 @@ from lockkit.claims import (
     reclaim_expired,
 )
 from lockkit.claims.sql import StatementTimestamp
-from lockkit.testing import backend_pid, blocked_by, hold_lock, run_concurrently, wait_until_blocked
+from lockkit.testing import (
+    LockWaitMonitor,
+    backend_pid,
+    blocked_by,
+    hold_lock,
+    in_thread,
+    run_concurrently,
+    wait_until_blocked,
+)
 from lockkit_tests.claim_worker import claim_then_hang
 from lockkit_tests.claims_helpers import db_now, expire, snapshot, wait_for_db_clock
 from lockkit_tests.models import Job, JobLog
@@ -40,64 +45,6 @@ from lockkit_tests.models import Job, JobLog
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
 
 PENDING = Job.objects.filter(state="pending")
-
-
-@dataclass
-class LockWaits:
-    """What the monitor saw: how often it looked, and every (waiting pid, lock type, holding pid) it found."""
-
-    polls: int = 0
-    seen: list[tuple[int, str, int | None]] = field(default_factory=list)
-
-
-# Every lock request of this database's sessions that is not granted (a row lock wait shows as a wait for the
-# holder's transactionid, or for a tuple lock), with the session holding that lock. pg_locks is read once (the
-# materialized CTE), so waiter and holder come from one consistent view of the lock manager.
-_LOCK_WAITS_SQL = """
-WITH l AS MATERIALIZED (SELECT * FROM pg_locks)
-SELECT w.pid, w.locktype, h.pid
-FROM l w
-LEFT JOIN l h ON h.granted AND h.pid <> w.pid AND h.locktype = w.locktype
-  AND h.database IS NOT DISTINCT FROM w.database AND h.relation IS NOT DISTINCT FROM w.relation
-  AND h.page IS NOT DISTINCT FROM w.page AND h.tuple IS NOT DISTINCT FROM w.tuple
-  AND h.transactionid IS NOT DISTINCT FROM w.transactionid AND h.virtualxid IS NOT DISTINCT FROM w.virtualxid
-  AND h.classid IS NOT DISTINCT FROM w.classid AND h.objid IS NOT DISTINCT FROM w.objid
-  AND h.objsubid IS NOT DISTINCT FROM w.objsubid
-WHERE NOT w.granted
-  AND w.pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())
-"""
-
-
-@contextmanager
-def lock_wait_monitor() -> Iterator[LockWaits]:
-    """Poll pg_locks from its own session until the block ends; record each lock wait in the test database."""
-    waits = LockWaits()
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def watch() -> None:
-        monitor = connections.create_connection("default")
-        try:
-            with monitor.cursor() as cursor:
-                while not stop.is_set():
-                    cursor.execute(_LOCK_WAITS_SQL)
-                    waits.seen.extend((int(r[0]), str(r[1]), r[2]) for r in cursor.fetchall())
-                    waits.polls += 1
-                    stop.wait(0.002)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            monitor.close()
-
-    thread = threading.Thread(target=watch, name="lockkit-lock-monitor", daemon=True)
-    thread.start()
-    try:
-        yield waits
-    finally:
-        stop.set()
-        thread.join(10)
-    assert not thread.is_alive(), "the lock monitor did not stop"
-    assert not errors, errors
 
 
 @pytest.mark.parametrize("limit", [1, 20])
@@ -141,7 +88,7 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
 
     roles = [("claim", i) for i in range(workers)] + [("complete", i) for i in range(workers)]
     started = time.monotonic()
-    with lock_wait_monitor() as waits:
+    with LockWaitMonitor(interval=0.002) as waits:
         outcomes = run_concurrently(run, len(roles), args=roles, timeout=240)
     elapsed = time.monotonic() - started
     assert [o.error for o in outcomes] == [None] * len(roles)
@@ -161,26 +108,26 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
     assert waits.polls >= 5, f"the monitor looked only {waits.polls} times in {elapsed:.1f}s"
     assert len(claimer_pids) == len(completer_pids) == workers
     workers_pids = claimer_pids | completer_pids
-    assert {waiter for waiter, _, _ in waits.seen} <= workers_pids, waits.seen[:5]
+    assert waits.waiting_sessions() <= workers_pids, waits.waits[:5]
     # Row locks only: writers of new row versions may also wait a moment to extend the table ("extend" locks).
-    row_waits = [seen for seen in waits.seen if seen[1] in ("tuple", "transactionid")]
-    claim_waits = [seen for seen in row_waits if seen[0] in claimer_pids]
+    row_waits = [seen for seen in waits.waits if seen.kind in ("tuple", "transactionid")]
+    claim_waits = [seen for seen in row_waits if seen.waiting in claimer_pids]
     # SKIP LOCKED: a claim never queues behind a row another session holds (that wait is a "tuple" lock).
-    assert [seen for seen in claim_waits if seen[1] != "transactionid"] == [], claim_waits[:5]
+    assert [seen for seen in claim_waits if seen.kind != "transactionid"] == [], claim_waits[:5]
     # What PostgreSQL can still do, rarely (0 to a few observations per run here), is make a claim statement
     # wait for a transaction while it follows the update chain of a row its snapshot saw as free, right as
     # that row's claim commits: heap_lock_updated_tuple() does not honour SKIP LOCKED (the server log says
     # "while locking updated version ... of tuple"). Such a wait lasts until that other worker's short
     # transaction ends; it is reported here, not hidden. See docs/claims.md, "Lock waits".
-    assert {holder for _, _, holder in claim_waits} <= workers_pids | {None}, claim_waits[:5]
-    completion_waits = [seen for seen in row_waits if seen[0] in completer_pids]
+    assert {seen.holder for seen in claim_waits} <= workers_pids | {None}, claim_waits[:5]
+    completion_waits = [seen for seen in row_waits if seen.waiting in completer_pids]
     # A completion never waits for another worker's work or completion; it can meet, for the length of one
     # claim statement, that statement's recheck lock on the row (see docs/claims.md).
-    assert {holder for _, _, holder in completion_waits} <= claimer_pids | {None}, completion_waits[:5]
+    assert {seen.holder for seen in completion_waits} <= claimer_pids | {None}, completion_waits[:5]
     print(
         f"\nlimit={limit}: {total} jobs by {workers} workers in {elapsed:.2f}s; {waits.polls} monitor polls; "
         f"claim statements seen waiting: {len(claim_waits)}; completions seen waiting on a claim's "
-        f"recheck lock: {len(completion_waits)}; table-extension waits: {len(waits.seen) - len(row_waits)}; "
+        f"recheck lock: {len(completion_waits)}; table-extension waits: {len(waits.waits) - len(row_waits)}; "
         f"per worker {claimed}"
     )
 
@@ -188,63 +135,34 @@ def test_eight_workers_drain_2000_jobs_exactly_once_without_lock_waits(limit: in
 def test_claim_next_skips_rows_other_sessions_hold_without_waiting() -> None:
     jobs = Job.objects.bulk_create([Job(name=f"job-{i}") for i in range(8)])
     held = Job.objects.filter(pk__in=[j.pk for j in jobs[:5]])
-    with hold_lock(held) as holder, lock_wait_monitor() as waits:
+    with hold_lock(held) as holder, LockWaitMonitor(interval=0.002) as waits:
         with CaptureQueriesContext(connection) as queries:
             claims = claim_next(PENDING, worker="w", lease=30, limit=3)
         pid = backend_pid()
         assert blocked_by(holder) == []
     assert [c.pk for c in claims] == [j.pk for j in jobs[5:]]
     assert len(queries) == 1
-    assert [seen for seen in waits.seen if seen[0] == pid] == []
+    assert [seen for seen in waits.waits if seen.waiting == pid] == []
     assert waits.polls >= 1
     assert claim_next(PENDING, worker="w", lease=30, limit=10) != []  # the held rows are free again
-
-
-def wait_for_lock_waiters(count: int, *, timeout: float = 20.0) -> int:
-    """Return once ``count`` sessions of the test database wait for a lock (as pg_stat_activity shows)."""
-    monitor = connections.create_connection("default")
-    deadline = time.monotonic() + timeout
-    try:
-        with monitor.cursor() as cursor:
-            while True:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-                (waiting,) = cursor.fetchone() or (0,)
-                if waiting >= count:
-                    return int(waiting)
-                assert time.monotonic() < deadline, f"only {waiting} of {count} sessions waited for a lock"
-                time.sleep(0.005)
-    finally:
-        monitor.close()
 
 
 @override_settings(LOCKKIT={"LOCK_TIMEOUT": 30})
 def test_claim_by_concurrent_callers_gives_exactly_one_claim() -> None:
     (job,) = Job.objects.bulk_create([Job(name="contested")])
     callers = 6
-    results: list[Any] = []
 
-    def contend() -> None:
-        results.extend(
-            run_concurrently(
-                lambda i: claim(job, worker=f"c{i}", lease=30, set={"state": "running"}),
-                callers,
-                args=[(i,) for i in range(callers)],
-                timeout=60,
-            )
-        )
+    def contend(i: int) -> Claim | None:
+        return claim(job, worker=f"c{i}", lease=30, set={"state": "running"})
 
-    runner = threading.Thread(target=contend, daemon=True)
     with hold_lock(job) as holder:
-        runner.start()
+        contending = in_thread(
+            run_concurrently, contend, callers, args=[(i,) for i in range(callers)], timeout=60
+        )
         # The first caller waits for the holder; the others queue behind it for the row (their blocking pid is
-        # the first caller's, not the holder's), so count every session waiting for a lock.
-        wait_until_blocked(holder, count=1, timeout=20)
-        assert wait_for_lock_waiters(callers) == callers
-    runner.join(60)
-    assert not runner.is_alive()
+        # the first caller's, not the holder's): wait_until_blocked counts both.
+        assert len(wait_until_blocked(holder, count=callers, timeout=20)) == callers
+    results = contending.result(timeout=60)
     assert [o.error for o in results] == [None] * callers
     claims = [o.result for o in results if o.result is not None]
     assert len(claims) == 1
@@ -298,19 +216,9 @@ def test_claim_next_does_not_block_inserts_referencing_a_claimed_job() -> None:
     (job,) = Job.objects.bulk_create([Job(name="referenced")])
     with transaction.atomic():
         (c,) = claim_next(PENDING, worker="w", lease=30)  # inside the caller's transaction: rows stay locked
-        done = threading.Event()
-
-        def insert_log() -> None:
-            try:
-                JobLog.objects.create(job_id=job.pk, worker="other", token=0)  # FK check: FOR KEY SHARE
-                done.set()
-            finally:
-                connections.close_all()
-
-        inserter = threading.Thread(target=insert_log, daemon=True)
-        inserter.start()
-        assert done.wait(10), "the insert referencing the claimed job waited for the claim's row lock"
-        inserter.join(10)
+        # The FK check takes FOR KEY SHARE: it must not wait for the claim's row lock (ContentionTimeout if so).
+        inserting = in_thread(JobLog.objects.create, job_id=job.pk, worker="other", token=0)
+        inserting.result(timeout=10)
     assert JobLog.objects.filter(job_id=job.pk).count() == 1
     assert c.token == 1
 
@@ -320,19 +228,12 @@ def test_heartbeating_worker_keeps_its_job_and_a_silent_one_loses_it() -> None:
     (first,) = claim_next(PENDING, worker="live", lease=2.0, set={"state": "running"})
     stop = threading.Event()
     beats: list[Any] = [first]
-    errors: list[BaseException] = []
 
     def beat() -> None:
-        try:
-            while not stop.wait(0.1):  # the worker's own heartbeat interval, well within the lease
-                beats.append(heartbeat(beats[-1]))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        while not stop.wait(0.1):  # the worker's own heartbeat interval, well within the lease
+            beats.append(heartbeat(beats[-1]))
 
-    beater = threading.Thread(target=beat, daemon=True)
-    beater.start()
+    beater = in_thread(beat)
     reclaimed = []
     try:
         # Reclaim repeatedly until the database clock is a full lease past the first expiry.
@@ -344,9 +245,7 @@ def test_heartbeating_worker_keeps_its_job_and_a_silent_one_loses_it() -> None:
             stop.wait(0.05)
     finally:
         stop.set()
-        beater.join(10)
-    assert not beater.is_alive()
-    assert errors == []
+    beater.result(timeout=10)
     assert len(reclaimed) >= 10
     assert set(reclaimed) == {0}
     assert len(beats) >= 10
@@ -411,33 +310,21 @@ def test_reclaim_leaves_a_claim_renewed_meanwhile_alone_without_waiting() -> Non
     (job,) = Job.objects.bulk_create([Job(name="renewed")])
     (c,) = claim_next(PENDING, worker="w", lease=30, set={"state": "running"})
     expire(c.pk)  # the lease has lapsed...
-    renewing, renewed, finish = threading.Event(), threading.Event(), threading.Event()
-    errors: list[BaseException] = []
+    renewing, finish = threading.Event(), threading.Event()
 
     def renew_slowly() -> None:
-        try:
-            with transaction.atomic():  # ...and a heartbeat is renewing it, not yet committed
-                heartbeat(c, lease=30)
-                renewing.set()
-                assert finish.wait(20)
-            renewed.set()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
+        with transaction.atomic():  # ...and a heartbeat is renewing it, not yet committed
+            heartbeat(c, lease=30)
             renewing.set()
-            connections.close_all()
+            assert finish.wait(20)
 
-    renewer = threading.Thread(target=renew_slowly, daemon=True)
-    renewer.start()
+    renewer = in_thread(renew_slowly)
     assert renewing.wait(20)
     with CaptureQueriesContext(connection) as queries:
         assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 0  # skipped, not waited for
     assert len(queries) == 1
     finish.set()
-    renewer.join(20)
-    assert not renewer.is_alive()
-    assert errors == []
-    assert renewed.is_set()
+    renewer.result(timeout=20)  # committed: renewed
     assert reclaim_expired(Job.objects.all(), set={"state": "pending"}) == 0  # renewed: left alone
     row = snapshot(job.pk)
     assert (row["state"], row["claim_token"]) == ("running", 1)

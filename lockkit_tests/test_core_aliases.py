@@ -74,12 +74,17 @@ def test_callable_alias_receives_the_call_arguments_and_threads_stay_apart() -> 
     assert Stock.objects.using("other").get(sku="s").available == 4
 
 
-def test_positional_callable_with_options_is_a_resolver() -> None:
-    @lockkit.locked_operation(lambda alias: alias, lock_timeout=1)
-    def where(alias: str) -> str:
-        return lockkit.current_scope().alias
+def test_positional_callable_is_always_the_decorated_function() -> None:
+    # Django's rule (as for atomic): a positional callable is decorated, with the options given alongside it;
+    # an alias resolver is only ever passed as using=.
+    def where(alias: str) -> tuple[str, float | None]:
+        scope = lockkit.current_scope()
+        return scope.alias, scope.lock_timeout
 
-    assert where("other") == "other"
+    decorated = lockkit.locked_operation(where, lock_timeout=1)
+    assert decorated("other") == ("default", 1.0)
+    resolved = lockkit.locked_operation(using=lambda alias: alias, lock_timeout=1)(where)
+    assert resolved("other") == ("other", 1.0)
 
 
 def test_callable_returning_unknown_alias_fails_before_sql() -> None:
@@ -104,3 +109,15 @@ def test_model_scope_context_manager(settings: Any) -> None:
         assert scope.alias == "other"
     with lockkit.locked(model=Stock) as scope:
         assert scope.alias == "default"  # the router has no opinion: default
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_lock_all_with_a_queryset_of_pks_stays_on_the_scope_alias() -> None:
+    Stock.objects.create(sku="a", available=1)
+    with lockkit.locked("default") as scope:
+        with CaptureQueriesContext(connections["other"]) as other:
+            with pytest.raises(lockkit.AliasMismatch):
+                scope.lock_all(Stock, pks=Stock.objects.using("other").values("pk"))
+            rows = scope.lock_all(Stock, pks=Stock.objects.filter(available=1).values("pk"))
+        assert len(other) == 0
+    assert [r.sku for r in rows] == ["a"]

@@ -12,38 +12,11 @@ from django.db import DatabaseError, connection
 from django.db.transaction import TransactionManagementError
 
 import lockkit
-from lockkit import Failure
-from lockkit.sqlstate import CODES, code_of, lookup
+from lockkit import Failure, codes
+from lockkit.codes import code_of, lookup
+from lockkit.errors import error_class
+from lockkit.translate import translate, translating
 from lockkit_tests.util import raise_sqlstate
-
-# The table, pinned: a change to a row must change this test too.
-EXPECTED_ROWS = {
-    ("postgresql", "55P03"): (Failure.LOCK_NOT_AVAILABLE, True),
-    ("postgresql", "40P01"): (Failure.DEADLOCK_DETECTED, False),
-    ("postgresql", "40001"): (Failure.SERIALIZATION_FAILURE, False),
-    ("postgresql", "57014"): (Failure.STATEMENT_TIMEOUT, False),
-    ("postgresql", "25006"): (Failure.READ_ONLY, False),
-    ("mysql", "1205"): (Failure.LOCK_TIMEOUT, True),  # MariaDB's NOWAIT failure too (test_backend_mariadb.py)
-    ("mysql", "1213"): (Failure.DEADLOCK_DETECTED, False),
-    ("mysql", "3572"): (Failure.LOCK_NOT_AVAILABLE, False),
-    ("mysql", "1969"): (Failure.STATEMENT_TIMEOUT, False),
-    ("mysql", "3024"): (Failure.STATEMENT_TIMEOUT, False),
-    ("mysql", "1290"): (Failure.READ_ONLY, False),
-    ("mysql", "1792"): (Failure.READ_ONLY, False),
-    ("mysql", "1836"): (Failure.READ_ONLY, False),
-    ("sqlite", "5"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "261"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "773"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "6"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "262"): (Failure.LOCK_TIMEOUT, False),
-    ("sqlite", "517"): (Failure.SERIALIZATION_FAILURE, False),
-    ("sqlite", "8"): (Failure.READ_ONLY, False),
-    ("oracle", "54"): (Failure.LOCK_NOT_AVAILABLE, True),
-    ("oracle", "30006"): (Failure.LOCK_TIMEOUT, False),
-    ("oracle", "60"): (Failure.DEADLOCK_DETECTED, False),
-    ("oracle", "8177"): (Failure.SERIALIZATION_FAILURE, False),
-    ("oracle", "16000"): (Failure.READ_ONLY, False),
-}
 
 PG_CASES = [
     # (SQLSTATE, nowait, failure, lockkit error)
@@ -54,12 +27,6 @@ PG_CASES = [
     ("57014", False, Failure.STATEMENT_TIMEOUT, lockkit.StatementTimeout),
     ("25006", False, Failure.READ_ONLY, lockkit.ReadOnlyDatabase),
 ]
-
-
-def test_table_is_pinned() -> None:
-    actual = {(row.vendor, row.code): (row.failure, row.ambiguous_nowait) for row in CODES}
-    assert actual == EXPECTED_ROWS
-    assert len(CODES) == len(actual)  # no duplicate (vendor, code)
 
 
 def _server_error(code: str) -> DatabaseError:
@@ -205,3 +172,46 @@ def test_lockkit_errors_are_operational_errors_and_misuse_is_transaction_managem
         assert issubclass(misuse, TransactionManagementError)
     assert issubclass(lockkit.LockTimeout, lockkit.TransientLockError)
     assert not issubclass(lockkit.ReadOnlyDatabase, lockkit.TransientLockError)
+
+
+def test_every_failure_kind_has_exactly_one_registered_error_class() -> None:
+    for failure in Failure:
+        cls = error_class(failure)
+        assert cls.failure is failure
+        assert issubclass(cls, lockkit.LockError)
+    assert error_class(Failure.LOCK_TIMEOUT) is lockkit.LockTimeout
+
+
+def test_a_second_class_declaring_a_kind_is_refused() -> None:
+    with pytest.raises(TypeError, match="LockTimeout"):
+
+        class AnotherLockTimeout(lockkit.TransientLockError):
+            failure = Failure.LOCK_TIMEOUT
+
+    assert error_class(Failure.LOCK_TIMEOUT) is lockkit.LockTimeout
+
+
+@pytest.mark.django_db
+def test_public_classify_asks_the_scope_and_pure_classify_does_not() -> None:
+    exc = psycopg.errors.LockNotAvailable("held")
+    with lockkit.locked(nowait=False):
+        assert lockkit.classify(exc) is Failure.LOCK_TIMEOUT  # the innermost scope's nowait
+        assert codes.classify(exc) is Failure.LOCK_NOT_AVAILABLE  # the code's own meaning
+    assert codes.classify(exc, nowait=False) is Failure.LOCK_TIMEOUT
+
+
+def test_translating_names_the_alias_and_passes_other_errors_through() -> None:
+    with pytest.raises(lockkit.DeadlockDetected) as info:
+        with translating("other", nowait=False, attempts=3):
+            raise DatabaseError("boom") from psycopg.errors.DeadlockDetected("boom")
+    error = info.value
+    assert (error.alias, error.attempts, error.sqlstate) == ("other", 3, "40P01")
+    assert str(error) == "deadlock_detected on database 'other': boom"
+    assert isinstance(error.__cause__, DatabaseError)
+    with pytest.raises(lockkit.NotInLockedScope) as misuse:
+        with translating("other", nowait=False):
+            raise lockkit.NotInLockedScope("no scope")
+    assert misuse.value.alias == "other"
+    with pytest.raises(ValueError, match="plain"), translating("other", nowait=False):
+        raise ValueError("plain")
+    assert translate(DatabaseError("no code"), alias="other", nowait=False) is None

@@ -9,64 +9,17 @@ from typing import Any
 
 import pytest
 import tenacity
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 import lockkit
-from lockkit import Failure, RetryEvent, RetryPolicy
-from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
+from lockkit import Failure, LockTimeout, RetryEvent, RetryPolicy
+from lockkit.testing import backend_pid, hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Stock
-from lockkit_tests.util import InsufficientStock, raise_sqlstate, reserve
+from lockkit_tests.util import InsufficientStock, raise_sqlstate, reserve, show
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
 
-
-def _deadlock_pair(retry: Any) -> tuple[list[Any], list[RetryEvent]]:
-    """Two operations lock A,B and B,A, meeting at a barrier between the two locks on their first attempt."""
-    Stock.objects.create(sku="A", available=10)
-    Stock.objects.create(sku="B", available=10)
-    barrier = threading.Barrier(2)
-    events: list[RetryEvent] = []
-
-    @lockkit.locked_operation(retry=retry, lock_timeout=10)
-    def transfer(first: str, second: str) -> int:
-        scope = lockkit.current_scope()
-        rows = {first: scope.get(Stock, sku=first)}
-        if scope.attempt == 1:
-            barrier.wait(30)  # generous: a loaded CI machine must not break the barrier
-        rows[second] = scope.get(Stock, sku=second)
-        rows[first].available -= 1
-        rows[second].available += 1
-        for row in rows.values():
-            row.save(update_fields=["available"])
-        return scope.attempt
-
-    if isinstance(retry, RetryPolicy):
-        retry = RetryPolicy(attempts=retry.attempts, before_retry=events.append)
-        transfer = lockkit.locked_operation(retry=retry, lock_timeout=10)(transfer.__wrapped__)  # type: ignore[attr-defined]
-    outcomes = run_concurrently(transfer, 2, args=[("A", "B"), ("B", "A")], timeout=30)
-    return [o.error if o.error is not None else o.result for o in outcomes], events
-
-
-def test_deadlock_without_retry_raises_deadlock_detected_for_one() -> None:
-    results, _ = _deadlock_pair(None)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert len(errors) == 1, results
-    assert isinstance(errors[0], lockkit.DeadlockDetected)
-    assert errors[0].sqlstate == "40P01"
-    assert errors[0].attempts == 1
-    assert 1 in results  # the survivor finished on its first attempt
-    # The survivor's transfer only: A and B each moved by one in opposite directions or not at all.
-    assert sum(Stock.objects.values_list("available", flat=True)) == 20
-
-
-def test_deadlock_with_default_policy_both_finish() -> None:
-    results, events = _deadlock_pair(RetryPolicy())
-    assert all(isinstance(r, int) for r in results), results
-    assert sorted(results) == [1, 2]  # the deadlock victim finished on its second attempt
-    assert [e.failure for e in events] == [Failure.DEADLOCK_DETECTED]
-    assert events[0].sqlstate == "40P01"
-    # Both transfers applied: A gave one and got one back.
-    assert dict(Stock.objects.values_list("sku", "available")) == {"A": 10, "B": 10}
+FAST = RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.001)
 
 
 def test_lock_all_never_deadlocks() -> None:
@@ -89,26 +42,14 @@ def test_lock_all_never_deadlocks() -> None:
             row.save(update_fields=["available"])
         return list(rows)
 
-    results: dict[str, Any] = {}
-
-    def run(source: str, target: str) -> None:
-        try:
-            results[source] = transfer(source, target)
-        except BaseException as exc:
-            results[source] = exc
-        finally:
-            connections.close_all()
-
-    first = threading.Thread(target=run, args=("A", "B"), daemon=True)
-    first.start()
+    first = in_thread(transfer, "A", "B")
     assert first_locked.wait(10)
-    second = threading.Thread(target=run, args=("B", "A"), daemon=True)
-    second.start()
-    assert len(wait_until_blocked(pids[0], timeout=10)) == 1  # B,A really waits on A,B's lock of row A
+    second = in_thread(transfer, "B", "A")
+    assert (
+        len(wait_until_blocked(pids[0], contenders=second, timeout=10)) == 1
+    )  # B,A waits on A,B's lock of A
     release.set()
-    for thread in (first, second):
-        thread.join(15)
-        assert not thread.is_alive()
+    results = {"A": first.result(timeout=15), "B": second.result(timeout=15)}
     assert results == {"A": ["A", "B"], "B": ["A", "B"]}  # both locked in key order, neither failed
     assert dict(Stock.objects.values_list("sku", "available")) == {"A": 10, "B": 10}
 
@@ -132,31 +73,18 @@ def test_serialization_failure_is_retried_to_success() -> None:
         stock.save(update_fields=["available"], using="serializable")
         return stock.available
 
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = increment()
-        except BaseException as exc:
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    incrementing = in_thread(increment)
     assert read_done.wait(10)
     with lockkit.locked("serializable"):
         stock = Stock.objects.using("serializable").get(sku="s")
         stock.available += 10
         stock.save(update_fields=["available"], using="serializable")
     first_committed_update.set()
-    thread.join(20)
-    assert not thread.is_alive()
-    assert "error" not in outcome, outcome.get("error")
+    value = incrementing.result(timeout=20)
     assert calls == [1, 2]
     assert [e.failure for e in events] == [Failure.SERIALIZATION_FAILURE]
     assert events[0].sqlstate == "40001"
-    assert outcome["value"] == 11
+    assert value == 11
     assert Stock.objects.get(sku="s").available == 11
 
 
@@ -169,27 +97,6 @@ def test_serialization_failure_without_retry_is_classified() -> None:
         fail()
     assert info.value.sqlstate == "40001"
     assert info.value.attempts == 1
-
-
-def test_nested_operation_makes_exactly_one_attempt_and_outer_commits() -> None:
-    stock = Stock.objects.create(sku="a", available=1)
-    calls: list[int] = []
-    events: list[RetryEvent] = []
-
-    @lockkit.locked_operation(lock_timeout=0.1, retry=RetryPolicy(attempts=5, before_retry=events.append))
-    def take() -> None:
-        calls.append(lockkit.current_scope().attempt)
-        lockkit.current_scope().get(Stock, sku="a")
-
-    with transaction.atomic():
-        Stock.objects.create(sku="before", available=1)
-        with hold_lock(stock), pytest.raises(lockkit.LockTimeout) as info:
-            take()
-        assert info.value.attempts == 1
-        Stock.objects.create(sku="after", available=2)  # the outer transaction is still usable
-    assert calls == [1]
-    assert events == []
-    assert sorted(Stock.objects.values_list("sku", flat=True)) == ["a", "after", "before"]
 
 
 def test_outermost_operation_retries_lock_timeout_then_gives_up(caplog: pytest.LogCaptureFixture) -> None:
@@ -347,32 +254,6 @@ def test_stock_reservation_under_contention_never_oversells() -> None:
     assert refused > 0
 
 
-def test_second_operation_blocks_until_first_commits_via_decorator() -> None:
-    Stock.objects.create(sku="x", available=3)
-    with lockkit.locked() as scope:
-        scope.get(Stock, sku="x")
-        holder = backend_pid()
-        result: list[Any] = []
-
-        def contender() -> None:
-            try:
-                result.append(reserve("x", 3))
-            except InsufficientStock as exc:
-                result.append(exc)
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=contender, daemon=True)
-        thread.start()
-        wait_until_blocked(holder, timeout=10)
-        Stock.objects.filter(sku="x").update(available=2)
-    thread.join(15)
-    assert not thread.is_alive()
-    assert len(result) == 1
-    assert isinstance(result[0], InsufficientStock)  # it decided on the committed 2 < 3: nothing reserved
-    assert Stock.objects.get(sku="x").available == 2
-
-
 def test_nested_operation_failure_retries_the_outer_operation_as_a_whole() -> None:
     Stock.objects.create(sku="n", available=0)
     inner_calls: list[int] = []
@@ -395,3 +276,62 @@ def test_nested_operation_failure_retries_the_outer_operation_as_a_whole() -> No
     assert outer_calls == [1, 2]
     assert inner_calls == [1, 1]  # the nested call never retried on its own
     assert Stock.objects.get(sku="n").available == 2  # the first attempt's write was rolled back with it
+
+
+def test_manual_transaction_counts_as_nested_no_retry_no_leak() -> None:
+    stock = Stock.objects.create(sku="m", available=1)
+    calls: list[int] = []
+
+    @lockkit.locked_operation(lock_timeout=0.05, retry=FAST)
+    def op() -> None:
+        calls.append(1)
+        lockkit.current_scope().get(Stock, pk="m")
+
+    with hold_lock(stock):
+        transaction.set_autocommit(False)
+        try:
+            with pytest.raises(LockTimeout):
+                op()
+            with lockkit.locked(lock_timeout=0.25) as scope:
+                assert scope.nested
+            after = show("lock_timeout")
+        finally:
+            transaction.rollback()
+            transaction.set_autocommit(True)
+    assert calls == [1]
+    assert after == "0"
+
+
+def test_tenacity_retry_error_callback_value_is_returned() -> None:
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(2),
+        wait=tenacity.wait_none(),
+        retry=tenacity.retry_if_exception_type(LockTimeout),
+        retry_error_callback=lambda state: "fallback",
+    )
+    calls: list[int] = []
+
+    @lockkit.locked_operation(retry=retrying)
+    def op() -> str:
+        calls.append(lockkit.current_scope().attempt)
+        raise LockTimeout("x", alias="default")
+
+    assert op() == "fallback"
+    assert calls == [1, 2]
+
+
+def test_tenacity_result_predicate_retries() -> None:
+    calls: list[int] = []
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(3),
+        wait=tenacity.wait_none(),
+        retry=tenacity.retry_if_result(lambda value: value is None),
+    )
+
+    @lockkit.locked_operation(retry=retrying)
+    def op() -> str | None:
+        calls.append(lockkit.current_scope().attempt)
+        return None if len(calls) < 2 else "ok"
+
+    assert op() == "ok"
+    assert calls == [1, 2]

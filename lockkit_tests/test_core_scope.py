@@ -2,88 +2,21 @@
 
 from __future__ import annotations
 
-import threading
+import contextlib
+from collections.abc import Generator
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection, connections, transaction
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 import lockkit
-from lockkit.testing import backend_pid, hold_lock, run_concurrently, wait_until_blocked
-from lockkit_tests.models import Item, Owner, Stock
-from lockkit_tests.util import reserve, show
+from lockkit import LockTimeout
+from lockkit.testing import hold_lock, run_concurrently
+from lockkit_tests.models import Item, Owner, RemoteItem, Stock
+from lockkit_tests.util import show
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
-
-
-def test_second_operation_waits_then_decides_on_committed_value() -> None:
-    Stock.objects.create(sku="book-1", available=10)
-    started = threading.Event()
-    result: dict[str, Any] = {}
-
-    def contender() -> None:
-        try:
-            started.set()
-            result["remaining"] = reserve("book-1", 3)
-        except BaseException as exc:  # surfaced in the main thread
-            result["error"] = exc
-        finally:
-            connections.close_all()
-
-    with lockkit.locked() as scope:
-        stock = scope.get(Stock, sku="book-1")
-        stock.available = 5
-        stock.save(update_fields=["available"])
-        holder = backend_pid()
-        thread = threading.Thread(target=contender, daemon=True)
-        thread.start()
-        assert started.wait(5)
-        blocked = wait_until_blocked(holder, timeout=10)
-        assert len(blocked) == 1
-        assert "remaining" not in result  # still waiting while we hold the row
-    thread.join(15)
-    assert not thread.is_alive()
-    assert "error" not in result, result.get("error")
-    assert result["remaining"] == 2  # decided on the committed 5, not the 10 it could have read
-    assert Stock.objects.get(sku="book-1").available == 2
-
-
-def test_nowait_on_held_row_raises_lock_not_available() -> None:
-    stock = Stock.objects.create(sku="a", available=1)
-    with (
-        hold_lock(stock),
-        pytest.raises(lockkit.LockNotAvailable) as info,
-        lockkit.locked(nowait=True) as scope,
-    ):
-        scope.get(Stock, sku="a")
-    error = info.value
-    assert error.sqlstate == "55P03"
-    assert error.alias == "default"
-    assert error.attempts == 1
-    assert isinstance(error, OperationalError)
-    assert isinstance(error.__cause__, OperationalError)
-    assert lockkit.classify(error) is lockkit.Failure.LOCK_NOT_AVAILABLE
-
-
-def test_lock_timeout_raises_lock_timeout() -> None:
-    stock = Stock.objects.create(sku="a", available=1)
-    with (
-        hold_lock(stock),
-        pytest.raises(lockkit.LockTimeout) as info,
-        lockkit.locked(lock_timeout=0.2) as scope,
-    ):
-        scope.get(Stock, sku="a")
-    assert info.value.sqlstate == "55P03"
-    assert not isinstance(info.value, lockkit.LockNotAvailable)
-    assert lockkit.classify(info.value) is lockkit.Failure.LOCK_TIMEOUT
-
-
-def test_statement_timeout_raises_statement_timeout() -> None:
-    with pytest.raises(lockkit.StatementTimeout) as info, lockkit.locked(statement_timeout=0.2):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_sleep(5)")
-    assert info.value.sqlstate == "57014"
 
 
 def test_timeouts_are_transaction_scoped_and_restored() -> None:
@@ -258,3 +191,72 @@ def test_nested_scope_with_swallowed_inner_error_still_restores_timeouts() -> No
 def test_test_databases_resolve_deadlocks_fast() -> None:
     for alias in ("default", "other"):
         assert show("deadlock_timeout", alias) == "100ms"  # set by conftest.py on each test database
+
+
+def test_on_commit_callback_failure_never_reruns_committed_work() -> None:
+    counter = Stock.objects.create(sku="counter", available=0)
+    calls: list[int] = []
+
+    def bump_counter() -> None:
+        with lockkit.locked(lock_timeout=0.05) as scope:
+            row = scope.get(Stock, pk="counter")
+            row.available += 1
+            row.save()
+
+    @lockkit.locked_operation(retry=lockkit.RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.001))
+    def place_order(n: int) -> None:
+        calls.append(n)
+        Stock.objects.create(sku=f"order-{len(calls)}", available=n)
+        lockkit.current_scope().on_commit(bump_counter)
+
+    with hold_lock(counter), pytest.raises(LockTimeout):
+        place_order(1)
+    assert calls == [1]  # committed once, never re-run
+    assert list(Stock.objects.filter(sku__startswith="order-").values_list("sku", flat=True)) == ["order-1"]
+
+
+def test_callback_database_error_after_commit_is_not_reclassified() -> None:
+    def broken() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40001'; END $$")
+
+    with pytest.raises(OperationalError) as info, lockkit.locked() as scope:
+        Stock.objects.create(sku="kept", available=1)
+        scope.on_commit(broken)
+    assert not isinstance(info.value, lockkit.LockError)  # the callback's own error, not a "failed commit"
+    assert Stock.objects.filter(sku="kept").exists()
+
+
+def test_on_commit_robust_must_be_a_bool() -> None:
+    with lockkit.locked() as scope, pytest.raises(TypeError, match="robust"):
+        scope.on_commit(lambda: None, robust="no")  # type: ignore[arg-type]
+
+
+def test_nested_scope_that_swallowed_a_database_error_raises_and_keeps_nothing() -> None:
+    held = Stock.objects.create(sku="held", available=1)
+    with hold_lock(held), lockkit.locked():
+        with pytest.raises(DatabaseError), lockkit.locked(lock_timeout=0.05) as inner:
+            Stock.objects.create(sku="audit", available=1)
+            with contextlib.suppress(
+                OperationalError
+            ):  # swallowed: the savepoint cannot be released any more
+                inner.get(Stock, pk="held")
+        assert not Stock.objects.filter(sku="audit").exists()
+        assert show("lock_timeout") == "5s"  # the enclosing scope's value, restored by the rollback
+
+
+def _generator() -> Generator[int, None, None]:
+    with lockkit.locked("default"):
+        yield 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_scope_exit_ends_its_own_scope_not_the_innermost() -> None:
+    generator = _generator()
+    next(generator)
+    with lockkit.locked("other"):
+        RemoteItem.objects.create(name="x")
+        generator.close()  # exits the default scope, opened first
+        assert connections["other"].in_atomic_block
+        assert not connections["default"].in_atomic_block
+    assert RemoteItem.objects.filter(name="x").exists()

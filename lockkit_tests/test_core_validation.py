@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -171,3 +171,31 @@ def test_valid_inputs_are_accepted() -> None:
     assert policy.deadline == 3.0
     with pytest.raises(AttributeError):
         policy.attempts = 5  # type: ignore[misc]
+
+
+def test_generator_functions_and_models_are_refused_at_decoration() -> None:
+    def gen() -> Iterator[Any]:
+        yield lockkit.current_scope()
+
+    with pytest.raises(TypeError, match="generator"):
+        lockkit.locked_operation(gen)
+    with pytest.raises(TypeError, match="generator"):
+        lockkit.locked()(gen)
+    with pytest.raises(TypeError, match="model=Stock"):
+        lockkit.locked(Stock)
+    with pytest.raises(TypeError, match="model=Stock"):
+        lockkit.locked_operation(Stock)
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_huge_int_durations_name_the_parameter(value: int) -> None:
+    with pytest.raises(ValueError, match="lock_timeout"):
+        lockkit.locked(lock_timeout=value)
+    with pytest.raises(ValueError, match="deadline"):
+        RetryPolicy(deadline=value)
+
+
+def test_bad_retry_setting_dict_names_the_setting(settings: Any) -> None:
+    settings.LOCKKIT = {"RETRY": {"attempt": 5}}
+    with pytest.raises(TypeError, match=r"LOCKKIT\['RETRY'\]"):
+        lockkit.locked_operation(lambda: None)()

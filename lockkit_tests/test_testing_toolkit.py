@@ -13,6 +13,8 @@ from lockkit import LockNotAvailable, LockTimeout
 from lockkit.testing import (
     ContentionTimeout,
     Holder,
+    LockWaitMonitor,
+    NothingLocked,
     assert_single_alias,
     backend_pid,
     blocked_by,
@@ -21,6 +23,7 @@ from lockkit.testing import (
     run_concurrently,
     wait_until_blocked,
 )
+from lockkit.testing.dialects import dialect_of
 from lockkit_tests.models import Item, RemoteItem
 from lockkit_tests.vendors import vendor_params
 
@@ -41,12 +44,8 @@ def _locked_value(alias: str, pk: int) -> int:
 
 
 def _session_gone(alias: str, pid: int) -> bool:
-    sql = {
-        "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
-        "mysql": "SELECT count(*) FROM information_schema.processlist WHERE id = %s",
-    }[connections[alias].vendor]
     with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [pid])
+        cursor.execute(dialect_of(connections[alias]).session_exists, [pid])
         (count,) = cursor.fetchone()
     return int(count) == 0
 
@@ -180,6 +179,18 @@ def test_hold_lock_refuses_bad_input_before_any_sql(
 ) -> None:
     with django_assert_num_queries(0), pytest.raises(error, match=match), hold_lock(target, **kwargs):
         pytest.fail("must not be reached")  # pragma: no cover
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hold_lock_refuses_a_target_its_session_cannot_see() -> None:
+    with pytest.raises(NothingLocked, match="matched no rows"), hold_lock(Item.objects.filter(pk=-1)):
+        pytest.fail("must not be reached")  # pragma: no cover
+    # A TestCase's rows: written in a transaction the holder's session cannot see (see test_testing_plugin).
+    with transaction.atomic():
+        item = Item.objects.create(name="uncommitted", value=1)
+        with pytest.raises(NothingLocked, match=r"TransactionTestCase or django_db\(transaction=True\)"):
+            with hold_lock(item):
+                pytest.fail("must not be reached")  # pragma: no cover
 
 
 # -- wait_until_blocked / blocked_by -------------------------------------------------------------------------
@@ -331,9 +342,13 @@ def test_run_concurrently_refuses_bad_input() -> None:
 
 
 def test_in_thread_returns_the_result_or_reraises() -> None:
-    assert in_thread(lambda a, b=0: a + b, 1, b=2).result(timeout=5) == 3
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    assert in_thread(add, 1, b=2).result(timeout=5) == 3
+    empty: dict[str, int] = {}
     with pytest.raises(KeyError):
-        in_thread(dict().__getitem__, "missing").result(timeout=5)
+        in_thread(empty.__getitem__, "missing").result(timeout=5)
     never = threading.Event()
     call = in_thread(never.wait, 30)
     try:
@@ -342,6 +357,45 @@ def test_in_thread_returns_the_result_or_reraises() -> None:
     finally:
         never.set()
     assert call.join(5)
+
+
+# -- LockWaitMonitor ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", BOTH)
+def test_lock_wait_monitor_sees_who_waited_for_whom(alias: str) -> None:
+    item = Item.objects.using(alias).create(name="a", value=1)
+    pids: list[int] = []
+
+    def contender() -> int:
+        pids.append(backend_pid(alias))
+        return _locked_value(alias, item.pk)
+
+    with LockWaitMonitor(alias, interval=0.005) as monitor:
+        assert monitor.polls >= 1  # started: its first read is done
+        assert monitor.waits == []
+        with hold_lock(item) as holder:
+            call = in_thread(contender)
+            wait_until_blocked(holder, contenders=call)
+            deadline = time.monotonic() + 5
+            while pids[0] not in monitor.waiting_sessions() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert call.result(timeout=10) == 1
+    seen = [wait for wait in monitor.waits if wait.waiting == pids[0]]
+    assert seen
+    assert {wait.holder for wait in seen} == {holder.pid}
+    assert {wait.kind for wait in seen} <= {"transactionid", "tuple", "RECORD"}
+    assert monitor.peak() == 1
+    assert 0 < monitor.mean_waiting() < 1
+    assert monitor.mean_waiting(start=time.time() + 60) == 0.0
+    assert holder.pid not in monitor.waiting_sessions()
+
+
+def test_lock_wait_monitor_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="interval"):
+        LockWaitMonitor(interval=0)
+    with pytest.raises(ValueError, match="using"):
+        LockWaitMonitor("nope")
 
 
 # -- assert_single_alias -------------------------------------------------------------------------------------

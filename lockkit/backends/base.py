@@ -1,7 +1,18 @@
-"""The per-vendor interface, with the generic behaviour: capabilities from Django's feature flags, no timeouts."""
+"""The per-vendor interface, with the generic behaviour: capabilities from Django's feature flags, no timeouts.
+
+A scope calls four hooks, named after when they run::
+
+    open_transaction        scope entry: BEGIN (or SAVEPOINT when nested)
+    apply_timeouts          right after it; returns a TimeoutToken (what to put back) or None
+    ... the scope's body ...
+    restore_before_release  a nested scope ending without error, before RELEASE SAVEPOINT
+    after_transaction_end   after COMMIT, ROLLBACK or RELEASE, with or without error (only with a token)
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError
@@ -10,8 +21,19 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.transaction import Atomic
 
-# What a backend hands back from begin_scope to restore on exit; opaque to the caller.
-TimeoutToken = Any
+    from lockkit.advisory_keys import AdvisoryKey
+    from lockkit.waits import LockWait
+
+
+@dataclass(frozen=True)
+class TimeoutToken:
+    """What ``apply_timeouts`` changed: each setting's name and the value to put back.
+
+    Attributes:
+        previous: The setting names (constants of the backend, never user input) and their enclosing values.
+    """
+
+    previous: Mapping[str, str | float | int]
 
 
 class Backend:
@@ -62,7 +84,7 @@ class Backend:
             kwargs["of"] = ("self",)
         return kwargs
 
-    def begin_transaction(
+    def open_transaction(
         self,
         connection: BaseDatabaseWrapper,
         atomic: Atomic,
@@ -71,7 +93,7 @@ class Backend:
         statement_timeout: float | None,
         nested: bool,
     ) -> None:
-        """Begin the scope's transaction or savepoint: ``atomic.__enter__()``.
+        """Run at scope entry: begin the scope's transaction or savepoint, ``atomic.__enter__()``.
 
         A backend overrides this when the transaction must begin differently (SQLite begins it with
         ``BEGIN IMMEDIATE`` so the write lock is taken, and waited for, when the scope begins). If it raises, no
@@ -79,30 +101,136 @@ class Backend:
         """
         atomic.__enter__()
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
-        """Apply a scope's timeouts right after its transaction or savepoint began; return what to restore."""
+    ) -> TimeoutToken | None:
+        """Run right after ``open_transaction``: apply the scope's timeouts.
+
+        Returns:
+            What to put back when the scope ends, or ``None`` when nothing needs restoring.
+        """
         return None
 
-    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        """Restore the enclosing timeouts when a nested scope ends without error, before its savepoint is released.
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Run when a nested scope ends without error, before its savepoint is released: restore the timeouts.
 
         For settings that live in the transaction (PostgreSQL's ``set_config(..., true)``): on error the savepoint
         rollback restores them by itself, and the end of the outermost transaction discards them.
         """
 
-    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
-        """Restore session settings after the scope's transaction or savepoint ended, with or without error.
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Run after the scope's COMMIT, ROLLBACK or savepoint RELEASE, with or without error: restore session settings.
 
-        Called only when ``begin_scope`` returned a token that is not ``None``, after the commit, the savepoint
+        Called only when ``apply_timeouts`` returned a token that is not ``None``, after the commit, the savepoint
         release or the rollback, for nested and outermost scopes alike. For settings a rollback does not revert
         (MySQL's session variables, SQLite's busy timeout), so that no value reaches the next user of the
         connection. An implementation that cannot restore must not leave the altered value behind (close the
         connection when it is outside any transaction).
+        """
+
+    # -- advisory locks --------------------------------------------------------------------------------------
+
+    #: Whether a transaction-scoped advisory lock ends with the transaction by itself (PostgreSQL's
+    #: ``pg_advisory_xact_lock``); when ``False`` the scope releases it explicitly (MariaDB's ``RELEASE_LOCK``).
+    advisory_locks_end_with_transaction = True
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Say how advisory locks work here, for ``lockkit_capabilities``; ``None`` when lockkit has none."""
+        return None
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Refuse, before any SQL runs, an advisory lock the database cannot take.
+
+        Raises:
+            NotSupportedError: the database has no such advisory lock.
+        """
+        raise NotSupportedError(
+            f"advisory locks are not supported on {connection.vendor} ({connection.alias!r})"
+        )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """Take an advisory lock; return whether it was granted and the server session id that holds it.
+
+        ``False`` means the ``nowait`` attempt found it held, or (MariaDB) the ``timeout`` in seconds expired; a
+        database error (PostgreSQL's expired ``lock_timeout``) propagates. Transaction-scoped locks are taken in
+        the caller's transaction, whose ``lock_timeout`` the caller has set.
+        """
+        self.check_advisory(connection, shared=shared, session=session)
+        return False, None  # pragma: no cover - check_advisory raised
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """Release one hold of a session-level (MariaDB: any) advisory lock.
+
+        Returns:
+            Whether this session held it, and the server session id.
+        """
+        raise NotSupportedError(
+            f"advisory locks are not supported on {connection.vendor} ({connection.alias!r})"
+        )
+
+    # -- lock inspection -------------------------------------------------------------------------------------
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Return the sessions of the connection's database waiting for locks, with their direct blockers.
+
+        Raises:
+            NotSupportedError: lockkit cannot inspect locks on this database.
+        """
+        raise NotSupportedError(f"lock inspection is not supported on {connection.vendor} ({alias!r})")
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """Say which database session ``pid`` is connected to.
+
+        Returns:
+            Its database (``None``: no such session), whether that is the connection's own database, and whether
+            ``pid`` is the connection's own session.
+        """
+        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent."""
+        raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
+
+    # -- bounded DDL -----------------------------------------------------------------------------------------
+
+    #: Whether a bound set inside a transaction ends with it by itself (PostgreSQL's ``set_config(..., true)``);
+    #: when ``False`` the caller restores it with ``unbound_lock_waits`` on every path.
+    lock_waits_bound_end_with_transaction = False
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """Bound the lock waits of the statements that follow (DDL included); return what to restore.
+
+        Transaction-scoped when ``in_transaction`` where the database has such a form, else session-scoped: the
+        caller restores it with ``unbound_lock_waits`` on every path.
+
+        Raises:
+            NotSupportedError: lockkit cannot bound lock waits on this database.
+        """
+        raise NotSupportedError(f"lock waits cannot be bounded on {connection.vendor} ({connection.alias!r})")
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put back what ``bound_lock_waits`` changed.
+
+        If that fails outside a transaction, close the connection (so the altered value cannot reach the next user
+        of it) and raise.
         """

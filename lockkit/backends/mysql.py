@@ -8,12 +8,19 @@ https://dev.mysql.com/doc/refman/8.0/en/server-system-variables.html#sysvar_max_
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from django.db import NotSupportedError
+
+from lockkit.backends import mysql_locks
 from lockkit.backends.base import Backend, TimeoutToken
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory_keys import AdvisoryKey
+    from lockkit.waits import LockWait
 
 # innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
 _MAX_LOCK_WAIT = 1_073_741_824
@@ -33,7 +40,79 @@ def _statement_timeout(connection: BaseDatabaseWrapper, value: float) -> tuple[s
     return "max_execution_time", max(1, round(value * 1000))
 
 
-class MySQLBackend(Backend):
+class _NamedLocks:
+    """``GET_LOCK``/``RELEASE_LOCK``: session-level named locks, so the scope releases them itself; exclusive only."""
+
+    advisory_locks_end_with_transaction = False
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        return (
+            "GET_LOCK/RELEASE_LOCK named locks (per database, released at scope end), exclusive only, "
+            "waits bounded by GET_LOCK's own timeout (fractions of a second)"
+        )
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        if shared:
+            raise NotSupportedError(
+                f"shared advisory locks are not supported on {connection.vendor} ({connection.alias!r}): "
+                "GET_LOCK locks are exclusive"
+            )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        self.check_advisory(connection, shared=shared, session=session)
+        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        return mysql_locks.release(connection, key)
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        return mysql_locks.lock_waits(connection, alias)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        return mysql_locks.session_database(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        return mysql_locks.signal(connection, pid, terminate=terminate)
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        # DDL waits for metadata locks (lock_wait_timeout), data statements for row locks
+        # (innodb_lock_wait_timeout); both are session variables in whole seconds, restored by the caller.
+        wanted: dict[str, float | int] = {
+            "lock_wait_timeout": lock_wait_seconds(lock_timeout),
+            "innodb_lock_wait_timeout": lock_wait_seconds(lock_timeout),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
+            row = cursor.fetchone()
+            assert row is not None
+            previous = dict(zip(wanted, row, strict=True))
+            _set(cursor, wanted)
+        return TimeoutToken(previous)
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        try:
+            with connection.cursor() as cursor:
+                _set(cursor, token.previous)
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
+
+
+class MySQLBackend(_NamedLocks, Backend):
     """``innodb_lock_wait_timeout`` and ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL).
 
     Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the
@@ -43,6 +122,7 @@ class MySQLBackend(Backend):
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: session variables, restored when the scope ends."""
         statement = (
             "max_statement_time, session value restored on exit, microseconds"
             if connection.mysql_is_mariadb  # type: ignore[attr-defined]
@@ -51,6 +131,7 @@ class MySQLBackend(Backend):
         return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn when the server is read-only (``@@GLOBAL.read_only``)."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT @@GLOBAL.read_only")
             row = cursor.fetchone()
@@ -59,14 +140,15 @@ class MySQLBackend(Backend):
             return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
         return []
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
+        """Set the session variables and return their previous values (a rollback does not revert them)."""
         wanted: dict[str, float | int] = {}
         if lock_timeout is not None:
             wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
@@ -80,14 +162,17 @@ class MySQLBackend(Backend):
             cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
             row = cursor.fetchone()
             assert row is not None
-            previous = dict(zip(wanted, row, strict=True))
+            previous = TimeoutToken(dict(zip(wanted, row, strict=True)))
             _set(cursor, wanted)
         return previous
 
-    def after_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool) -> None:
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Put the previous session values back; close the connection if that fails outside a transaction."""
         try:
             with connection.cursor() as cursor:
-                _set(cursor, token)
+                _set(cursor, token.previous)
         except BaseException:
             if not connection.in_atomic_block:
                 # A session whose settings could not be put back must not serve anyone else.
@@ -95,6 +180,6 @@ class MySQLBackend(Backend):
             raise
 
 
-def _set(cursor: object, values: dict[str, float | int]) -> None:
+def _set(cursor: object, values: Mapping[str, str | float | int]) -> None:
     assignments = ", ".join(f"SESSION {name} = %s" for name in values)
     cursor.execute(f"SET {assignments}", list(values.values()))  # type: ignore[attr-defined]

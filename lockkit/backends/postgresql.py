@@ -8,28 +8,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lockkit.backends import postgresql_locks
 from lockkit.backends.base import Backend, TimeoutToken
-from lockkit.durations import milliseconds
+from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory_keys import AdvisoryKey
+    from lockkit.waits import LockWait
 
 # The setting names are constants of ours, never user input; values always travel as parameters.
 _NAMES = ("lock_timeout", "statement_timeout")
 
 
 class PostgreSQLBackend(Backend):
-    """Timeouts with ``is_local = true``: they end with the transaction, so nothing reaches the next user of a
-    pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
-    back when it ends; on error the savepoint rollback reverts them by itself."""
+    """Timeouts with ``is_local = true``: they end with the transaction.
+
+    Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
+    back when it ends; on error the savepoint rollback reverts them by itself.
+    """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: ``set_config(..., true)``, transaction-scoped."""
         return (
             "lock_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
             "statement_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
         )
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn about a hot standby or ``default_transaction_read_only``; connects."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')")
             row = cursor.fetchone()
@@ -42,14 +50,15 @@ class PostgreSQLBackend(Backend):
             return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
         return []
 
-    def begin_scope(
+    def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
         *,
         lock_timeout: float | None,
         statement_timeout: float | None,
         nested: bool,
-    ) -> TimeoutToken:
+    ) -> TimeoutToken | None:
+        """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore."""
         values = {
             name: f"{milliseconds(value)}ms"
             for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
@@ -71,11 +80,83 @@ class PostgreSQLBackend(Backend):
             )
             row = cursor.fetchone()
         assert row is not None
-        return dict(zip(values, row[: len(values)], strict=True))
+        return TimeoutToken(dict(zip(values, row[: len(values)], strict=True)))
 
-    def end_scope(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        if not token:
-            return
-        setters = ", ".join("set_config(%s, %s, true)" for _ in token)
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the enclosing values back before the savepoint is released."""
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {setters}", [item for pair in token.items() for item in pair])
+            cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])
+
+    # -- advisory locks, inspection, bounded DDL (SQL in postgresql_locks) -----------------------------------
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe PostgreSQL advisory locks for ``lockkit_capabilities``."""
+        return (
+            "pg_advisory_xact_lock (scope) / pg_advisory_lock (session=True), exclusive and shared, "
+            "bigint or (int, int) keys, waits bounded by lock_timeout"
+        )
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Every form exists on PostgreSQL."""
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set."""
+        # The wait is bounded by the transaction's lock_timeout, which the caller's scope has set.
+        return postgresql_locks.acquire(connection, key, shared=shared, session=session, nowait=nowait)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """``pg_advisory_unlock``: release one hold of a session-level lock."""
+        return postgresql_locks.release(connection, key, shared=shared)
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Read ``pg_locks`` and ``pg_blocking_pids()`` for the sessions of this database."""
+        return postgresql_locks.lock_waits(connection, alias)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """``pg_stat_activity``: the database session ``pid`` is connected to."""
+        return postgresql_locks.session_database(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """``pg_cancel_backend`` or ``pg_terminate_backend``."""
+        return postgresql_locks.signal(connection, pid, terminate=terminate)
+
+    lock_waits_bound_end_with_transaction = True
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """``set_config('lock_timeout', ..., is_local)``: transaction-scoped inside a transaction."""
+        # is_local = true ends with the transaction by itself; outside one it is the session's, restored after.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, %s)",
+                [f"{milliseconds(lock_timeout)}ms", in_transaction],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        return TimeoutToken({"lock_timeout": row[0]})
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the session-level ``lock_timeout`` back (closing the connection if that fails)."""
+        # Only called for a session-level bound: a transaction-scoped one ends with its transaction.
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, false)", [token.previous["lock_timeout"]]
+                )
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise

@@ -13,7 +13,7 @@ from django.db.models.expressions import BaseExpression
 from lockkit import aliases
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
 from lockkit.claims.value import Claim
-from lockkit.durations import seconds
+from lockkit.validation import duration
 
 SUPPORTED_VENDORS = frozenset({"postgresql"})
 
@@ -49,9 +49,7 @@ def worker(value: object) -> str:
 
 
 def lease(value: object, name: str = "lease") -> float:
-    result = seconds(value, name)
-    assert result is not None
-    return result
+    return duration(value, name)
 
 
 def positive_int(value: object, name: str) -> int:

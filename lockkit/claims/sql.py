@@ -6,21 +6,19 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.db.models import DateTimeField, DurationField, F, Field, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
 
 from lockkit.claims.mixin import Claimable
-from lockkit.errors import ERROR_FOR_FAILURE, LockError, classify
-from lockkit.sqlstate import code_of
+from lockkit.translate import translating
 
 
 class StatementTimestamp(Func):
@@ -123,25 +121,9 @@ def prepare_pks(model: type[Claimable], alias: str, pks: Sequence[Any]) -> tuple
     return values, f"{pk.cast_db_type(connection)}[]"
 
 
-@contextmanager
-def classified(alias: str) -> Iterator[None]:
-    """Re-raise a database-reported locking failure as its typed lockkit error, ``from`` the original."""
-    try:
-        yield
-    except LockError:
-        raise
-    except DatabaseError as exc:
-        failure = classify(exc, nowait=False)
-        if failure is None:
-            raise
-        raise ERROR_FOR_FAILURE[failure](
-            f"{failure.value} on database {alias!r}: {exc}".strip(), sqlstate=code_of(exc), alias=alias
-        ) from exc
-
-
 def run(alias: str, sql: str, params: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int]:
     """Execute one statement on ``alias``; return its rows and row count."""
-    with classified(alias), connections[alias].cursor() as cursor:
+    with translating(alias, nowait=False), connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall() if cursor.description is not None else []
         return [tuple(row) for row in rows], cursor.rowcount

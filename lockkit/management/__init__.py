@@ -1,0 +1,1 @@
+"""lockkit's management commands live in ``commands/``."""

@@ -11,44 +11,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.aliases import check_alias
-from lockkit.durations import seconds
-from lockkit.testing.errors import ContentionTimeout
+from lockkit.testing.dialects import dialect_of
+from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.holding import Holder
 from lockkit.testing.threads import ThreadCall
-
-# Each query returns (waiting session, blocking session) edges; constant text, no parameters.
-_PG_EDGES = (
-    "SELECT waiting.pid, blocker FROM pg_stat_activity AS waiting "
-    "CROSS JOIN LATERAL unnest(pg_blocking_pids(waiting.pid)) AS blocker "
-    "WHERE waiting.wait_event_type = 'Lock'"
-)
-_MARIADB_EDGES = (
-    "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM information_schema.innodb_lock_waits w "
-    "JOIN information_schema.innodb_trx r ON r.trx_id = w.requesting_trx_id "
-    "JOIN information_schema.innodb_trx b ON b.trx_id = w.blocking_trx_id"
-)
-_MYSQL8_EDGES = (
-    "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM performance_schema.data_lock_waits w "
-    "JOIN information_schema.innodb_trx r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID "
-    "JOIN information_schema.innodb_trx b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID"
-)
-
-# InnoDB refreshes its information_schema lock tables only when they were not read for 100 ms
-# (CACHE_MIN_IDLE_TIME_US in trx0i_s.cc): polling faster would read a stale snapshot forever.
-_INNODB_MIN_POLL = 0.15
-
-
-def _edges_sql(connection: BaseDatabaseWrapper) -> str:
-    if connection.vendor == "postgresql":
-        return _PG_EDGES
-    if connection.vendor == "mysql":
-        return _MARIADB_EDGES if getattr(connection, "mysql_is_mariadb", False) else _MYSQL8_EDGES
-    raise NotImplementedError(
-        f"lock-wait introspection does not support {connection.vendor} ({connection.alias!r})"
-    )
+from lockkit.validation import duration
 
 
 def _behind(pid: int, edges: Iterable[tuple[int, int]]) -> list[int]:
@@ -100,7 +69,7 @@ def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
     pid, alias = _target(holder, using)
     connection = connections.create_connection(alias)
     try:
-        sql = _edges_sql(connection)
+        sql = dialect_of(connection).blocking_edges
         with connection.cursor() as cursor:
             return _behind(pid, _read_edges(cursor, sql))
     finally:
@@ -131,8 +100,7 @@ def wait_until_blocked(
         poll: Seconds between two polls (at least 0.15 on MariaDB/MySQL, whose InnoDB lock tables are a cache
             that is refreshed only after 100 ms without a read).
         contenders: The ``ThreadCall`` (or calls) expected to block: when fewer than ``count`` of them are
-        still
-            running, no amount of waiting can succeed, so it fails at once with what they returned or raised.
+            still running, no amount of waiting can succeed, so it fails at once with what they returned or raised.
 
     Returns:
         The waiting session ids, ascending.
@@ -148,18 +116,15 @@ def wait_until_blocked(
         raise TypeError(f"count must be an int, not {type(count).__name__}")
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    limit, pause = seconds(timeout, "timeout"), seconds(poll, "poll")
-    assert limit is not None
-    assert pause is not None
+    limit, pause = duration(timeout, "timeout"), duration(poll, "poll")
     watched = [contenders] if isinstance(contenders, ThreadCall) else list(contenders)
     if not all(isinstance(call, ThreadCall) for call in watched):
         raise TypeError("contenders must be a ThreadCall or a sequence of them (from in_thread)")
     connection = connections.create_connection(alias)
     deadline = time.monotonic() + limit
     try:
-        sql = _edges_sql(connection)
-        if connection.vendor == "mysql":
-            pause = max(pause, _INNODB_MIN_POLL)
+        dialect = dialect_of(connection)
+        sql, pause = dialect.blocking_edges, max(pause, dialect.min_poll)
         with connection.cursor() as cursor:
             while True:
                 edges = _read_edges(cursor, sql)

@@ -7,7 +7,6 @@ free to start contenders, wait for them to block, and check what they did.
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import threading
 import time
@@ -16,14 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, models, router, transaction
+from django.db import connections, models, transaction
 
-from lockkit.aliases import check_alias
-from lockkit.durations import milliseconds, seconds
-from lockkit.errors import ERROR_FOR_FAILURE, classify
-from lockkit.sqlstate import code_of
-from lockkit.testing.errors import ContentionTimeout
+from lockkit import aliases
+from lockkit.scope import locked
+from lockkit.testing.failures import ContentionTimeout, NothingLocked
 from lockkit.testing.sessions import backend_pid
+from lockkit.validation import duration
 
 T = TypeVar("T")
 
@@ -149,27 +147,14 @@ def _as_queryset(target: object) -> tuple[models.QuerySet[Any], str | None]:
     )
 
 
-def _classified(exc: BaseException, alias: str, nowait: bool) -> BaseException:
-    """lockkit's typed error for a database failure (``LockNotAvailable``...), else ``exc`` itself."""
-    if not isinstance(exc, DatabaseError):
-        return exc
-    failure = classify(exc, nowait=nowait)
-    if failure is None:
-        return exc
-    error = ERROR_FOR_FAILURE[failure](f"hold_lock on {alias!r}: {exc}", sqlstate=code_of(exc), alias=alias)
-    error.__cause__ = exc
-    return error
-
-
-def _bound_lock_wait(alias: str, limit: float) -> None:
-    """Bound the holder's own lock waits, so that a row someone else holds fails it instead of hanging it."""
-    connection = connections[alias]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{milliseconds(limit)}ms"])
-        elif connection.vendor == "mysql":
-            # Whole seconds, session-scoped: this connection is private to the holder and closed after it.
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, math.ceil(limit))])
+def _nothing_locked(queryset: models.QuerySet[Any], alias: str) -> NothingLocked:
+    return NothingLocked(
+        f"hold_lock: {queryset.model.__name__} matched no rows on {alias!r} as seen from the holder's own "
+        "session. Another connection cannot see rows written inside a transaction the test has not committed: "
+        "Django's TestCase and pytest.mark.django_db without transaction=True wrap each test in one. Use "
+        "TransactionTestCase or django_db(transaction=True) (the contention marker does it), or check the "
+        "target's filter."
+    )
 
 
 @contextmanager
@@ -183,11 +168,11 @@ def hold_lock(
 ) -> Iterator[Holder]:
     """Lock rows from a separate database session, and keep them locked until the block exits.
 
-    A helper thread opens its own connection, begins a transaction, takes ``SELECT ... FOR UPDATE`` on the
-    rows and waits; the block starts only once the rows are locked. On exit the transaction is rolled back
-    (unless ``holder.release(commit=True)`` ended it earlier) and the connection closed. Usable from the
-    test's main thread; use it in a transactional test (``TransactionTestCase``,
-    ``django_db(transaction=True)``) so the holder can see the test's rows. See
+    A helper thread opens its own connection and a ``lockkit.locked()`` scope on the alias (its lock wait
+    bounded by ``timeout``), locks the rows with ``scope.lock()`` and waits; the block starts only once the rows
+    are locked. On exit the transaction is rolled back (unless ``holder.release(commit=True)`` ended it
+    earlier) and the connection closed. Usable from the test's main thread; use it in a transactional test
+    (``TransactionTestCase``, ``django_db(transaction=True)``) so the holder can see the test's rows. See
     https://www.postgresql.org/docs/current/explicit-locking.html#LOCKING-ROWS.
 
     Args:
@@ -197,8 +182,7 @@ def hold_lock(
         nowait: Take the lock with ``NOWAIT``: fail at once if another session holds a row.
         no_key: Take ``FOR NO KEY UPDATE`` (PostgreSQL only) instead of ``FOR UPDATE``.
         timeout: Seconds: the holder's own lock wait bound, how long to wait for it to lock, and the longest
-        it
-            keeps the lock if the block never ends (it then releases and the exit raises
+            it keeps the lock if the block never ends (it then releases and the exit raises
             ``ContentionTimeout``).
 
     Yields:
@@ -207,35 +191,34 @@ def hold_lock(
     Raises:
         TypeError: ``target`` is not a saved instance, model class or queryset; a flag is not a ``bool``.
         ValueError: ``target`` is unsaved; ``using`` is not a configured alias; ``timeout`` is not positive.
-        LockNotAvailable: with ``nowait``, another session holds a row. LockTimeout: without it, another
-        session
-            held a row longer than ``timeout``.
-        ContentionTimeout: the rows were not locked, or the session did not close, within ``timeout``; or the
-        block
-            lasted longer than ``timeout``, so the lock was released early.
+        NothingLocked: the target matched no rows as the holder's session sees them (typically rows written
+            inside the uncommitted transaction of a ``TestCase`` or non-transactional ``django_db`` test).
+        LockNotAvailable: with ``nowait``, another session holds a row.
+        LockTimeout: without ``nowait``, another session held a row longer than ``timeout``.
+        ContentionTimeout: the rows were not locked, or the session did not close, within ``timeout``; or
+            the block lasted longer than ``timeout``, so the lock was released early.
         django.db.NotSupportedError: the database cannot honour ``nowait``/``no_key``.
     """
     queryset, bound = _as_queryset(target)
-    for flag, name in ((nowait, "nowait"), (no_key, "no_key")):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, not {type(flag).__name__}")
-    alias = check_alias(using) if using is not None else bound or router.db_for_write(queryset.model)
-    limit = seconds(timeout, "timeout")
-    assert limit is not None
-    options: dict[str, Any] = {"nowait": True} if nowait else {}
-    if no_key:
-        options["no_key"] = True
+    # lockkit's own rule (the explicit alias, else the router's write alias), after the target's own binding.
+    alias = aliases.resolve(using if using is not None else bound, queryset.model)
+    limit = duration(timeout, "timeout")
+    # Built here, so that bad options fail in the caller's thread before any SQL; entered by the helper thread.
+    # locked() bounds the lock wait for this transaction only and turns database failures into lockkit's typed
+    # errors (LockNotAvailable, LockTimeout...), exactly as for the code under test.
+    scope_options = locked(alias, lock_timeout=limit, nowait=nowait, no_key=no_key)
     holder = Holder(alias, limit)
     ready = threading.Event()
     outcome: dict[str, BaseException] = {}
 
     def hold() -> None:
+        end: _Job | None = None
         try:
-            end: _Job | None = None
-            with transaction.atomic(using=alias):
+            with scope_options as scope:
                 holder.pid = backend_pid(alias)
-                _bound_lock_wait(alias, limit)
-                holder.rows = list(queryset.using(alias).select_for_update(**options))
+                holder.rows = list(scope.lock(queryset.using(alias)))
+                if not holder.rows:
+                    raise _nothing_locked(queryset, alias)
                 ready.set()
                 end = holder._serve(end)
                 if end is None or not end.commit:
@@ -243,10 +226,9 @@ def hold_lock(
             if end is not None:
                 end.done.set()
         except BaseException as exc:
-            classified = _classified(exc, alias, nowait)
-            outcome["error"] = classified
+            outcome["error"] = exc
             if end is not None:
-                end.error = classified
+                end.error = exc
                 end.done.set()
         finally:
             holder._ended = True

@@ -16,10 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from lockkit.aliases import check_alias
-
-_PID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-# The session id is an int read from the driver, passed as a parameter, never formatted into the text.
-_CANCEL_SQL = {"postgresql": "SELECT pg_cancel_backend(%s)", "mysql": "KILL QUERY %s"}
+from lockkit.testing.dialects import dialect_of
 
 
 def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -40,9 +37,7 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
         NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     connection = connections[check_alias(using)]
-    sql = _PID_SQL.get(connection.vendor)
-    if sql is None:
-        raise NotImplementedError(f"backend_pid does not support {connection.vendor} ({using!r})")
+    sql = dialect_of(connection).session_id
     with connection.cursor() as cursor:
         cursor.execute(sql)
         row = cursor.fetchone()
@@ -115,15 +110,14 @@ class SessionTracker:
         signalled: list[int] = []
         for opened in list(self._sessions):
             wrapper = opened.wrapper
-            sql = _CANCEL_SQL.get(wrapper.vendor)
             # Only a session still open on the same driver connection: a closed one's id may be reused.
-            if sql is None or wrapper.connection is not opened.raw:
+            if wrapper.vendor not in ("postgresql", "mysql") or wrapper.connection is not opened.raw:
                 continue
             control = connections.create_connection(wrapper.alias)
-            # The session may end meanwhile: cancelling is best effort.
+            # The session may end meanwhile: cancelling is best effort. The id is a parameter, never text.
             with contextlib.suppress(Exception):
                 with control.cursor() as cursor:
-                    cursor.execute(sql, [opened.pid])
+                    cursor.execute(dialect_of(control).cancel, [opened.pid])
                 signalled.append(opened.pid)
             control.close()
         return signalled

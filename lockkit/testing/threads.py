@@ -10,15 +10,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from django.db import connections
 
-from lockkit.durations import seconds
-from lockkit.testing.errors import ContentionTimeout
+from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.sessions import SessionTracker
+from lockkit.validation import duration
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # After cancelling a stuck caller's statement, how long to let it unwind and close its connection.
 _UNWIND_SECONDS = 2.0
@@ -51,9 +52,7 @@ class Outcome(Generic[T]):
 
 
 def _limit(value: object, name: str) -> float:
-    limit = seconds(value, name)
-    assert limit is not None
-    return limit
+    return duration(value, name)
 
 
 class ThreadCall(Generic[T]):
@@ -137,7 +136,7 @@ class ThreadCall(Generic[T]):
         return self.outcome(timeout).unwrap()
 
 
-def in_thread(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> ThreadCall[T]:
+def in_thread(func: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> ThreadCall[T]:
     """Start ``func(*args, **kwargs)`` in a new thread (its own database sessions) and return at once.
 
     Use it for a contender that must be waiting while the test's thread does something else: start it, wait
@@ -197,8 +196,7 @@ def run_concurrently(
     Raises:
         ContentionTimeout: a caller had not finished within ``timeout``.
         TypeError: ``func`` is not callable, ``n`` is not an ``int``, ``args`` is neither a tuple nor a list
-        of
-            tuples, ``timeout`` is not seconds.
+            of tuples, ``timeout`` is not seconds.
         ValueError: ``n`` is below 1, ``args`` does not hold ``n`` tuples, ``timeout`` is not positive.
         Any exception a caller raised, when ``reraise`` is true.
     """

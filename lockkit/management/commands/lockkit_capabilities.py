@@ -11,6 +11,8 @@ from lockkit.capabilities import capabilities, format_table
 
 
 class Command(BaseCommand):
+    """``manage.py lockkit_capabilities [--database ALIAS ...]``: what lockkit can do on each alias."""
+
     help = (
         "Print, per database alias, what lockkit can do there (row locks, NOWAIT, SKIP LOCKED, of, no_key, "
         "lock "
@@ -19,6 +21,7 @@ class Command(BaseCommand):
     requires_system_checks = ()  # the report must print even where a check would fail
 
     def add_arguments(self, parser: CommandParser) -> None:
+        """Add ``--database`` (repeatable)."""
         parser.add_argument(
             "--database",
             action="append",
@@ -28,6 +31,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        """Print the report for each alias asked for (every alias by default).
+
+        Raises:
+            CommandError: an alias is not in ``settings.DATABASES``.
+        """
         aliases = options["databases"] or list(connections)
         unknown = [alias for alias in aliases if alias not in connections.settings]
         if unknown:

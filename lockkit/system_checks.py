@@ -28,8 +28,11 @@ def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs
 def check_capabilities(
     app_configs: Sequence[AppConfig] | None = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """``lockkit.I001`` per database asked for (``manage.py check --database ALIAS``); ``lockkit.W002``
-    when the server cannot be asked. A database check: Django runs it only for the aliases it is given."""
+    """Report ``lockkit.I001`` per database asked for (``manage.py check --database ALIAS``).
+
+    ``lockkit.W002`` when the server cannot be asked. A database check: Django runs it only for the aliases it is
+    given.
+    """
     messages: list[CheckMessage] = []
     for alias in databases or ():
         caps = capabilities(alias)

@@ -1,13 +1,15 @@
-"""The table of SQLSTATEs and vendor error numbers lockkit classifies, and reading a code off an exception chain.
+"""The table of SQLSTATEs and vendor error numbers lockkit classifies, reading codes off exception chains, ``classify``.
 
-The table is data, one row per (vendor, code); ``lookup()`` is the only reader. See ``../shared/ERROR-CODES.md``.
+The table is data, one row per (vendor, code); ``lookup()`` is its only reader. ``classify()`` here is pure: it
+knows nothing about scopes (the public ``lockkit.classify`` adds "the innermost scope's ``nowait``"). This module
+imports nothing from lockkit but ``lockkit.errors``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lockkit.errors import Failure
+from lockkit.errors import Failure, LockError
 
 # How many links of __cause__/__context__ to follow: Django wraps once, TransactionManagementError once more,
 # user code may wrap a few times; a bound keeps a pathological chain cheap.
@@ -135,3 +137,30 @@ def code_of(exc: BaseException) -> str | None:
         if key is not None:
             return key[1]
     return None
+
+
+def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
+    """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
+
+    The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
+    driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. A lockkit error reports
+    its own kind. PostgreSQL reports both a ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03;
+    ``nowait`` tells them apart, and when it is ``None`` the code's own meaning is reported
+    (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
+    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+
+    Args:
+        exc: Any exception.
+        nowait: Whether the failing statement used ``NOWAIT``; ``None`` for the code's own meaning.
+
+    Returns:
+        The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+    """
+    if isinstance(exc, LockError):
+        return exc.failure
+    row = lookup(exc)
+    if row is None:
+        return None
+    if not row.ambiguous_nowait or nowait is None:
+        return row.failure
+    return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT

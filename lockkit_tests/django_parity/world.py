@@ -1,4 +1,4 @@
-"""Shared data and markers for the peer suite: the rows Django's select_for_update tests start from."""
+"""The rows the Django parity suite starts from: those of Django's own select_for_update tests."""
 
 from __future__ import annotations
 

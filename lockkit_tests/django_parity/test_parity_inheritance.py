@@ -15,6 +15,7 @@ from django.db import DatabaseError, connections, transaction
 
 from lockkit import LockNotAvailable, locked
 from lockkit.testing import assert_single_alias, hold_lock, in_thread
+from lockkit_tests.django_parity.world import make_world
 from lockkit_tests.models import (
     PeerCity,
     PeerCountry,
@@ -23,7 +24,6 @@ from lockkit_tests.models import (
     PeerEUCountry,
     PeerPerson,
 )
-from lockkit_tests.peer.conftest import make_world
 from lockkit_tests.vendors import vendor_params
 
 pytestmark = pytest.mark.contention

@@ -12,8 +12,8 @@ from django.db import OperationalError, connections, transaction
 import lockkit
 from lockkit import Failure, LockNotAvailable, locked
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from lockkit_tests.django_parity.world import make_world
 from lockkit_tests.models import PeerPerson
-from lockkit_tests.peer.conftest import make_world
 from lockkit_tests.vendors import vendor_params
 
 pytestmark = pytest.mark.contention

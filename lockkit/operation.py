@@ -1,0 +1,187 @@
+"""``locked_operation``: a decorator running each call in a locked scope, retried as a whole in a fresh one.
+
+An attempt runs in a ``ScopeBlock``; retries come from tenacity (``lockkit.retry``) and happen only when the call
+owns the outermost transaction on its alias. An error raised after an attempt committed is carried past the retry
+loop by ``_Committed`` so that committed work is never re-run.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from django.db import connections, models
+
+from lockkit import conf
+from lockkit.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
+from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry
+from lockkit.scope import ScopeBlock, refuse_unsupported
+from lockkit.transaction import in_transaction
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_DEFAULT_POLICY = RetryPolicy()
+
+
+class _Committed(BaseException):
+    """Carries an error raised after an attempt committed (an ``on_commit`` callback) past the retry loop.
+
+    A ``BaseException`` so that no retry predicate (``retry_if_exception_type()`` matches ``Exception``) retries
+    work that is already committed.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class LockedOperation:
+    """The decorator ``locked_operation(...)`` returns; configuration only, no per-call state."""
+
+    def __init__(self, options: ScopeOptions, retry: RetrySetting | Default) -> None:
+        """Hold the validated options and the retry setting (``Default.FROM_SETTINGS``: read it per call)."""
+        self._options = options
+        self._retry = retry
+
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        """Decorate ``func``.
+
+        Raises:
+            TypeError: ``func`` is not a plain synchronous function.
+        """
+        refuse_unsupported(func, "locked_operation")
+        options, retry_option = self._options, self._retry
+        operation = getattr(func, "__qualname__", repr(func))
+
+        def attempt(alias: str, number: int, args: Any, kwargs: Any) -> R:
+            block = ScopeBlock(options, alias, number, owner=self)
+            try:
+                with block:
+                    return func(*args, **kwargs)
+            except BaseException as exc:
+                if block.committed:
+                    raise _Committed(exc) from exc
+                raise
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            alias = options.alias_for_call(args, kwargs)
+            retry = retry_option
+            if isinstance(retry, Default):
+                retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
+            try:
+                if retry is None or in_transaction(connections[alias]):
+                    # Nested in an outer transaction (ATOMIC_REQUESTS included): a retry here would run inside
+                    # the failed transaction, so make one attempt and let the owner of the transaction decide.
+                    return attempt(alias, 1, args, kwargs)
+                numbers = itertools.count(1)  # per call: the attempt number each try runs with
+                retrying = build_retrying(retry, alias=alias, operation=operation)
+                # The call form (not the iterator) so that result predicates and a retry_error_callback's
+                # return value work as tenacity documents them.
+                return retrying(lambda: attempt(alias, next(numbers), args, kwargs))
+            except _Committed as committed:
+                raise committed.error from None
+
+        return wrapper
+
+
+@overload
+def locked_operation(
+    func: Callable[P, R],
+    /,
+    *,
+    model: type[models.Model] | None = None,
+    retry: RetrySetting = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    no_key: bool = False,
+) -> Callable[P, R]: ...
+@overload
+def locked_operation(
+    using_or_func: str | None = None,
+    /,
+    *,
+    using: str | Callable[..., str] | None = None,
+    model: type[models.Model] | None = None,
+    retry: RetrySetting = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    no_key: bool = False,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+def locked_operation(
+    using_or_func: Any = NOT_GIVEN,
+    /,
+    *,
+    using: Any = NOT_GIVEN,
+    model: type[models.Model] | None = None,
+    retry: Any = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    no_key: bool = False,
+) -> Any:
+    """Decorate a function so each call runs in a locked scope, retried as a whole on transient failures.
+
+    Each call resolves one alias (``using``, a callable of the call's arguments, ``router.db_for_write(model)``
+    or ``"default"``) and runs the function inside ``locked(alias, ...)``; inside it, ``lockkit.current_scope()``
+    and ``lockkit.lock()`` reach the scope. When the call owns the outermost transaction on that alias, a failure
+    the retry policy lists rolls the transaction back and re-runs the whole function in a fresh one; nested in an
+    outer ``atomic()`` (``ATOMIC_REQUESTS`` included) it makes exactly one attempt and raises the classified error,
+    leaving the outer transaction usable. See
+    https://www.postgresql.org/docs/current/mvcc-serialization-failure-handling.html.
+
+    Args:
+        using: An alias, ``None``, or (keyword ``using=`` only) a callable receiving the decorated function's
+            arguments and returning the alias. A positional callable is always the function to decorate, as with
+            Django's ``atomic``: ``@locked_operation`` written bare, or ``locked_operation(func, nowait=True)``.
+        model: The model whose ``router.db_for_write`` gives the alias when ``using`` is ``None``.
+        retry: A ``RetryPolicy``, a tenacity ``Retrying`` (copied per call, with ``reraise=True``) or ``None`` for
+            no retries. Default ``settings.LOCKKIT["RETRY"]``, itself ``RetryPolicy()``.
+        using_or_func: The function to decorate, or an alias (``None`` included) given positionally.
+        lock_timeout: As for ``locked()``.
+        statement_timeout: As for ``locked()``.
+        nowait: As for ``locked()``.
+        skip_locked: As for ``locked()``.
+        no_key: As for ``locked()``.
+
+    Returns:
+        A decorator; the decorated function returns what the function returns.
+
+    Raises:
+        TypeError: at decoration, a wrong parameter type or an ``async def`` function; at call, ``using`` returned
+            something that is not a string.
+        ValueError: at decoration, a bad value (see ``locked()``); at call, ``using`` returned an unknown alias.
+        LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
+            ReadOnlyDatabase: the failure of the last attempt, with ``.attempts`` set.
+    """
+    if using_or_func is not NOT_GIVEN and using is not NOT_GIVEN:
+        raise TypeError("locked_operation() got using both positionally and as a keyword")
+    func = (
+        using_or_func if callable(using_or_func) else None
+    )  # Django's rule: a positional callable is decorated
+    if using is NOT_GIVEN:
+        using = None if func is not None or using_or_func is NOT_GIVEN else using_or_func
+    options = ScopeOptions.build(
+        using,
+        model=model,
+        lock_timeout=lock_timeout,
+        statement_timeout=statement_timeout,
+        nowait=nowait,
+        skip_locked=skip_locked,
+        no_key=no_key,
+        allow_callable=True,
+    )
+    checked_retry = retry if retry is FROM_SETTINGS else check_retry(retry)
+    decorator = LockedOperation(options, checked_retry)
+    return decorator if func is None else decorator(func)
+
+
+__all__ = ["LockedOperation", "locked_operation"]

@@ -1,0 +1,147 @@
+"""A scope's configuration, validated once into one frozen ``ScopeOptions``; the sentinels for left-out arguments."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeAlias
+
+from django.db import models
+
+from lockkit import aliases, conf
+from lockkit.validation import flag, optional_duration
+
+#: A duration as the public API takes it: seconds (``int``/``float``) or a ``timedelta``.
+Duration: TypeAlias = float | int | timedelta
+
+
+class Default(enum.Enum):
+    """The sentinels of arguments left out: one style for every default lockkit resolves itself."""
+
+    FROM_SETTINGS = "<default from settings.LOCKKIT>"
+    NOT_GIVEN = "<not given>"
+
+    def __repr__(self) -> str:
+        """Show what the default means, as signatures print it."""
+        return self.value
+
+
+# Typed ``Any`` so the public signatures keep their documented types (``float | int | timedelta | None``).
+FROM_SETTINGS: Any = Default.FROM_SETTINGS
+NOT_GIVEN: Any = Default.NOT_GIVEN
+
+
+@dataclass(frozen=True)
+class ScopeOptions:
+    """A scope's validated configuration, shared by every call of a ``Locked`` or a ``locked_operation``.
+
+    Attributes:
+        using: An alias, ``None`` (the model's router, else ``"default"``) or a callable of the call's arguments.
+        model: The model whose ``router.db_for_write`` gives the alias when ``using`` is ``None``.
+        lock_timeout: Seconds, ``None`` (leave the connection's setting) or ``Default.FROM_SETTINGS``.
+        statement_timeout: Seconds, ``None`` or ``Default.FROM_SETTINGS``.
+        nowait: Lock with ``NOWAIT``.
+        skip_locked: Lock with ``SKIP LOCKED``.
+        no_key: Lock with ``FOR NO KEY UPDATE``.
+    """
+
+    using: str | Callable[..., str] | None = None
+    model: type[models.Model] | None = None
+    lock_timeout: float | Default | None = Default.FROM_SETTINGS
+    statement_timeout: float | Default | None = Default.FROM_SETTINGS
+    nowait: bool = False
+    skip_locked: bool = False
+    no_key: bool = False
+
+    @classmethod
+    def build(
+        cls,
+        using: object = None,
+        *,
+        model: object = None,
+        lock_timeout: object = FROM_SETTINGS,
+        statement_timeout: object = FROM_SETTINGS,
+        nowait: object = False,
+        skip_locked: object = False,
+        no_key: object = False,
+        allow_callable: bool = False,
+    ) -> ScopeOptions:
+        """Validate the options, naming the parameter at fault, before any SQL runs.
+
+        Args:
+            using: An alias, ``None``, or (with ``allow_callable``) a callable returning one.
+            model: A model class or ``None``.
+            lock_timeout: A duration, ``None`` or ``FROM_SETTINGS``.
+            statement_timeout: A duration, ``None`` or ``FROM_SETTINGS``.
+            nowait: A ``bool``.
+            skip_locked: A ``bool``.
+            no_key: A ``bool``.
+            allow_callable: Whether ``using`` may be an alias resolver (``locked_operation`` only).
+
+        Returns:
+            The frozen options.
+
+        Raises:
+            TypeError: a parameter has the wrong type.
+            ValueError: an unknown alias, a bad duration, ``nowait`` together with ``skip_locked``.
+        """
+        if using is not None and not isinstance(using, str) and not (allow_callable and callable(using)):
+            kinds = (
+                "a database alias (str), a callable returning one,"
+                if allow_callable
+                else "a database alias (str)"
+            )
+            raise TypeError(f"using must be {kinds} or None, not {type(using).__name__}")
+        if isinstance(using, str):
+            aliases.check_alias(using)
+        checked_model = aliases.check_model(model)
+        nowait_ = flag(nowait, "nowait")
+        skip_locked_ = flag(skip_locked, "skip_locked")
+        no_key_ = flag(no_key, "no_key")
+        if nowait_ and skip_locked_:
+            raise ValueError("nowait and skip_locked are mutually exclusive")
+        return cls(
+            using=using,  # checked above: str, None or a callable
+            model=checked_model,
+            lock_timeout=_timeout(lock_timeout, "lock_timeout"),
+            statement_timeout=_timeout(statement_timeout, "statement_timeout"),
+            nowait=nowait_,
+            skip_locked=skip_locked_,
+            no_key=no_key_,
+        )
+
+    def timeouts(self) -> tuple[float | None, float | None]:
+        """Resolve the timeouts in seconds, reading settings now (lazily, so ``override_settings`` applies).
+
+        Raises:
+            TypeError, ValueError: a ``LOCKKIT`` setting is not a valid duration.
+        """
+        return (
+            _resolve(self.lock_timeout, "LOCK_TIMEOUT", conf.DEFAULT_LOCK_TIMEOUT),
+            _resolve(self.statement_timeout, "STATEMENT_TIMEOUT", None),
+        )
+
+    def alias_for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Resolve the alias one call runs on.
+
+        Raises:
+            TypeError, ValueError: the alias resolver returned something that is not a known alias.
+        """
+        if callable(self.using):
+            return aliases.check_alias(self.using(*args, **kwargs), "the alias returned by using(...)")
+        return aliases.resolve(self.using, self.model)
+
+
+def _timeout(value: object, name: str) -> float | Default | None:
+    return Default.FROM_SETTINGS if value is Default.FROM_SETTINGS else optional_duration(value, name)
+
+
+def _resolve(value: float | Default | None, setting: str, default: object) -> float | None:
+    if isinstance(value, Default):
+        return optional_duration(conf.setting(setting, default), f"LOCKKIT[{setting!r}]")
+    return value
+
+
+__all__ = ["FROM_SETTINGS", "NOT_GIVEN", "Default", "Duration", "ScopeOptions"]

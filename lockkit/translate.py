@@ -1,0 +1,78 @@
+"""The one translator from database errors to lockkit's typed errors, shaped like Django's ``DatabaseErrorWrapper``.
+
+Scopes, claims and the testing toolkit all run their SQL inside ``with translating(alias, nowait=...):``; a
+``django.db.DatabaseError`` whose code lockkit knows leaves the block as the typed error (``LockTimeout``...),
+raised ``from`` the original. See https://docs.djangoproject.com/en/stable/ref/exceptions/#database-exceptions.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from django.db import DatabaseError
+
+from lockkit.codes import classify, code_of
+from lockkit.errors import LockError, error_class
+
+
+def translate(exc: BaseException, *, alias: str, nowait: bool, attempts: int = 1) -> LockError | None:
+    """Build the typed lockkit error a database failure stands for, or return ``None`` for anything else.
+
+    Args:
+        exc: The exception raised by the database work.
+        alias: The database alias the work ran on.
+        nowait: Whether the failing statement used ``NOWAIT`` (tells the two meanings of 55P03 apart).
+        attempts: How many attempts the operation had made (1 when not retried).
+
+    Returns:
+        A new ``LockError`` subclass instance whose ``__cause__`` is ``exc``, or ``None`` when ``exc`` is not a
+        ``DatabaseError`` carrying a code lockkit classifies (lockkit errors included: they are already typed).
+    """
+    if isinstance(exc, LockError) or not isinstance(exc, DatabaseError):
+        return None
+    failure = classify(exc, nowait=nowait)
+    if failure is None:
+        return None
+    error = error_class(failure)(
+        f"{failure.value} on database {alias!r}: {exc}".strip(),
+        sqlstate=code_of(exc),
+        alias=alias,
+        attempts=attempts,
+    )
+    error.__cause__ = exc
+    return error
+
+
+class translating:  # a context manager named like a function, as Django's atomic
+    """Context manager that raises the typed lockkit error for a classified database failure in its block.
+
+    A ``LockError`` without an alias gets this one; any other exception passes through unchanged.
+
+    Args:
+        alias: The database alias the block runs on.
+        nowait: Whether the block's locking statements use ``NOWAIT``.
+        attempts: The attempt number the block runs as.
+    """
+
+    def __init__(self, alias: str, *, nowait: bool, attempts: int = 1) -> None:
+        """Hold what the typed errors will carry."""
+        self.alias = alias
+        self.nowait = nowait
+        self.attempts = attempts
+
+    def __enter__(self) -> None:
+        """Enter the block; nothing to set up."""
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Raise the typed error for ``exc`` from ``exc``, or let ``exc`` propagate unchanged."""
+        if exc is None:
+            return
+        if isinstance(exc, LockError):
+            if exc.alias is None:
+                exc.alias = self.alias
+            return
+        error = translate(exc, alias=self.alias, nowait=self.nowait, attempts=self.attempts)
+        if error is not None:
+            raise error from exc

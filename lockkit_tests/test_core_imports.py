@@ -1,0 +1,126 @@
+"""The import structure of lockkit: every module imports alone, and the module graph has no cycles.
+
+The graph is read from the source with ``ast`` (function-level imports included, ``if TYPE_CHECKING:`` blocks left
+out: they never run), so a cycle hidden inside a function is caught as well as one at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lockkit
+
+ROOT = Path(lockkit.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str) -> set[str]:
+    """The lockkit modules ``module`` imports anywhere in its body (its own package's ``__init__`` excluded)."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base]) if base else ".".join(anchor)
+            # ``from lockkit import claims`` imports the submodule; ``from lockkit.errors import X`` the module.
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names
+            ]
+        found.update(name for name in names if name in MODULES and name != module)
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def test_the_module_list_is_complete() -> None:
+    assert {"lockkit", "lockkit.errors", "lockkit.codes", "lockkit.translate", "lockkit.scope"} <= set(
+        MODULES
+    )
+
+
+def test_lockkit_has_no_import_cycles() -> None:
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        if module in path:
+            cycle = [*path[path.index(module) :], module]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        visit(module)
+    assert done == set(MODULES)
+
+
+def test_the_bottom_layers_import_nothing_above_them() -> None:
+    assert GRAPH["lockkit.errors"] == set()
+    assert GRAPH["lockkit.validation"] == set()
+    assert GRAPH["lockkit.codes"] == {"lockkit.errors"}
+    assert GRAPH["lockkit.translate"] == {"lockkit.codes", "lockkit.errors"}
+
+
+def test_the_graph_includes_function_level_imports_and_skips_type_checking_ones() -> None:
+    assert "lockkit.claims" in GRAPH["lockkit"]  # imported inside lockkit.__getattr__
+    assert "lockkit.testing" in GRAPH["lockkit.pytest_plugin"]  # inside the fixture, and under TYPE_CHECKING
+    assert "lockkit.scope" in GRAPH["lockkit.claims.api"]  # at module level
+
+
+_ALONE = """
+import importlib, sys
+import django
+from django.conf import settings
+settings.configure(INSTALLED_APPS=[], DATABASES={})
+django.setup()
+importlib.import_module(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_each_module_imports_alone(module: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _ALONE, module],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
