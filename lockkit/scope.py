@@ -8,14 +8,15 @@ transaction itself is ``lockkit.transaction.ScopeTransaction``; ``locked_operati
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
 from lockkit import advisory_locks, aliases, codes
@@ -71,8 +72,10 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
     apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
     outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
-    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
-    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``). SQLSTATE
+    57014 is ``Failure.STATEMENT_TIMEOUT`` inside a scope that set a statement timeout, else
+    ``Failure.QUERY_CANCELED``. A lost connection (class 08, 57P01..., MariaDB 2006/2013...) is
+    ``Failure.CONNECTION_LOST``. See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
         exc: Any exception.
@@ -81,10 +84,11 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
     """
+    scope = _innermost_scope()
     if nowait is None:
-        scope = _innermost_scope()
         nowait = None if scope is None else scope.nowait
-    return codes.classify(exc, nowait=nowait)
+    timed = None if scope is None else scope.statement_timeout is not None
+    return codes.classify(exc, nowait=nowait, timed=timed)
 
 
 class LockScope:
@@ -173,11 +177,17 @@ class LockScope:
     def get(self, target: QuerySet[M] | type[M], *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
 
+        A database failure is raised as its typed lockkit error and marks the scope's block for rollback (see
+        ``lock_all``).
+
         Raises:
             Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get``.
             NotInLockedScope, AliasMismatch, TypeError: as ``lock()``.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...).
         """
-        return self.lock(target).get(*args, **lookups)
+        queryset = self.lock(target)
+        with self._evaluating():
+            return queryset.get(*args, **lookups)
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -189,9 +199,13 @@ class LockScope:
         Returns:
             The locked rows as a list, in ascending primary-key order.
 
+        A database failure is raised as its typed lockkit error and marks the scope's block for rollback: the
+        scope rolls back and ends with that error even if the body catches it (no partial commit on any vendor).
+
         Raises:
             TypeError: ``pks`` is a string or not iterable.
             NotInLockedScope, AliasMismatch: as ``lock()``.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...).
         """
         queryset = self.lock(target)
         if isinstance(pks, QuerySet):
@@ -201,7 +215,23 @@ class LockScope:
             if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
                 raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
             queryset = queryset.filter(pk__in=list(pks))
-        return list(queryset.order_by("pk"))
+        with self._evaluating():
+            return list(queryset.order_by("pk"))
+
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """Run a helper's query: a database failure is typed, and dooms the block even if the body catches it.
+
+        As Django marks ``save()`` failures for rollback: InnoDB rolls the whole transaction back on a deadlock
+        and runs later statements in a new one, so a body that caught the error and carried on would otherwise
+        commit half a transaction. The scope then rolls back and ends with this error.
+        """
+        try:
+            with self._transaction.translating:
+                yield
+        except DatabaseError as error:
+            self._transaction.doom(error)
+            raise
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
         """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.

@@ -21,18 +21,20 @@ from sample_project.faults.proxy import FaultProxy, Protocol
 
 @contextlib.contextmanager
 def extra_alias(name: str, like: str, **overrides: Any) -> Iterator[str]:
-    """Register alias ``name`` as a copy of ``like``'s settings with ``overrides``; remove it on exit."""
-    settings = copy.deepcopy(connections[like].settings_dict)
-    settings.update(overrides)
-    connections.settings[name] = settings
+    """Point alias ``name`` (declared in the test settings as a mirror) at ``like``'s database with
+    ``overrides`` (``HOST``, ``PORT``, ``NAME``, ``OPTIONS``...) while the block runs; put it back after."""
+    wrapper = connections[name]
+    saved = copy.deepcopy(wrapper.settings_dict)
+    wrapper.close()
+    wrapper.settings_dict.update(copy.deepcopy(connections[like].settings_dict))
+    wrapper.settings_dict.update(overrides)
     try:
         yield name
     finally:
         with contextlib.suppress(Exception):
-            connections[name].close()
-        with contextlib.suppress(AttributeError):
-            del connections[name]
-        del connections.settings[name]
+            wrapper.close()
+        wrapper.settings_dict.clear()
+        wrapper.settings_dict.update(saved)
 
 
 def upstream_of(alias: str) -> tuple[str, int] | str:

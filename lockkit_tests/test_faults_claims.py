@@ -35,7 +35,7 @@ from lockkit_tests.faultkit import extra_alias, upstream_of
 from lockkit_tests.models import Job, JobLog
 from sample_project.faults.cluster import PgBouncer, missing_binaries
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "bouncer"])
 
 BOUND = 0.3  # seconds: the lock timeout under test
 SLACK = 3.0  # seconds a bounded call may take in all on a loaded machine (unbounded would be 30)

@@ -25,7 +25,7 @@ JOIN = 60.0
 
 pytestmark = [
     pytest.mark.skipif(MISSING is not None, reason=f"no throwaway cluster: {MISSING}"),
-    pytest.mark.django_db(transaction=True),
+    pytest.mark.django_db(transaction=True, databases=["default", ALIAS]),
 ]
 
 

@@ -7,6 +7,10 @@ A scope calls four hooks, named after when they run::
     ... the scope's body ...
     restore_before_release  a nested scope ending without error, before RELEASE SAVEPOINT
     after_transaction_end   after COMMIT, ROLLBACK or RELEASE, with or without error (only with a token)
+
+and three about the connection itself: ``connection_gone`` (the driver's state, no round trip),
+``connection_unusable`` (before an outermost scope, only after Django saw an error) and ``commit_outcome``
+(after a connection lost at COMMIT).
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ class TimeoutToken:
 
     Attributes:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
+        xid: The transaction id the opening statement read (PostgreSQL's ``pg_current_xact_id()``, outermost
+            scopes only), to resolve a COMMIT whose reply was lost; ``None`` elsewhere.
     """
 
     previous: Mapping[str, str | float | int]
+    xid: int | None = None
 
 
 class Backend:
@@ -122,6 +129,38 @@ class Backend:
         For settings that live in the transaction (PostgreSQL's ``set_config(..., true)``): on error the savepoint
         rollback restores them by itself, and the end of the outermost transaction discards them.
         """
+
+    def connection_gone(self, connection: BaseDatabaseWrapper, raw: Any = None) -> bool:
+        """Whether the connection is known to be closed or broken, from local state only (no round trip).
+
+        Args:
+            connection: The Django connection.
+            raw: The driver connection the failed work ran on, when known: Django may have replaced it since
+                (an ``atomic()`` whose rollback failed closes it, and reopens one when it restores autocommit).
+
+        Generic: Django has dropped it (``connection.connection`` is ``None`` or another driver connection).
+        """
+        current = connection.connection
+        return current is None or (raw is not None and current is not raw)
+
+    def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether an open connection on which Django saw an error can no longer be used.
+
+        Called before an outermost scope or a claims call, and only when Django recorded an error on the
+        connection (``errors_occurred``), so the healthy path never pays for it. Generic: Django's own
+        ``is_usable()`` (one round trip, as ``close_if_unusable_or_obsolete()`` does).
+        """
+        return self.connection_gone(connection) or not connection.is_usable()
+
+    def commit_outcome(
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+    ) -> str | None:
+        """After the connection was lost while COMMIT was in flight: did transaction ``xid`` commit?
+
+        Returns:
+            ``"committed"``, ``"aborted"``, or ``None`` when it cannot be known (generic: never).
+        """
+        return None
 
     def after_transaction_end(
         self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool

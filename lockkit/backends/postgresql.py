@@ -6,7 +6,10 @@ https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIME
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.db import Error
 
 from lockkit.backends import postgresql_locks
 from lockkit.backends.base import Backend, TimeoutToken
@@ -70,8 +73,12 @@ class PostgreSQLBackend(Backend):
         params: list[str] = [item for pair in values.items() for item in pair]
         with connection.cursor() as cursor:
             if not nested:
-                cursor.execute(f"SELECT {setters}", params)
-                return None
+                # The transaction id rides on the statement the scope sends anyway: no extra round trip. Taking
+                # it assigns one, which a locking transaction gets with its first row lock regardless.
+                cursor.execute(f"SELECT {setters}, pg_current_xact_id()::text", params)
+                opened = cursor.fetchone()
+                assert opened is not None
+                return TimeoutToken({}, xid=int(opened[-1]))
             # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
             readers = ", ".join("current_setting(%s)" for _ in values)
             cursor.execute(
@@ -160,3 +167,49 @@ class PostgreSQLBackend(Backend):
             if not connection.in_atomic_block:
                 connection.close()
             raise
+
+    # -- the connection itself: discarding a dead one, resolving a lost COMMIT ------------------------------
+
+    def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
+        """Read the driver's state, no round trip: psycopg marks a connection broken when its socket fails.
+
+        psycopg 3 ``closed``/``broken``, psycopg2 ``closed``.
+        """
+        driver: Any = connection.connection
+        return driver is None or bool(driver.closed or getattr(driver, "broken", False))
+
+    def commit_outcome(
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+    ) -> str | None:
+        """Reconnect and ask ``pg_xact_status(xid)``, for up to ``within`` seconds.
+
+        "in progress" means the server has not yet noticed the lost connection (or the COMMIT is still running);
+        it is asked again until the answer is final or the time is up. See
+        https://www.postgresql.org/docs/current/functions-info.html#FUNCTIONS-PG-SNAPSHOT.
+        """
+        if xid is None:
+            return None
+        deadline = time.monotonic() + within
+        pause = _RESOLVE_PAUSE
+        while True:
+            try:
+                if self.connection_unusable(connection):
+                    connection.close()
+                connection.ensure_connection()
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_xact_status(%s::text::xid8)", [str(xid)])
+                    row = cursor.fetchone()
+                status = row[0] if row else None
+                if status in ("committed", "aborted"):
+                    return str(status)
+            except Error:
+                connection.close()  # unreachable for now (a restart): try again with a fresh connection
+            if time.monotonic() + pause > deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, _RESOLVE_PAUSE_MAX)
+
+
+# Pauses between two questions about a lost COMMIT's outcome, in seconds (doubling up to the maximum).
+_RESOLVE_PAUSE = 0.05
+_RESOLVE_PAUSE_MAX = 0.5

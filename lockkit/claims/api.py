@@ -15,11 +15,12 @@ from django.db import models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
-from lockkit.claims import checks, sql
+from lockkit.claims import checks, runner, sql
 from lockkit.claims.mixin import Claimable
 from lockkit.claims.value import Claim
-from lockkit.errors import StaleClaim
-from lockkit.scope import locked
+from lockkit.errors import CommitOutcomeUnknown, StaleClaim
+from lockkit.options import FROM_SETTINGS
+from lockkit.scope import current_scope
 
 _PICKED = '"lockkit_picked"'
 _ORDERED = '"lockkit_ordered"'
@@ -44,6 +45,7 @@ def claim(
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
+    lock_timeout: float | timedelta | None = FROM_SETTINGS,
 ) -> Claim | None:
     """Claim one specific row if it is free and ``when`` holds, waiting for its lock within the lock timeout.
 
@@ -106,8 +108,9 @@ def claim(
     if condition is not None:
         candidates = candidates.filter(condition)
     statement = f"{prefix} WHERE {sql.pk_column(model, alias)} = %s RETURNING {_returning(model, alias)}"
-    with locked(alias, no_key=True) as scope:
-        rows = list(scope.lock(candidates).only("pk").order_by()[:2])
+
+    def work() -> tuple[Any, ...] | None:
+        rows = list(current_scope().lock(candidates).only("pk").order_by()[:2])
         if not rows:
             return None
         if len(rows) > 1:
@@ -116,6 +119,11 @@ def claim(
             )
         pk_value = sql.prepare_pks(model, alias, [rows[0].pk])[0][0]
         (row,), _ = sql.run(alias, statement, [*set_params, pk_value])
+        return row
+
+    row = runner.in_transaction(alias, lock_timeout, work)
+    if row is None:
+        return None
     return Claim(model, row[0], int(row[1]), name, row[2], int(row[3]), alias, seconds)
 
 
@@ -128,6 +136,7 @@ def claim_next(
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression] | None = None,
     using: str | None = None,
+    lock_timeout: float | timedelta | None = FROM_SETTINGS,
 ) -> list[Claim]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
 
@@ -190,12 +199,14 @@ def claim_next(
         f"AND {sql.column(model, alias, 'lease_expires_at')} IS NULL "
         f"RETURNING {_returning(model, alias)}, {_ORDERED}.position"
     )
-    rows, _ = sql.run(alias, statement, [*select_params, *set_params])
+    rows, _ = runner.in_transaction(
+        alias, lock_timeout, lambda: sql.run(alias, statement, [*select_params, *set_params])
+    )
     rows.sort(key=lambda row: int(row[4]))
     return [Claim(model, row[0], int(row[1]), name, row[2], int(row[3]), alias, seconds) for row in rows]
 
 
-def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[Any, Any]:
+def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
     """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
 
     Live means the row still carries the claim's token and is claimed. The rows are locked (``FOR NO KEY
@@ -226,46 +237,106 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
         f"ON {_DONE}.pk = {_LIVE}.pk"
     )
     params = [pks, [c.token for c in claims], *set_params, len(claims)]
-    rows, _ = sql.run(alias, statement, params)
+    rows, _ = runner.in_transaction(alias, lock_timeout, lambda: sql.run(alias, statement, params))
     written = {row[0]: row[2] for row in rows if row[1]}
     if len(written) != len(claims):
         live = {row[0] for row in rows}
         stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live)
-        listing = ", ".join(f"pk={c.pk!r} token={c.token}" for c in stale)
+        holders, already_done = _now_holding(stale, values)
+        listing = ", ".join(f"pk={c.pk!r} token={c.token} held by {holders.get(c.pk)}" for c in stale)
+        done = " (already ended with these values)" if already_done else ""
         raise StaleClaim(
-            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row "
+            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done} "
             f"(reclaimed, completed or released; a newer claim may own it): {listing}; nothing was written",
             alias=alias,
             claims=stale,
+            holders=holders,
+            already_done=already_done,
         )
     return written
 
 
-def heartbeat(claim: Claim, *, lease: float | timedelta | None = None) -> Claim:
+def _now_holding(
+    stale: tuple[Claim, ...], values: dict[str, Any]
+) -> tuple[dict[Any, tuple[str, int] | None], bool]:
+    """Who holds the stale claims' rows now, and whether each row already holds what ``values`` writes."""
+    first = stale[0]
+    plain = {
+        name: value
+        for name, value in values.items()
+        if name != "lease_expires_at" and not hasattr(value, "resolve_expression")
+    }
+    fields = ["pk", "claim_token", "claimed_by", "lease_expires_at", *plain]
+    rows = {
+        row["pk"]: row
+        for row in first.model._base_manager.using(first.alias)
+        .filter(pk__in=[c.pk for c in stale])
+        .values(*fields)
+    }
+    holders: dict[Any, tuple[str, int] | None] = {}
+    already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
+    for claim in stale:
+        row = rows.get(claim.pk)
+        if row is None or row["lease_expires_at"] is None:
+            holders[claim.pk] = None
+        else:
+            holders[claim.pk] = (str(row["claimed_by"]), int(row["claim_token"]))
+        ended_here = (
+            row is not None
+            and row["lease_expires_at"] is None
+            and row["claim_token"] == claim.token
+            and all(row[name] == value for name, value in plain.items())
+        )
+        already_done = already_done and ended_here
+    return holders, already_done
+
+
+def heartbeat(
+    claim: Claim,
+    *,
+    lease: float | timedelta | None = None,
+    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
     Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A
     claim whose lease has lapsed but that no ``reclaim_expired`` has handed back is still live and is renewed:
     its token proves no one else was given the job.
 
+    Safe to repeat: renewing a live claim twice only moves its lease again. So a heartbeat whose connection was
+    lost, even at COMMIT with the outcome unknown, is sent again on a fresh connection; a worker keeps its job
+    through a server restart or a pooler dropping its idle connection.
+
     Args:
         claim: The claim to renew.
         lease: The new lease in seconds (``int``/``float``) or a ``timedelta``; default the claim's ``lease``.
+        lock_timeout: Seconds the row lock may be waited for; default ``settings.LOCKKIT["LOCK_TIMEOUT"]``.
 
     Returns:
         A new ``Claim`` with the new ``lease_expires_at`` (and ``lease``).
 
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``lease`` is not a positive duration.
+        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``lease``/``lock_timeout`` is not a positive
+            duration.
         StaleClaim: the row no longer carries this claim (nothing was written).
+        LockTimeout: another session held the row longer than the lock timeout (nothing was written).
+        ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
     """
     held = checks.claim(claim)
     seconds = held.lease if lease is None else checks.lease(lease)
-    written = _fenced_update((held,), {"lease_expires_at": sql.lease_end(seconds)})
+    values = {"lease_expires_at": sql.lease_end(seconds)}
+    try:
+        written = _fenced_update((held,), values, lock_timeout)
+    except CommitOutcomeUnknown:
+        written = _fenced_update(
+            (held,), values, lock_timeout
+        )  # idempotent: renew again, on a new connection
     return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
 
 
-def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
+def complete(
+    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: float | timedelta | None = FROM_SETTINGS
+) -> None:
     """End a claim because the job is done, writing ``set`` (e.g. ``{"state": "done"}``) in one statement.
 
     Fenced: the write happens only if the row still carries the claim's token and is claimed. Call it inside
@@ -276,10 +347,15 @@ def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
         TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
         StaleClaim: the row no longer carries this claim (nothing was written).
     """
-    complete_many([checks.claim(claim)], set=set)
+    complete_many([checks.claim(claim)], set=set, lock_timeout=lock_timeout)
 
 
-def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
+def complete_many(
+    claims: Iterable[Claim],
+    *,
+    set: dict[str, Any] | None = None,
+    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+) -> None:
     """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
     Raises:
@@ -287,10 +363,12 @@ def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None)
             rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
-    _end(checks.claims(claims), set)
+    _end(checks.claims(claims), set, lock_timeout)
 
 
-def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
+def release(
+    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: float | timedelta | None = FROM_SETTINGS
+) -> None:
     """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in one fenced statement.
 
     The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
@@ -300,25 +378,32 @@ def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
         TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
         StaleClaim: the row no longer carries this claim (nothing was written).
     """
-    release_many([checks.claim(claim)], set=set)
+    release_many([checks.claim(claim)], set=set, lock_timeout=lock_timeout)
 
 
-def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
+def release_many(
+    claims: Iterable[Claim],
+    *,
+    set: dict[str, Any] | None = None,
+    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+) -> None:
     """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
     Raises:
         TypeError, ValueError, StaleClaim: as ``complete_many``.
     """
-    _end(checks.claims(claims), set)
+    _end(checks.claims(claims), set, lock_timeout)
 
 
-def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
+def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout: Any) -> None:
     if not claims:
         if values is not None and not isinstance(values, dict):
             raise TypeError(f"set must be a dict of field names to values, not {type(values).__name__}")
         return  # no model to check the field names against, and nothing to write
     model = claims[0].model
-    _fenced_update(claims, {"lease_expires_at": None, **checks.assignments(model, values, "set")})
+    _fenced_update(
+        claims, {"lease_expires_at": None, **checks.assignments(model, values, "set")}, lock_timeout
+    )
 
 
 def reclaim_expired(
@@ -328,6 +413,7 @@ def reclaim_expired(
     max_attempts: int | None = None,
     exhausted_set: dict[str, Any] | None = None,
     using: str | None = None,
+    lock_timeout: float | timedelta | None = FROM_SETTINGS,
 ) -> int:
     """Hand back the rows of ``queryset`` whose lease has expired, by the database clock.
 
@@ -389,8 +475,49 @@ def reclaim_expired(
         f"{prefix} FROM {_EXPIRED} WHERE {sql.pk_column(model, alias)} = {_EXPIRED}.pk "
         f"AND {sql.column(model, alias, 'lease_expires_at')} < statement_timestamp()"
     )
-    _, count = sql.run(alias, statement, [*select_params, *set_params])
+    _, count = runner.in_transaction(
+        alias, lock_timeout, lambda: sql.run(alias, statement, [*select_params, *set_params])
+    )
     return count
+
+
+def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -> list[Claim]:
+    """Return the unexpired claims ``worker`` holds on rows of ``queryset``, as working ``Claim`` objects.
+
+    For a worker that lost track of its claims: a ``claim_next()`` whose reply was lost
+    (``CommitOutcomeUnknown``), or a process restarted under the same worker name. Each returned claim carries
+    the row's current token, so ``heartbeat()``/``complete()`` work with it, fenced as usual. Its ``lease`` is
+    the time from the claim (``claimed_at``) to the lease's end; pass ``lease=`` to ``heartbeat()`` to choose.
+
+    Args:
+        queryset: The rows to look at (a queryset, manager or model class of a ``Claimable`` model).
+        worker: The worker name the claims were made for.
+        using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
+
+    Returns:
+        The claims, in primary-key order; empty when the worker holds none.
+
+    Raises:
+        TypeError, ValueError: a wrong type, an empty worker name, a sliced or distinct queryset.
+        AliasMismatch: ``using`` differs from the database the queryset is bound to.
+        django.db.NotSupportedError: the database is not PostgreSQL.
+        ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
+    """
+    candidates = checks.queryset(queryset)
+    model = checks.claimable_model(candidates.model, "queryset")
+    name = checks.worker(worker)
+    alias = checks.alias_for(using, candidates)
+    held = (
+        candidates.using(alias)
+        .filter(claimed_by=name, lease_expires_at__gt=sql.StatementTimestamp())
+        .order_by("pk")
+        .values_list("pk", "claim_token", "lease_expires_at", "attempts", "claimed_at")
+    )
+    rows = runner.in_transaction(alias, FROM_SETTINGS, lambda: list(held))
+    return [
+        Claim(model, pk, int(token), name, expires, int(attempts), alias, (expires - claimed).total_seconds())
+        for pk, token, expires, attempts, claimed in rows
+    ]
 
 
 def _expression(value: Any, field: Any) -> Any:

@@ -1,0 +1,35 @@
+"""Running one claims call in a short transaction of its own, like a ``locked_operation``.
+
+The transaction is bounded by the lock timeout (``settings.LOCKKIT["LOCK_TIMEOUT"]`` or the call's
+``lock_timeout=``); a dead connection is discarded before it; a connection lost before COMMIT is retried (nothing
+was written) and one lost at COMMIT is resolved (``CommitOutcomeUnknown`` when it cannot be). Inside the caller's
+own ``atomic()`` it runs in a savepoint and makes one attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from lockkit.errors import Failure
+from lockkit.operation import locked_operation
+from lockkit.retry import RetryPolicy
+
+T = TypeVar("T")
+
+# Only lost connections: a lock timeout is the caller's to decide on; a deadlock cannot happen (one statement).
+_RETRY_LOST = RetryPolicy(retry_on={Failure.CONNECTION_LOST})
+
+
+def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
+    """Run ``work()`` in a locked scope on ``alias`` (``FOR NO KEY UPDATE`` locks), retried when it lost its
+    connection before COMMIT.
+
+    Raises:
+        TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
+        LockTimeout: a lock was waited for longer than the lock timeout.
+        ConnectionLost: the connection was lost on every attempt for ``reconnect_within`` seconds.
+        CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
+    """
+    operation = locked_operation(using=alias, lock_timeout=lock_timeout, no_key=True, retry=_RETRY_LOST)
+    return operation(work)()
