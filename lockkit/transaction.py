@@ -110,8 +110,13 @@ class ScopeTransaction:
                 nested=self.nested,
             )
         except BaseException as exc:
-            self._atomic.__exit__(type(exc), exc, exc.__traceback__)
             with self._lost_connection_discarded():
+                try:
+                    self._atomic.__exit__(type(exc), exc, exc.__traceback__)
+                except BaseException as rollback_exc:
+                    # Django reconnects when it restores autocommit; during a restart that fails too.
+                    self._raise_translated(rollback_exc)
+                    raise
                 self._raise_translated(exc)
             raise
         self.xid = self._token.xid if self._token is not None else None

@@ -181,13 +181,14 @@ def _bouncer_dropped_client(alias: str, timeout: float = 15.0) -> None:
     raw: Any = connections[alias].connection
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        # A non-blocking peek on the socket: b"" means the peer closed it.
+        # A non-blocking peek on the socket: PgBouncer sends its error (08P01 "client_idle_timeout") and closes;
+        # an idle client is sent nothing else.
         sock = socket.socket(fileno=raw.fileno())
         try:
             sock.setblocking(False)
             try:
-                if sock.recv(1, socket.MSG_PEEK) == b"":
-                    return
+                sock.recv(1, socket.MSG_PEEK)
+                return
             except BlockingIOError:
                 pass
         finally:
