@@ -64,7 +64,7 @@ def lock(target: QuerySet[M] | type[M]) -> QuerySet[M]:
     return current_scope().lock(target)
 
 
-def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
+def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | None = None) -> Failure | None:
     """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
 
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
@@ -80,6 +80,8 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     Args:
         exc: Any exception.
         nowait: Whether the failing statement used ``NOWAIT``; ``None`` to take it from the active scope.
+        timed: Whether a statement timeout was set for the failing statement; ``None`` to take it from the
+            active scope.
 
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
@@ -87,7 +89,8 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     scope = _innermost_scope()
     if nowait is None:
         nowait = None if scope is None else scope.nowait
-    timed = None if scope is None else scope.statement_timeout is not None
+    if timed is None:
+        timed = None if scope is None else scope.statement_timeout is not None
     return codes.classify(exc, nowait=nowait, timed=timed)
 
 

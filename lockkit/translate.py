@@ -12,7 +12,6 @@ from typing import Any
 
 from django.db import Error, connections
 
-from lockkit.backends import backend_for
 from lockkit.codes import classify, code_of
 from lockkit.errors import Failure, LockError, error_class
 
@@ -20,10 +19,16 @@ from lockkit.errors import Failure, LockError, error_class
 def connection_gone(alias: str, raw: Any = None) -> bool:
     """Whether the alias's connection (or ``raw``, the driver connection some work ran on) is closed or broken.
 
-    Read from local state, no round trip.
+    Read from local state, no round trip: Django dropped or replaced the driver connection (an ``atomic()`` whose
+    rollback failed closes it, and reopens one when it restores autocommit), or the driver says so itself
+    (psycopg 3 ``closed``/``broken``, psycopg2 ``closed``). mysqlclient keeps no such state; its lost connections
+    carry codes (2006, 2013...).
     """
-    connection = connections[alias]
-    return backend_for(connection).connection_gone(connection, raw)
+    current = connections[alias].connection
+    if current is None or (raw is not None and current is not raw):
+        return True
+    driver = raw if raw is not None else current
+    return bool(getattr(driver, "closed", False) or getattr(driver, "broken", False))
 
 
 def translate(

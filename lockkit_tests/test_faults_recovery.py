@@ -118,7 +118,9 @@ def test_the_healthy_path_runs_no_extra_query() -> None:
     connection = connections["default"]
     with CaptureQueriesContext(connection) as queries, lockkit.locked("default") as scope:
         scope.get(Stock, pk="widget")
-    statements = [query["sql"] for query in queries.captured_queries if query["sql"] not in ("BEGIN", "COMMIT")]
+    statements = [
+        query["sql"] for query in queries.captured_queries if query["sql"] not in ("BEGIN", "COMMIT")
+    ]
     assert not any(sql.strip().upper() == "SELECT 1" for sql in statements)
     assert len(statements) == 2  # the scope's opening statement (timeouts and xid) and the locking SELECT
     assert "pg_current_xact_id()" in statements[0]

@@ -8,9 +8,8 @@ A scope calls four hooks, named after when they run::
     restore_before_release  a nested scope ending without error, before RELEASE SAVEPOINT
     after_transaction_end   after COMMIT, ROLLBACK or RELEASE, with or without error (only with a token)
 
-and three about the connection itself: ``connection_gone`` (the driver's state, no round trip),
-``connection_unusable`` (before an outermost scope, only after Django saw an error) and ``commit_outcome``
-(after a connection lost at COMMIT).
+and two about the connection itself: ``connection_unusable`` (before an outermost scope, only after Django saw
+an error) and ``commit_outcome`` (after a connection lost at COMMIT).
 """
 
 from __future__ import annotations
@@ -130,19 +129,6 @@ class Backend:
         rollback restores them by itself, and the end of the outermost transaction discards them.
         """
 
-    def connection_gone(self, connection: BaseDatabaseWrapper, raw: Any = None) -> bool:
-        """Whether the connection is known to be closed or broken, from local state only (no round trip).
-
-        Args:
-            connection: The Django connection.
-            raw: The driver connection the failed work ran on, when known: Django may have replaced it since
-                (an ``atomic()`` whose rollback failed closes it, and reopens one when it restores autocommit).
-
-        Generic: Django has dropped it (``connection.connection`` is ``None`` or another driver connection).
-        """
-        current = connection.connection
-        return current is None or (raw is not None and current is not raw)
-
     def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether an open connection on which Django saw an error can no longer be used.
 
@@ -150,7 +136,7 @@ class Backend:
         connection (``errors_occurred``), so the healthy path never pays for it. Generic: Django's own
         ``is_usable()`` (one round trip, as ``close_if_unusable_or_obsolete()`` does).
         """
-        return self.connection_gone(connection) or not connection.is_usable()
+        return not connection.is_usable()
 
     def commit_outcome(
         self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
