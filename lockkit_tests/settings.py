@@ -20,7 +20,13 @@ SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
 # The sample project's apps too: its tests run in the same pytest session (one command for the whole suite).
-INSTALLED_APPS = ["lockkit", "lockkit_tests", "sample_project.inventory", "sample_project.jobs"]
+INSTALLED_APPS = [
+    "lockkit",
+    "lockkit_tests",
+    "sample_project.inventory",
+    "sample_project.jobs",
+    "sample_project.soak",
+]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

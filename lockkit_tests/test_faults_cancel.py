@@ -41,10 +41,10 @@ def _cancel_when_sleeping(alias: str, session: int) -> bool:
         control.close()
 
 
-def _sleep_and_get_cancelled(alias: str, **options: object) -> BaseException:
+def _sleep_and_get_cancelled(alias: str) -> BaseException:
     events: list[RetryEvent] = []
 
-    @lockkit.locked_operation(alias, retry=RetryPolicy(before_retry=events.append), **options)  # type: ignore[call-overload]
+    @lockkit.locked_operation(alias, retry=RetryPolicy(before_retry=events.append))
     def sleep() -> None:
         with connections[alias].cursor() as cursor:
             cursor.execute(SLEEP[connections[alias].vendor])

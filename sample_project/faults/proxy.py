@@ -19,6 +19,7 @@ https://mariadb.com/kb/en/com_query/.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import struct
 import threading
@@ -106,9 +107,8 @@ class FaultProxy:
         self._loop.close()
 
     def _call(self, coro: object) -> int:
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
-        result: int = future.result(30)
-        return result
+        future: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return future.result(30)
 
     async def _listen(self) -> int:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)

@@ -295,7 +295,7 @@ def run_soak(options: SoakOptions, console: Console) -> Outcome:
         faults=faults,
         injected=dict(injector.done),
         missed=dict(injector.missed),
-        cuts=dict(proxy.cuts),
+        cuts={str(action): count for action, count in proxy.cuts.items()},
         throughput={
             "before faults": _rate(samples, 0.0, options.warmup),
             "during faults": _rate(samples, options.warmup, options.duration - options.cooldown),
