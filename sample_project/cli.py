@@ -199,7 +199,7 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         seed=args.seed,
         log_dir=args.log_dir,
     )
-    console = Console()
+    console = Console(width=max(Console().width, 110))  # the tables are read in CI logs and in the docs
     outcome = run_soak(options, console)
     report(outcome, console)
     verdict = (

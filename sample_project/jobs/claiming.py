@@ -15,10 +15,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from lockkit import locked_operation
 from lockkit.claims import Claim, StaleClaim
 from lockkit.claims import claim as claim_row
 from lockkit.claims import claim_next as claim_rows
@@ -74,14 +74,23 @@ def claim_of(job_id: int, worker: str, token: int) -> Claim | None:
 
 
 def complete(claim: Claim, result: Any = None) -> bool:
-    """Mark the job done and log the run, only if ``claim`` is still current. Returns whether it was."""
+    """Mark the job done and log the run, only if ``claim`` is still current. Returns whether it was.
+
+    The completion and the run's log commit together in one locked operation: retried when the connection was
+    lost before COMMIT, resolved (or ``CommitOutcomeUnknown``) when it was lost at COMMIT. A completion repeated
+    after an earlier one committed finds the job already done with this claim: that counts as done.
+    """
     try:
-        with transaction.atomic(using=claim.alias):
-            complete_claim(claim, set={"state": Job.State.DONE, "result": result, "finished_at": Now()})
-            JobRun.objects.using(claim.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
-    except StaleClaim:
-        return False
+        _complete_and_log(claim, result)
+    except StaleClaim as stale:
+        return stale.already_done
     return True
+
+
+@locked_operation(using=lambda claim, result: claim.alias)
+def _complete_and_log(claim: Claim, result: Any) -> None:
+    complete_claim(claim, set={"state": Job.State.DONE, "result": result, "finished_at": Now()})
+    JobRun.objects.using(claim.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
 
 
 def fail(claim: Claim, error: str) -> bool:

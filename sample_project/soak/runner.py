@@ -129,6 +129,17 @@ class _Workers:
                 wedged += 1
         return wedged
 
+    def wait_until_working(self, timeout: float = 120.0) -> None:
+        """Return once every worker has finished an operation (process start and Django setup are not load)."""
+        deadline = time.monotonic() + timeout
+        while any(count == 0 for count in self.shared.operations[:]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers had not all started working after {timeout:.0f}s")
+            self.supervise(restart=True)
+            time.sleep(TICK)
+        for slot in self.slots:
+            slot.started = time.time()  # the wedge clock starts with the load
+
     def alive(self) -> int:
         return sum(1 for slot in self.slots if slot.process is not None and slot.process.is_alive())
 
@@ -276,6 +287,7 @@ def run_soak(options: SoakOptions, console: Console) -> Outcome:
         injector = Injector(cluster, proxy, workers.kill, options.workers)
         for slot in workers.slots:
             workers.start(slot)
+        workers.wait_until_working()
         samples, idle_pids, wedged = _load(options, faults, workers, injector)
         console.print(f"load phase over after {options.duration:.0f}s; draining the job queue")
         idle_after, wedged_in_drain = _drain(workers, injector)
