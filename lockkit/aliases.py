@@ -47,29 +47,82 @@ def resolve(using: str | None, model: type[models.Model] | None) -> str:
     return DEFAULT_DB_ALIAS
 
 
-def queryset_on(target: object, alias: str, name: str = "queryset") -> models.QuerySet[Any]:
-    """Return ``target`` (a queryset or a model class) as a queryset bound to ``alias``.
+def routed_alias(model: type[models.Model], **hints: Any) -> str | None:
+    """Return the alias a router chose for writes of ``model``, or ``None`` when every router leaves it unrouted.
 
-    A queryset with no explicit database is bound to ``alias``; one already bound to another alias (``.using()``,
-    ``db_manager()``) is refused before any SQL runs.
+    Unlike ``router.db_for_write`` (which falls back to ``"default"``), this tells "routed to default" apart from
+    "no router has an opinion". See https://docs.djangoproject.com/en/stable/topics/db/multi-db/#db_for_write.
+    """
+    for each in router.routers:
+        chooser = getattr(each, "db_for_write", None)
+        if chooser is not None:
+            chosen = chooser(model, **hints)
+            if chosen:
+                return str(chosen)
+    return None
+
+
+def _check_routed(model: type[models.Model], alias: str, name: str, **hints: Any) -> None:
+    """Refuse a model whose router sends its writes to another alias than the scope's.
 
     Raises:
-        TypeError: ``target`` is neither a queryset nor a model class (an instance, a manager, a list...).
-        AliasMismatch: the queryset is bound to a different alias.
+        AliasMismatch: a router chose another alias for ``model``.
     """
+    routed = routed_alias(model, **hints)
+    if routed is not None and routed != alias:
+        label = model.__name__
+        raise AliasMismatch(
+            f"{name}: {label} is routed to database {routed!r} (router.db_for_write), but the locked scope is "
+            f"on {alias!r}; locking it here would query {alias!r}, not where its rows live. Lock it in a scope "
+            f"on {routed!r} (locked(model={label}) or locked_operation(model={label})), or pass "
+            f"{label}.objects.using({alias!r}) if its table really lives on {alias!r} too",
+            alias=alias,
+        )
+
+
+def queryset_on(
+    target: object, alias: str, name: str = "queryset", *, instances: bool = False, routed: bool = False
+) -> models.QuerySet[Any]:
+    """Return ``target`` (a queryset, a model class or, with ``instances``, a saved instance) bound to ``alias``.
+
+    A queryset with no explicit database is bound to ``alias``; one already bound to another alias (``.using()``,
+    ``db_manager()``) is refused before any SQL runs. An instance becomes the queryset of its own row. With
+    ``routed``, a model class or an unbound queryset whose model a router sends elsewhere is refused too (an
+    explicit ``.using(alias)``, or an instance read from ``alias``, is taken as meant).
+
+    Raises:
+        TypeError: ``target`` is none of the accepted kinds (an instance without ``instances``, a list...).
+        ValueError: ``target`` is an unsaved instance.
+        AliasMismatch: the queryset or instance is bound to a different alias, or (``routed``) routed elsewhere.
+    """
+    hints: dict[str, Any] = {}
     if isinstance(target, type) and issubclass(target, models.Model):
         queryset: models.QuerySet[Any] = target._default_manager.all()
+        bound: str | None = None
     elif isinstance(target, models.QuerySet):
         queryset = target
+        bound = queryset._db  # type: ignore[attr-defined]  # the explicit alias, None if unbound
     elif isinstance(target, models.Manager):
         queryset = target.all()
+        bound = queryset._db  # type: ignore[attr-defined]
+    elif instances and isinstance(target, models.Model):
+        if target.pk is None or target._state.adding:
+            raise ValueError(f"{name} is an unsaved {type(target).__name__}: it has no row to lock")
+        queryset = type(target)._default_manager.filter(pk=target.pk)
+        bound, hints = target._state.db, {"instance": target}
     else:
-        raise TypeError(f"{name} must be a QuerySet or a model class, not {type(target).__name__}")
-    bound: str | None = queryset._db  # type: ignore[attr-defined]  # the explicit alias, None if unbound
+        kinds = (
+            "a QuerySet, a model class or a saved model instance"
+            if instances
+            else "a QuerySet or a model class"
+        )
+        raise TypeError(f"{name} must be {kinds}, not {type(target).__name__}")
     if bound is not None and bound != alias:
         raise AliasMismatch(
             f"{name} for {queryset.model.__name__} is bound to database {bound!r}, but the locked scope is on "
             f"{alias!r}; a lock taken on another alias is outside this transaction",
             alias=alias,
         )
-    return queryset if bound == alias else queryset.using(alias)
+    if routed and bound is None:
+        _check_routed(queryset.model, alias, name, **hints)
+    return queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]

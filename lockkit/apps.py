@@ -8,7 +8,12 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.core import checks
 
-from lockkit.system_checks import check_capabilities, check_configuration
+from lockkit.system_checks import (
+    check_capabilities,
+    check_configuration,
+    check_memory_databases,
+    check_settings,
+)
 
 
 class LockkitConfig(AppConfig):
@@ -18,6 +23,8 @@ class LockkitConfig(AppConfig):
     verbose_name = "lockkit"
 
     def ready(self) -> None:
-        """Register the configuration check and the database capability check."""
+        """Register the settings and configuration checks, and the (deploy-only) database capability check."""
+        checks.register(check_settings)
         checks.register(check_configuration)
-        checks.register(check_capabilities, checks.Tags.database)
+        checks.register(check_memory_databases)
+        checks.register(check_capabilities, checks.Tags.database, deploy=True)

@@ -115,13 +115,45 @@ def configuration_warnings(alias: str) -> list[str]:
     return warnings
 
 
+def _in_memory(name: object) -> bool:
+    text = str(name or "")
+    return text in ("", ":memory:") or "mode=memory" in text
+
+
+def memory_database_warnings(alias: str) -> list[str]:
+    """Warn about an in-memory SQLite database or test database on ``alias``; needs no connection.
+
+    Django makes a SQLite test database in memory unless ``TEST["NAME"]`` is set; its connections share one page
+    cache, whose table locks are never waited for: a contended scope fails at once with "database table is
+    locked" (``LockNotAvailable``) instead of waiting its lock timeout.
+    """
+    check_alias(alias)
+    connection = connections[alias]
+    if connection.vendor != "sqlite":
+        return []
+    settings_dict = connection.settings_dict
+    warnings: list[str] = []
+    if _in_memory(settings_dict.get("NAME")):
+        warnings.append(
+            f"{alias!r} is an in-memory SQLite database: each connection gets its own database (or, with a "
+            "shared cache, table locks that are never waited for); lockkit's lock waits need a file database"
+        )
+    elif _in_memory((settings_dict.get("TEST") or {}).get("NAME")):
+        warnings.append(
+            f"the test database of {alias!r} is an in-memory SQLite database (Django's default for SQLite): its "
+            "connections share one cache whose table locks are never waited for, so contention tests fail at "
+            "random with 'database table is locked'; set TEST['NAME'] to a file"
+        )
+    return warnings
+
+
 def capabilities(alias: str) -> Capabilities:
     """Return what lockkit can do on ``alias``. Connects to ask the server (version, read-only state).
 
     Raises:
         TypeError, ValueError: ``alias`` is not a configured database alias.
     """
-    warnings = tuple(configuration_warnings(alias))
+    warnings = tuple(configuration_warnings(alias)) + tuple(memory_database_warnings(alias))
     connection = connections[alias]
     backend = backend_for(connection)
     try:
@@ -178,4 +210,11 @@ def format_table(caps: Capabilities) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Capabilities", "capabilities", "configuration_warnings", "format_table", "pooler"]
+__all__ = [
+    "Capabilities",
+    "capabilities",
+    "configuration_warnings",
+    "format_table",
+    "memory_database_warnings",
+    "pooler",
+]

@@ -29,6 +29,7 @@ class CodeRow:
         ambiguous_nowait: The code means "NOWAIT failed" or "lock wait timed out" depending on the statement.
         ambiguous_timeout: The code means "cancelled" or "statement timeout" depending on whether a statement
             timeout was set for the statement (PostgreSQL's 57014).
+        hint: What the code means in practice and what to do, appended to the typed error's message (or ``""``).
     """
 
     vendor: str
@@ -37,6 +38,16 @@ class CodeRow:
     failure: Failure
     ambiguous_nowait: bool = False
     ambiguous_timeout: bool = False
+    hint: str = ""
+
+
+# SQLITE_LOCKED is a conflict inside one shared page cache (Django's in-memory SQLite test database shares one
+# between its connections): the busy timeout does not apply to it, so nothing waited.
+_SHARED_CACHE_HINT = (
+    "SQLite reports a table lock held by another connection to the same shared-cache database (Django's in-memory "
+    "SQLite test database is one); shared-cache locks are never waited for, whatever the lock timeout. Use a file "
+    "database: set DATABASES[alias]['TEST']['NAME'] (and NAME) to a file path"
+)
 
 
 CODES: tuple[CodeRow, ...] = (
@@ -83,8 +94,10 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("sqlite", "261", "SQLITE_BUSY_RECOVERY", Failure.LOCK_TIMEOUT),
     CodeRow("sqlite", "517", "SQLITE_BUSY_SNAPSHOT", Failure.SERIALIZATION_FAILURE),
     CodeRow("sqlite", "773", "SQLITE_BUSY_TIMEOUT", Failure.LOCK_TIMEOUT),
-    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_TIMEOUT),
-    CodeRow("sqlite", "262", "SQLITE_LOCKED_SHAREDCACHE", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_NOT_AVAILABLE, hint=_SHARED_CACHE_HINT),
+    CodeRow(
+        "sqlite", "262", "SQLITE_LOCKED_SHAREDCACHE", Failure.LOCK_NOT_AVAILABLE, hint=_SHARED_CACHE_HINT
+    ),
     CodeRow("sqlite", "8", "SQLITE_READONLY", Failure.READ_ONLY),
     # Oracle (oracledb: args[0].code). https://docs.oracle.com/en/error-help/db/
     # ORA-00054 is "resource busy and acquire with NOWAIT specified or timeout expired" (a DDL lock timeout too).
@@ -190,12 +203,14 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
     driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. A lockkit error reports
     its own kind. PostgreSQL reports both a ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03;
-    ``nowait`` tells them apart, and when it is ``None`` the code's own meaning is reported
-    (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
-    Likewise SQLSTATE 57014 is an expired statement timeout or a cancel: ``timed`` tells them apart, and without
-    it the code's own name, ``Failure.QUERY_CANCELED``, is reported. A lost connection is recognised by its code
-    (class 08, 57P01...) or by the driver's code-less ``InterfaceError``; ``lockkit.translate`` also reads the
-    driver's connection state, which this function cannot see.
+    an error raised by the server's lock timer is always ``Failure.LOCK_TIMEOUT`` (``timer_fired``: NOWAIT
+    covers row locks only, so a NOWAIT statement can still wait for a table lock); otherwise ``nowait`` decides, and when it is ``None`` the code's own meaning is reported (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
+    Likewise SQLSTATE 57014 is an expired statement timeout or a cancel (both raised by the same server
+    function): ``timed`` tells them apart, and without it the code's own name, ``Failure.QUERY_CANCELED``, is
+    reported. A lost connection is recognised by its code (class 08, 57P01...) or by the driver's code-less
+    ``InterfaceError``; ``lockkit.translate`` also reads the driver's connection state, which this function
+    cannot see.
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
@@ -214,6 +229,48 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
         return None
     if row.ambiguous_timeout and timed:
         return Failure.STATEMENT_TIMEOUT
-    if not row.ambiguous_nowait or nowait is None:
+    if not row.ambiguous_nowait:
+        return row.failure
+    if row.vendor == "postgresql" and timer_fired(exc):
+        # The statement waited until lock_timeout expired: even in a NOWAIT scope (NOWAIT covers row locks only,
+        # a table lock is waited for), this is a lock timeout, not "the lock was not available at once".
+        return Failure.LOCK_TIMEOUT
+    if nowait is None:
         return row.failure
     return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
+
+
+# The server function that raises the errors of PostgreSQL's timers (lock_timeout, statement_timeout): every
+# lock_timeout expiry is reported from there, and no NOWAIT failure is. Where NOWAIT itself fails without
+# waiting, it names the lock code (heap_lock_tuple for a row, RangeVarGetRelidExtended for LOCK TABLE NOWAIT).
+_TIMER_FUNCTION = "ProcessInterrupts"
+
+
+def timer_fired(exc: BaseException) -> bool | None:
+    """Whether a PostgreSQL 55P03 came from the lock timer (the statement waited) rather than from ``NOWAIT``.
+
+    NOWAIT covers row locks only: a ``SELECT ... FOR UPDATE NOWAIT`` on a table another session holds in
+    ``ACCESS EXCLUSIVE`` mode (a migration) waits for the table lock until ``lock_timeout`` expires, and both
+    outcomes carry SQLSTATE 55P03. The error's source-function field (``PG_DIAG_SOURCE_FUNCTION``, which the
+    server sends with every error, read through psycopg's ``diag``; structured data, not the message text) tells
+    them apart. See https://www.postgresql.org/docs/current/protocol-error-fields.html.
+
+    Returns:
+        ``True`` when the timer fired (the statement waited), ``False`` when another server function raised it
+        (NOWAIT, a PL/pgSQL ``RAISE``), ``None`` when the error carries no PostgreSQL source function (a
+        client-built error, CockroachDB).
+    """
+    for link in chain(exc):
+        if type(link).__module__.startswith("psycopg"):
+            diag = getattr(link, "diag", None)
+            function = getattr(diag, "source_function", None)
+            source_file = getattr(diag, "source_file", None)
+            # Only PostgreSQL's own C sources count: CockroachDB fills these fields with Go names.
+            if (
+                not isinstance(function, str)
+                or not isinstance(source_file, str)
+                or not source_file.endswith(".c")
+            ):
+                return None
+            return function == _TIMER_FUNCTION
+    return None

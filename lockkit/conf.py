@@ -17,7 +17,8 @@ from django.conf import settings
 
 DEFAULT_LOCK_TIMEOUT = 5.0
 
-_KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY"})
+#: The keys ``settings.LOCKKIT`` may hold (checked by ``manage.py check``, lockkit.E002).
+KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY"})
 _MISSING = object()
 
 
@@ -25,10 +26,15 @@ def _user_settings() -> dict[str, Any]:
     value = getattr(settings, "LOCKKIT", None) or {}
     if not isinstance(value, dict):
         raise TypeError(f"settings.LOCKKIT must be a dict, got {type(value).__name__}")
-    unknown = set(value) - _KNOWN_KEYS
+    unknown = set(value) - KNOWN_KEYS
     if unknown:
-        raise ValueError(f"settings.LOCKKIT has unknown keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
+        raise ValueError(f"settings.LOCKKIT has unknown keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
     return value
+
+
+def raw_settings() -> object:
+    """Return ``settings.LOCKKIT`` as configured (``None`` when absent), unchecked: for the system checks."""
+    return getattr(settings, "LOCKKIT", None)
 
 
 def setting(name: str, default: Any) -> Any:

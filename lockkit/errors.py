@@ -221,6 +221,27 @@ class StaleClaim(LockError):
         self.already_done = already_done
 
 
+class OnCommitError(Exception):
+    """An ``on_commit`` callback failed after the transaction committed: the work is committed; do not retry it.
+
+    Deliberately neither a ``LockError`` nor a ``django.db.OperationalError``: a generic "catch the database error
+    and retry" must not run committed work again. The callback's exception is ``__cause__``; callbacks registered
+    after the failing one did not run (Django stops at the first failure). Register a callback with
+    ``robust=True`` to have Django log its failure and carry on instead. See
+    https://docs.djangoproject.com/en/stable/topics/db/transactions/#performing-actions-after-commit.
+
+    Attributes:
+        result: What the operation returned (``None`` for a ``locked()`` block, which returns nothing).
+        alias: The database alias whose transaction committed.
+    """
+
+    def __init__(self, message: str = "", *, alias: str | None = None, result: Any = None) -> None:
+        """Build the error for the transaction on ``alias`` whose operation returned ``result``."""
+        super().__init__(message)
+        self.alias = alias
+        self.result = result
+
+
 def error_class(failure: Failure) -> type[LockError]:
     """Return the lockkit error class that declares ``failure``.
 

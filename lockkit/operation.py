@@ -12,12 +12,14 @@ import itertools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
+import tenacity
 from django.db import connections, models
 
 from lockkit import conf
+from lockkit.errors import LockError, OnCommitError, TransientLockError
 from lockkit.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
-from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry
-from lockkit.scope import ScopeBlock, refuse_unsupported
+from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry, logger
+from lockkit.scope import ScopeBlock, active_blocks, refuse_unsupported
 from lockkit.transaction import in_transaction
 
 P = ParamSpec("P")
@@ -27,7 +29,9 @@ _DEFAULT_POLICY = RetryPolicy()
 
 
 class _Committed(BaseException):
-    """Carries an error raised after an attempt committed (an ``on_commit`` callback) past the retry loop.
+    """Carries an error past the retry loop: the attempt committed, or work committed on another alias during it.
+
+    The first case is an ``on_commit`` callback failing after the COMMIT.
 
     A ``BaseException`` so that no retry predicate (``retry_if_exception_type()`` matches ``Exception``) retries
     work that is already committed.
@@ -36,6 +40,83 @@ class _Committed(BaseException):
     def __init__(self, error: BaseException) -> None:
         super().__init__(error)
         self.error = error
+
+
+# The value of an attempt that has not returned yet (``None`` is a real result).
+_NO_RESULT: Any = object()
+
+
+def _would_retry(retry: RetryPolicy | tenacity.Retrying, exc: LockError) -> bool:
+    """Whether ``retry`` would have retried ``exc`` had the call owned its transaction.
+
+    For a tenacity ``Retrying``: any transient error (its predicate cannot be asked without its call state).
+    """
+    if isinstance(retry, RetryPolicy):
+        return retry.should_retry(exc)
+    return isinstance(exc, TransientLockError)
+
+
+def _outer_block(alias: str) -> str:
+    """Describe the transaction a nested call ran in, for the note on its error."""
+    connection = connections[alias]
+    if any(block.scope.alias == alias for block in active_blocks()):
+        return f"an enclosing lockkit scope on {alias!r}"
+    if not connection.in_atomic_block:
+        return f"a transaction on {alias!r} begun by transaction.set_autocommit(False)"
+    if connection.settings_dict.get("ATOMIC_REQUESTS"):
+        return (
+            f"transaction.atomic() on {alias!r}; ATOMIC_REQUESTS is on for {alias!r}, so a view runs inside one: "
+            "decorate the view with django.db.transaction.non_atomic_requests"
+        )
+    return f"transaction.atomic() on {alias!r}"
+
+
+def _explain_nested(exc: LockError, alias: str, operation: str) -> None:
+    """Say on the error, and in a log record, that it was not retried because the call was nested."""
+    outer = _outer_block(alias)
+    exc.add_note(
+        f"lockkit: not retried: {operation} ran inside {outer}. A retry there would run in a transaction the "
+        "failure has already spoilt, so lockkit makes one attempt and leaves the decision to the owner of the "
+        "transaction; retries happen when the operation owns the outermost transaction on its alias (call it "
+        "outside that block)"
+    )
+    logger.info(
+        "lockkit: %s failed with %s on %r and was not retried: it ran inside %s",
+        operation,
+        exc.failure.value if exc.failure else type(exc).__name__,
+        alias,
+        outer,
+        extra={
+            "alias": alias,
+            "failure": exc.failure.value if exc.failure else None,
+            "sqlstate": exc.sqlstate,
+            "attempt": 1,
+            "operation": operation,
+            "nested": True,
+        },
+    )
+
+
+def _log_committed_elsewhere(
+    exc: BaseException, others: tuple[str, ...], alias: str, number: int, operation: str
+) -> None:
+    """Log that a failed attempt is not retried because work committed on ``others`` during it."""
+    failure = exc.failure.value if isinstance(exc, LockError) and exc.failure else type(exc).__name__
+    logger.info(
+        "lockkit: %s failed with %s on %r (attempt %d) and is not retried: work committed on %s during it",
+        operation,
+        failure,
+        alias,
+        number,
+        ", ".join(repr(other) for other in others),
+        extra={
+            "alias": alias,
+            "failure": failure,
+            "attempt": number,
+            "operation": operation,
+            "committed_elsewhere": others,
+        },
+    )
 
 
 class LockedOperation:
@@ -58,11 +139,19 @@ class LockedOperation:
 
         def attempt(alias: str, number: int, args: Any, kwargs: Any) -> R:
             block = ScopeBlock(options, alias, number, owner=self)
+            result: Any = _NO_RESULT
             try:
                 with block:
-                    return func(*args, **kwargs)
+                    result = func(*args, **kwargs)
+                return result  # type: ignore[no-any-return]
             except BaseException as exc:
+                if isinstance(exc, OnCommitError) and result is not _NO_RESULT:
+                    exc.result = result
                 if block.committed:
+                    raise _Committed(exc) from exc  # a callback failed after the COMMIT: never run it again
+                if block.scope.committed_elsewhere:
+                    # Work committed on another alias during the attempt: running it again would repeat that work.
+                    _log_committed_elsewhere(exc, block.scope.committed_elsewhere, alias, number, operation)
                     raise _Committed(exc) from exc
                 raise
 
@@ -73,17 +162,25 @@ class LockedOperation:
             if isinstance(retry, Default):
                 retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
             try:
-                if retry is None or in_transaction(connections[alias]):
+                if retry is None:
+                    return attempt(alias, 1, args, kwargs)
+                if in_transaction(connections[alias]):
                     # Nested in an outer transaction (ATOMIC_REQUESTS included): a retry here would run inside
                     # the failed transaction, so make one attempt and let the owner of the transaction decide.
-                    return attempt(alias, 1, args, kwargs)
+                    try:
+                        return attempt(alias, 1, args, kwargs)
+                    except LockError as exc:
+                        if _would_retry(retry, exc):
+                            _explain_nested(exc, alias, operation)
+                        raise
                 numbers = itertools.count(1)  # per call: the attempt number each try runs with
                 retrying = build_retrying(retry, alias=alias, operation=operation)
                 # The call form (not the iterator) so that result predicates and a retry_error_callback's
                 # return value work as tenacity documents them.
                 return retrying(lambda: attempt(alias, next(numbers), args, kwargs))
             except _Committed as committed:
-                raise committed.error from None
+                # Keep the error's own cause (an OnCommitError's callback failure); hide the carrier.
+                raise committed.error from committed.error.__cause__
 
         return wrapper
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, TypeAlias
+from typing import Any
 
 from django.db import models
 
 from lockkit import aliases, conf
-from lockkit.validation import flag, optional_duration
-
-#: A duration as the public API takes it: seconds (``int``/``float``) or a ``timedelta``.
-Duration: TypeAlias = float | int | timedelta
+from lockkit.validation import Duration, flag, optional_duration
 
 
 class Default(enum.Enum):

@@ -11,14 +11,13 @@ import math
 import random
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import tenacity
 
 from lockkit.codes import code_of
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
-from lockkit.validation import duration, optional_duration, positive_int
+from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
 
@@ -92,12 +91,12 @@ class RetryPolicy:
 
     attempts: int = 3
     retry_on: Collection[Failure] = field(default=DEFAULT_RETRY_ON)
-    wait_initial: float | timedelta = 0.005
-    wait_max: float | timedelta = 0.2
-    deadline: float | timedelta | None = None
+    wait_initial: Duration = 0.005
+    wait_max: Duration = 0.2
+    deadline: Duration | None = None
     before_retry: Hook | None = None
     on_give_up: Hook | None = None
-    reconnect_within: float | timedelta = 5.0
+    reconnect_within: Duration = 5.0
 
     def __post_init__(self) -> None:
         """Validate and normalise the fields (durations to seconds, ``retry_on`` to a frozenset).

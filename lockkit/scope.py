@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
@@ -39,6 +40,11 @@ def _innermost_scope() -> LockScope | None:
     return stack[-1].scope if stack else None
 
 
+def active_blocks() -> tuple[ScopeBlock, ...]:
+    """The open scope blocks of this thread or task, outermost first."""
+    return _scopes.get()
+
+
 def current_scope() -> LockScope:
     """Return the innermost active ``LockScope`` of this thread or task.
 
@@ -53,13 +59,15 @@ def current_scope() -> LockScope:
     return scope
 
 
-def lock(target: QuerySet[M] | type[M]) -> QuerySet[M]:
+def lock(target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
     """Lock a queryset's rows in the innermost active scope: ``current_scope().lock(target)``.
 
     Raises:
         NotInLockedScope: no scope is active.
-        AliasMismatch: the queryset is bound to another alias than the scope's.
-        TypeError: ``target`` is neither a queryset nor a model class.
+        AliasMismatch: the queryset or instance is bound to another alias than the scope's, or a router sends
+            the model to another alias.
+        TypeError: ``target`` is not a queryset, a model class or a model instance.
+        ValueError: ``target`` is an unsaved instance.
     """
     return current_scope().lock(target)
 
@@ -69,8 +77,10 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
 
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
     driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
-    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``); they are told
-    apart by ``nowait``: when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
+    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``). An error the
+    server's lock timer raised is always ``Failure.LOCK_TIMEOUT`` (NOWAIT covers row locks only, so a NOWAIT
+    statement can wait for a table lock; see ``lockkit.codes.timer_fired``). Otherwise ``nowait`` tells them apart:
+    when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
     outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
     ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``). SQLSTATE
     57014 is ``Failure.STATEMENT_TIMEOUT`` inside a scope that set a statement timeout, else
@@ -130,6 +140,7 @@ class LockScope:
             connections[alias], nowait=self.nowait, skip_locked=self.skip_locked, no_key=self.no_key
         )
         self._active = False
+        self._committed_elsewhere: tuple[str, ...] = ()
         # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
         self._advisory: list[HeldLock] = []
 
@@ -142,6 +153,19 @@ class LockScope:
         """Whether the scope's own transaction has committed (only an outermost scope commits)."""
         return self._transaction.committed
 
+    @property
+    def committed_elsewhere(self) -> tuple[str, ...]:
+        """The other aliases on which a lockkit scope committed while this scope was open, in order.
+
+        Work committed there stays committed whatever this scope does; a ``locked_operation`` never retries an
+        attempt during which this happened.
+        """
+        return self._committed_elsewhere
+
+    def _committed_on(self, alias: str) -> None:
+        if alias != self.alias and alias not in self._committed_elsewhere:
+            self._committed_elsewhere = (*self._committed_elsewhere, alias)
+
     def _check_active(self) -> None:
         if not self._active or all(block.scope is not self for block in _scopes.get()):
             raise NotInLockedScope(
@@ -150,43 +174,50 @@ class LockScope:
 
     # -- locking helpers -------------------------------------------------------------------------------------
 
-    def lock(self, target: QuerySet[M] | type[M]) -> QuerySet[M]:
+    def lock(self, target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
         """Return ``target``'s rows as a ``select_for_update`` queryset on the scope's alias.
 
         The queryset is lazy: evaluate it inside the scope. Only the queried model's rows are locked
         (``of=("self",)``) where the backend supports it, so ``select_related()`` on a nullable foreign key works
-        and leaves related rows unlocked. See
-        https://docs.djangoproject.com/en/stable/ref/models/querysets/#select-for-update.
+        and leaves related rows unlocked. A model that a database router sends to another alias is refused, as is
+        a queryset bound to another alias: either would lock rows outside this transaction. See
+        https://docs.djangoproject.com/en/stable/ref/models/querysets/#select-for-update and
+        https://docs.djangoproject.com/en/stable/topics/db/multi-db/.
 
         Args:
-            target: A queryset, or a model class (all its rows, through its default manager).
+            target: A queryset; a model class (all its rows, through its default manager); or a saved model
+                instance (its own row, looked up by primary key).
 
         Returns:
             A ``QuerySet`` with ``select_for_update(nowait=..., skip_locked=..., no_key=..., of=...)`` applied.
 
         Raises:
             NotInLockedScope: the scope is not active in this thread or task.
-            AliasMismatch: the queryset is bound to another alias.
-            TypeError: ``target`` is neither a queryset nor a model class.
+            AliasMismatch: the queryset or instance is bound to another alias, or ``router.db_for_write`` sends
+                the model to another alias (an explicit ``.using(scope.alias)`` is accepted). No SQL has run.
+            TypeError: ``target`` is not a queryset, a model class or a model instance.
+            ValueError: ``target`` is an unsaved instance.
         """
         self._check_active()
-        queryset = aliases.queryset_on(target, self.alias, "target")
+        queryset = aliases.queryset_on(target, self.alias, "target", instances=True, routed=True)
         kwargs = self._sfu_kwargs
         if "of" in kwargs:
             # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
             kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
         return queryset.select_for_update(**kwargs)
 
-    def get(self, target: QuerySet[M] | type[M], *args: Any, **lookups: Any) -> M:
+    def get(self, target: QuerySet[M] | type[M] | M, *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
 
-        A database failure is raised as its typed lockkit error and marks the scope's block for rollback (see
-        ``lock_all``).
+        Given a model instance, its row is read again under the lock and returned as a new object (the instance
+        passed in is left as it was): ``account = scope.get(account)``.
 
         Raises:
-            Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get``.
-            NotInLockedScope, AliasMismatch, TypeError: as ``lock()``.
-            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...).
+            Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get`` (an instance whose row has
+                been deleted raises ``DoesNotExist``).
+            NotInLockedScope, AliasMismatch, TypeError, ValueError: as ``lock()``.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
+                and the scope's block is marked for rollback (see ``lock_all``).
         """
         queryset = self.lock(target)
         with self._evaluating():
@@ -195,31 +226,56 @@ class LockScope:
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
 
+        The locks are always taken in ascending primary-key order (one ``SELECT ... ORDER BY pk FOR UPDATE``),
+        whatever order ``pks`` lists them in; the rows are then returned in the order of ``pks``, so
+        ``payer, payee = scope.lock_all(Account, pks=[payer_id, payee_id])`` holds for any two ids.
+
         Args:
             target: A queryset or a model class.
-            pks: Optional primary keys to restrict to; rows that do not exist are simply absent from the result.
+            pks: The primary keys of the rows to lock, in the order the result should have (a key listed twice
+                gives its row twice). ``None``: every row of ``target``, in primary-key order. A queryset (of
+                primary keys, on the scope's alias) is a subquery: its rows come in primary-key order and
+                absent keys are not reported.
 
         Returns:
-            The locked rows as a list, in ascending primary-key order.
-
-        A database failure is raised as its typed lockkit error and marks the scope's block for rollback: the
-        scope rolls back and ends with that error even if the body catches it (no partial commit on any vendor).
+            The locked rows as a list: in the order of ``pks`` when it is an iterable of keys, else in ascending
+            primary-key order.
 
         Raises:
+            Model.DoesNotExist: a key of ``pks`` matched no row (the message names every such key); the rows
+                that exist are locked until the scope ends.
             TypeError: ``pks`` is a string or not iterable.
+            ValueError: a key of ``pks`` is not a valid value of the primary key field.
             NotInLockedScope, AliasMismatch: as ``lock()``.
-            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...).
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...). The
+                error is typed and marks the scope's block for rollback, as Django does for a failed ``save()``:
+                the scope rolls back and ends with that error even if the body catches it (no partial commit on
+                any vendor; InnoDB rolls the whole transaction back on a deadlock and carries on in a new one).
         """
         queryset = self.lock(target)
+        if pks is None:
+            with self._evaluating():
+                return list(queryset.order_by("pk"))
         if isinstance(pks, QuerySet):
             # A subquery on the scope's alias (refused if bound elsewhere), not evaluated on another database.
-            queryset = queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks"))
-        elif pks is not None:
-            if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
-                raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
-            queryset = queryset.filter(pk__in=list(pks))
+            subquery = queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks")).order_by("pk")
+            with self._evaluating():
+                return list(subquery)
+        if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
+            raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
+        model: Any = queryset.model
+        wanted = [_primary_key(model, pk) for pk in pks]
         with self._evaluating():
-            return list(queryset.order_by("pk"))
+            rows = {row.pk: row for row in queryset.filter(pk__in=wanted).order_by("pk")}
+        missing = [pk for pk in wanted if pk not in rows]
+        if missing:
+            missing = _match_by_collation(rows, wanted, missing)
+        if missing:
+            raise model.DoesNotExist(
+                f"lock_all: no {model.__name__} with pk {', '.join(map(repr, dict.fromkeys(missing)))} "
+                f"on {self.alias!r}"
+            )
+        return [rows[pk] for pk in wanted]
 
     @contextlib.contextmanager
     def _evaluating(self) -> Iterator[None]:
@@ -298,6 +354,36 @@ class LockScope:
         transaction.on_commit(func, using=self.alias, robust=robust)
 
 
+def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:
+    """Match text keys the database found under a case-insensitive collation (MariaDB's default); return the rest.
+
+    A row whose key equals no requested key exactly was found through the column's collation (``"A"`` found
+    ``"a"``): it is matched back to the requested key that differs only by case.
+    """
+    exact = set(wanted)
+    spare = {key.casefold(): row for key, row in rows.items() if isinstance(key, str) and key not in exact}
+    for pk in missing:
+        if isinstance(pk, str) and pk.casefold() in spare:
+            rows[pk] = spare[pk.casefold()]
+    return [pk for pk in missing if pk not in rows]
+
+
+def _primary_key(model: type[models.Model], value: Any) -> Any:
+    """``value`` as the primary key field stores it (``"7"`` -> ``7``), so rows can be matched back to ``pks``.
+
+    Raises:
+        ValueError: the field cannot hold ``value`` (Django's ``ValidationError`` names why).
+    """
+    field = model._meta.pk
+    assert field is not None
+    try:
+        return field.to_python(value)
+    except ValidationError as exc:
+        raise ValueError(
+            f"pks: {value!r} is not a valid {model.__name__} primary key: {exc.messages[0]}"
+        ) from None
+
+
 def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
     """The ``of=`` paths of a model's multi-table parents (``country_ptr``, ``country_ptr__entity_ptr``)."""
     paths: list[str] = []
@@ -349,15 +435,29 @@ class ScopeBlock:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        """Pop the scope and end its transaction, raising the typed error for a database failure."""
-        self.scope._active = False
-        _scopes.set(tuple(block for block in _scopes.get() if block is not self))
+        """Pop the scope and end its transaction, raising the typed error for a database failure.
+
+        A scope that committed while others are open tells those on other aliases (their attempt can no longer be
+        undone as a whole); a failing scope in which that happened says so in a note on its error.
+        """
+        scope = self.scope
+        scope._active = False
+        enclosing = tuple(block for block in _scopes.get() if block is not self)
+        _scopes.set(enclosing)
         try:
-            self.scope._transaction.__exit__(exc_type, exc, tb)
-        except BaseException:
+            scope._transaction.__exit__(exc_type, exc, tb)
+        except BaseException as raised:
             self._end_advisory(succeeded=False)
+            if scope.committed_elsewhere:
+                _note_committed_elsewhere(raised, scope)
             raise
+        finally:
+            if enclosing and scope._transaction.committed:
+                for block in enclosing:
+                    block.scope._committed_on(scope.alias)
         self._end_advisory(succeeded=exc is None)
+        if exc is not None and scope.committed_elsewhere:
+            _note_committed_elsewhere(exc, scope)
 
     def _end_advisory(self, *, succeeded: bool) -> None:
         """Release the advisory locks the transaction does not release by itself (MariaDB), on every path.
@@ -379,6 +479,19 @@ class ScopeBlock:
             return
         for lock in reversed(held):
             advisory_locks.give_back(lock, raise_errors=False)
+
+
+def _note_committed_elsewhere(error: BaseException, scope: LockScope) -> None:
+    """Add a note to ``error`` naming the aliases that committed during ``scope`` (once per error)."""
+    names = ", ".join(repr(alias) for alias in scope.committed_elsewhere)
+    note = (
+        f"lockkit: work committed on database {names} during this scope on {scope.alias!r} (a lockkit scope there "
+        f"ended with COMMIT); it stays committed although this scope failed, and the attempt is not retried: there "
+        "is no two-phase commit across databases (see 'Operations that touch two databases' in lockkit's usage "
+        "docs)"
+    )
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
 
 
 class Locked:

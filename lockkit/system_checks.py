@@ -1,19 +1,94 @@
-"""Django system checks: what lockkit can do on each database, and where correctness needs configuration.
+"""Django system checks: ``settings.LOCKKIT``, where correctness needs configuration, and (deploy) capabilities.
 
-Registered by ``lockkit.apps.LockkitConfig`` when ``"lockkit"`` is in ``INSTALLED_APPS``.
+Registered by ``lockkit.apps.LockkitConfig`` when ``"lockkit"`` is in ``INSTALLED_APPS``. Every command runs the
+settings and configuration checks (errors and warnings only); the informational capability report is
+``manage.py lockkit_capabilities``, and ``manage.py check --deploy --database ALIAS``.
 https://docs.djangoproject.com/en/stable/topics/checks/
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.apps import AppConfig
-from django.core.checks import CheckMessage, Info, Warning
+from django.core.checks import CheckMessage, Error, Info, Warning
 from django.db import connections
 
-from lockkit.capabilities import capabilities, configuration_warnings
+from lockkit import conf
+from lockkit.capabilities import capabilities, configuration_warnings, memory_database_warnings
+from lockkit.retry import check_retry
+from lockkit.validation import optional_duration
+
+_DURATION_KEYS = ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT")
+
+
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``settings.LOCKKIT``: ``lockkit.E001`` (not a dict), ``E002`` (unknown key), ``E003`` (bad value).
+
+    The same rules the first locked call applies, found by ``manage.py check`` instead.
+    """
+    value = conf.raw_settings()
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return [
+            Error(
+                f"settings.LOCKKIT must be a dict, not {type(value).__name__}",
+                hint=f"Valid keys: {', '.join(sorted(conf.KNOWN_KEYS))}.",
+                id="lockkit.E001",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for key in value:
+        if key in conf.KNOWN_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(conf.KNOWN_KEYS), n=1)
+        messages.append(
+            Error(
+                f"settings.LOCKKIT has an unknown key {key!r}",
+                hint=(f"Did you mean {close[0]!r}? " if close else "")
+                + f"Valid keys: {', '.join(sorted(conf.KNOWN_KEYS))}.",
+                id="lockkit.E002",
+            )
+        )
+    for key in _DURATION_KEYS:
+        if key in value:
+            try:
+                optional_duration(value[key], f"LOCKKIT[{key!r}]")
+            except (TypeError, ValueError) as exc:
+                messages.append(
+                    Error(str(exc), hint="Seconds (int or float), a timedelta, or None.", id="lockkit.E003")
+                )
+    if "RETRY" in value:
+        try:
+            check_retry(value["RETRY"], "LOCKKIT['RETRY']")
+        except (TypeError, ValueError) as exc:
+            messages.append(
+                Error(
+                    str(exc),
+                    hint="A lockkit.RetryPolicy, a dict of its arguments, a tenacity.Retrying, or None.",
+                    id="lockkit.E003",
+                )
+            )
+    return messages
+
+
+def check_memory_databases(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``lockkit.W003``: an in-memory SQLite database (or test database), where lock waits do not work."""
+    return [
+        Warning(
+            text,
+            hint="Set DATABASES[alias]['TEST']['NAME'] (and NAME) to a file path. See docs/backends.md in lockkit.",
+            obj=alias,
+            id="lockkit.W003",
+        )
+        for alias in connections
+        for text in memory_database_warnings(alias)
+    ]
 
 
 def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
@@ -28,10 +103,10 @@ def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs
 def check_capabilities(
     app_configs: Sequence[AppConfig] | None = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Report ``lockkit.I001`` per database asked for (``manage.py check --database ALIAS``).
+    """Report ``lockkit.I001`` per database asked for (``manage.py check --deploy --database ALIAS``).
 
-    ``lockkit.W002`` when the server cannot be asked. A database check: Django runs it only for the aliases it is
-    given.
+    ``lockkit.W002`` when the server cannot be asked. A deployment database check: Django runs it only with
+    ``--deploy`` and only for the aliases it is given, so ``migrate`` and ``runserver`` stay quiet.
     """
     messages: list[CheckMessage] = []
     for alias in databases or ():

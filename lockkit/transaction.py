@@ -18,7 +18,7 @@ from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from lockkit.backends import TimeoutToken, backend_for
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError
 from lockkit.liveness import discard_after_loss, discard_if_dead
 from lockkit.translate import translate, translating
 
@@ -51,7 +51,8 @@ class ScopeTransaction:
         alias: The database alias.
         nested: The transaction began inside an existing one on the alias (it is a savepoint).
         committed: The scope's own transaction has committed (set by its first ``on_commit`` hook); an error
-            raised after that comes from a later callback, not from the commit.
+            raised after that comes from a later callback, not from the commit, and is raised as
+            ``OnCommitError``.
         xid: The PostgreSQL transaction id of an outermost scope (read by its opening statement), else ``None``.
         doomed: The first database error lockkit's helpers raised in the block: the block is marked for
             rollback, and the scope ends with this error even when the body caught it.
@@ -83,6 +84,9 @@ class ScopeTransaction:
         )
         self._token: TimeoutToken | None = None
         self._raw: Any = None  # the driver connection the transaction runs on
+        # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
+        self._restored = False
+        self._restore_error: BaseException | None = None
 
     def __enter__(self) -> ScopeTransaction:
         """Begin the transaction or savepoint and apply the timeouts.
@@ -128,6 +132,14 @@ class ScopeTransaction:
 
     def _mark_committed(self) -> None:
         self.committed = True
+        if self._token is not None:
+            # Before the user's callbacks, which run after this hook: they see the connection's own session
+            # settings (MySQL), as they do on PostgreSQL where the scope's values ended with the transaction.
+            self._restored = True
+            try:
+                self.backend.after_transaction_end(connections[self.alias], self._token, nested=False)
+            except Exception as exc:  # raised after the callbacks, by _after_end: they must still run
+                self._restore_error = exc
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -165,7 +177,10 @@ class ScopeTransaction:
         except BaseException as commit_exc:
             self._after_end(pending=True)
             if self.committed:
-                raise  # an on_commit callback failed after the COMMIT: not a failure of the transaction
+                if isinstance(commit_exc, Exception):
+                    # An on_commit callback failed after the COMMIT: not a failure of the transaction.
+                    raise self._on_commit_error(commit_exc) from commit_exc
+                raise
             error = self._translate(commit_exc)
             if committing and isinstance(error, ConnectionLost):
                 self._resolve_commit(error, callbacks)
@@ -186,6 +201,13 @@ class ScopeTransaction:
             raise error from exc
         if restore_error is not None:
             raise restore_error
+
+    def _on_commit_error(self, callback_error: Exception) -> OnCommitError:
+        return OnCommitError(
+            f"an on_commit callback failed after the transaction on {self.alias!r} committed "
+            f"({type(callback_error).__name__}: {callback_error}); the work is committed: do not retry it",
+            alias=self.alias,
+        )
 
     def doom(self, error: BaseException) -> None:
         """Mark the block for rollback because a lockkit helper raised ``error`` in it (kept: the first one)."""
@@ -213,12 +235,11 @@ class ScopeTransaction:
                 "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid
             )
             for _, func, robust in callbacks:  # Django's order and its robust semantics
-                if not robust:
-                    func()
-                    continue
                 try:
                     func()
                 except Exception as callback_error:
+                    if not robust:
+                        raise self._on_commit_error(callback_error) from callback_error
                     logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
             return
         discard_after_loss(self.alias)
@@ -256,6 +277,10 @@ class ScopeTransaction:
         already made sure the altered value cannot outlive the failure).
         """
         if self._token is None:
+            return
+        if self._restored:
+            if self._restore_error is not None and not pending:
+                raise self._restore_error
             return
         try:
             self.backend.after_transaction_end(connections[self.alias], self._token, nested=self.nested)

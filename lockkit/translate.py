@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import Error, connections
 
-from lockkit.codes import classify, code_of
+from lockkit.codes import classify, code_of, lookup
 from lockkit.errors import Failure, LockError, error_class
 
 
@@ -64,8 +64,10 @@ def translate(
         failure = Failure.CONNECTION_LOST
     if failure is None:
         return None
+    row = lookup(exc)
+    hint = f" ({row.hint})" if row is not None and row.hint else ""
     error = error_class(failure)(
-        f"{failure.value} on database {alias!r}: {exc}".strip(),
+        f"{failure.value} on database {alias!r}: {exc}".strip() + hint,
         sqlstate=code_of(exc),
         alias=alias,
         attempts=attempts,

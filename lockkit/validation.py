@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from typing import TypeAlias
+
+#: A duration as the public API takes it: seconds (``int``/``float``) or a ``timedelta``.
+Duration: TypeAlias = float | int | timedelta
 
 # PostgreSQL stores timeouts as a 32-bit count of milliseconds.
 MAX_SECONDS = 2_147_483_647 / 1000

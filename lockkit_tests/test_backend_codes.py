@@ -104,8 +104,9 @@ TABLE = [
     ("sqlite", "261", F.LOCK_TIMEOUT, False, "database is locked"),
     ("sqlite", "517", F.SERIALIZATION_FAILURE, False, "database is locked"),
     ("sqlite", "773", F.LOCK_TIMEOUT, False, "database is locked"),
-    ("sqlite", "6", F.LOCK_TIMEOUT, False, "database table is locked"),
-    ("sqlite", "262", F.LOCK_TIMEOUT, False, "database table is locked"),
+    # Shared-cache table locks ("database table is locked"): never waited for, so not a timeout.
+    ("sqlite", "6", F.LOCK_NOT_AVAILABLE, False, "database table is locked"),
+    ("sqlite", "262", F.LOCK_NOT_AVAILABLE, False, "database table is locked"),
     ("sqlite", "8", F.READ_ONLY, False, "attempt to write a readonly database"),
     ("oracle", "54", F.LOCK_NOT_AVAILABLE, True, "resource busy and acquire with NOWAIT specified"),
     ("oracle", "30006", F.LOCK_TIMEOUT, False, "resource busy; acquire with WAIT timeout expired"),

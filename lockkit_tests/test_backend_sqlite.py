@@ -15,7 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
-from lockkit.testing import run_concurrently
+from lockkit.testing import backend_pid, blocked_by, hold_lock, run_concurrently
+from lockkit.translate import translating
 from lockkit_tests.models import Item
 
 ALIAS = "sqlite"
@@ -144,3 +145,42 @@ def test_statement_timeout_is_refused_before_any_sql() -> None:
         lockkit.locked(ALIAS, statement_timeout=1).__enter__()
     assert queries.captured_queries == []
     assert not connections[ALIAS].in_atomic_block
+
+
+def test_shared_cache_table_lock_is_lock_not_available_with_the_reason() -> None:
+    """Django's in-memory test database shares one cache: its table locks fail at once, never waited for."""
+    from django.db.backends.sqlite3.base import DatabaseWrapper
+
+    memory = {**connections[ALIAS].settings_dict, "NAME": "file:lockkit-shared?mode=memory&cache=shared"}
+    holder, contender = (
+        DatabaseWrapper(dict(memory), alias="memory"),
+        DatabaseWrapper(dict(memory), alias="memory"),
+    )
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("CREATE TABLE t (x integer)")
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute("INSERT INTO t VALUES (1)")
+        started = time.monotonic()
+        with pytest.raises(lockkit.LockNotAvailable) as caught, contender.cursor() as cursor:
+            with translating("memory", nowait=False):
+                cursor.execute("SELECT * FROM t")
+        assert time.monotonic() - started < 1  # the 5 s busy timeout did not apply: nothing waited
+    finally:
+        holder.rollback()
+        holder.close()
+        contender.close()
+    assert caught.value.sqlstate == "262"  # SQLITE_LOCKED_SHAREDCACHE
+    assert "use a file database" in str(caught.value).lower()
+
+
+def test_contention_helpers_refuse_sqlite_with_the_reason() -> None:
+    item = Item.objects.using(ALIAS).create(name="i")
+    for call in (
+        lambda: backend_pid(ALIAS),
+        lambda: blocked_by(1, using=ALIAS),
+        lambda: hold_lock(item).__enter__(),
+    ):
+        with pytest.raises(NotImplementedError, match="SQLite has no row locks and no server sessions"):
+            call()

@@ -5,14 +5,22 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core import checks
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from lockkit.capabilities import capabilities, configuration_warnings
-from lockkit.system_checks import check_capabilities, check_configuration
+from lockkit.capabilities import capabilities, configuration_warnings, memory_database_warnings
+from lockkit.system_checks import (
+    check_capabilities,
+    check_configuration,
+    check_memory_databases,
+    check_settings,
+)
 
 
 def report(*aliases: str) -> str:
@@ -99,3 +107,63 @@ def test_import_lockkit_does_not_need_the_app_installed() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.split()[0] == "False"
+
+
+@pytest.mark.django_db(databases=["default"])
+def test_routine_commands_run_no_informational_check() -> None:
+    """migrate/runserver run the database checks for their alias: lockkit adds nothing there (no I001)."""
+    ids = [m.id for m in checks.run_checks(databases=["default"]) if m.id and m.id.startswith("lockkit.")]
+    assert "lockkit.I001" not in ids
+    deploy = checks.run_checks(databases=["default"], include_deployment_checks=True)
+    assert "lockkit.I001" in [m.id for m in deploy]  # check --deploy --database default still reports it
+
+
+@pytest.mark.parametrize(
+    ("value", "expected_id", "words"),
+    [
+        ({"LOCK_TIMOUT": 2}, "lockkit.E002", ["'LOCK_TIMOUT'", "Did you mean 'LOCK_TIMEOUT'?", "RETRY"]),
+        ({"LOCK_TIMEOUT": "3s"}, "lockkit.E003", ["LOCKKIT['LOCK_TIMEOUT']", "str"]),
+        ({"STATEMENT_TIMEOUT": -1}, "lockkit.E003", ["LOCKKIT['STATEMENT_TIMEOUT']", "positive"]),
+        ({"RETRY": {"attemps": 3}}, "lockkit.E003", ["LOCKKIT['RETRY']", "attemps"]),
+        ({"RETRY": 3}, "lockkit.E003", ["LOCKKIT['RETRY']", "int"]),
+        (["LOCK_TIMEOUT"], "lockkit.E001", ["must be a dict", "list"]),
+    ],
+)
+def test_check_refuses_a_bad_lockkit_setting(
+    settings: Any, value: object, expected_id: str, words: list[str]
+) -> None:
+    from django.core.management.base import SystemCheckError
+
+    settings.LOCKKIT = value
+    (message,) = check_settings()
+    assert message.id == expected_id
+    assert message.level == checks.ERROR
+    text = f"{message.msg} {message.hint}"
+    for word in words:
+        assert word in text
+    with pytest.raises(SystemCheckError, match=expected_id):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_check_accepts_good_lockkit_settings(settings: Any) -> None:
+    settings.LOCKKIT = {
+        "LOCK_TIMEOUT": timedelta(seconds=2),
+        "STATEMENT_TIMEOUT": None,
+        "RETRY": {"attempts": 5},
+    }
+    assert check_settings() == []
+    settings.LOCKKIT = {}
+    assert check_settings() == []
+
+
+def test_in_memory_sqlite_databases_are_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    sqlite = connections["sqlite"].settings_dict
+    assert memory_database_warnings("sqlite") == []  # the suite's own: files
+    assert memory_database_warnings("default") == []
+    monkeypatch.setitem(sqlite, "TEST", {})
+    (warning,) = memory_database_warnings("sqlite")
+    assert "test database of 'sqlite' is an in-memory SQLite database" in warning
+    assert [m.id for m in check_memory_databases() if m.obj == "sqlite"] == ["lockkit.W003"]
+    monkeypatch.setitem(sqlite, "NAME", ":memory:")
+    (warning,) = memory_database_warnings("sqlite")
+    assert "'sqlite' is an in-memory SQLite database" in warning

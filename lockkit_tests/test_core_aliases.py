@@ -48,11 +48,36 @@ def test_queryset_bound_to_another_alias_is_refused_before_sql() -> None:
     assert len(other_queries) == 0
 
 
-def test_unbound_queryset_follows_the_scope_alias() -> None:
-    RemoteItem.objects.using("default").create(name="on-default", value=5)
-    with lockkit.locked("default") as scope:
-        rows = scope.lock_all(RemoteItem)  # the router would say "other"; the scope's alias wins
-    assert [r.name for r in rows] == ["on-default"]
+def test_unbound_queryset_of_an_unrouted_model_follows_the_scope_alias() -> None:
+    Stock.objects.using("other").create(sku="on-other", available=5)
+    with lockkit.locked("other") as scope:
+        rows = scope.lock_all(Stock)  # no router has an opinion on Stock: the scope's alias wins
+    assert [r.sku for r in rows] == ["on-other"]
+
+
+def test_model_routed_elsewhere_is_refused_before_sql_on_both_aliases() -> None:
+    """The router sends RemoteItem to "other": a scope on "default" must not query its table on "default"."""
+    on_default = RemoteItem.objects.using("default").create(name="on-default", value=5)
+    with lockkit.locked("default") as scope, CaptureQueriesContext(connections["other"]) as other_queries:
+        with CaptureQueriesContext(connections["default"]) as default_queries:
+            for call in (
+                lambda: scope.lock(RemoteItem),
+                lambda: scope.get(RemoteItem, pk=on_default.pk),
+                lambda: scope.lock_all(RemoteItem, pks=[on_default.pk]),
+                lambda: scope.lock(RemoteItem.objects.filter(pk=on_default.pk)),
+                lambda: lockkit.lock(RemoteItem),
+            ):
+                with pytest.raises(lockkit.AliasMismatch) as caught:
+                    call()
+                message = str(caught.value)
+                assert "'other'" in message  # both aliases
+                assert "'default'" in message
+                assert "locked(model=RemoteItem)" in message  # and the fix
+        assert len(default_queries) == 0
+        # Explicitly bound to the scope's alias, or read from it: taken as meant.
+        assert [r.pk for r in scope.lock(RemoteItem.objects.using("default"))] == [on_default.pk]
+        assert scope.get(on_default).name == "on-default"
+    assert len(other_queries) == 0
 
 
 def test_callable_alias_receives_the_call_arguments_and_threads_stay_apart() -> None:

@@ -70,13 +70,16 @@ def test_lock_timeout_accepts_timedelta_and_rounds_up_to_a_millisecond() -> None
         assert show("lock_timeout") == "1ms"  # never 0, which PostgreSQL reads as "wait forever"
 
 
-def test_lock_all_locks_in_primary_key_order_and_filters_pks() -> None:
+def test_lock_all_returns_rows_in_the_order_of_pks_and_refuses_missing_ones() -> None:
     for sku in ("c", "a", "b", "d"):
         Stock.objects.create(sku=sku, available=1)
     with lockkit.locked() as scope:
-        rows = scope.lock_all(Stock, pks=["d", "b", "a", "zz"])
-        assert [r.sku for r in rows] == ["a", "b", "d"]
+        rows = scope.lock_all(Stock, pks=["d", "b", "a"])
+        assert [r.sku for r in rows] == ["d", "b", "a"]  # the order asked; locks taken in key order
+        assert [r.sku for r in scope.lock_all(Stock, pks=iter(["b", "b"]))] == ["b", "b"]
         assert [r.sku for r in scope.lock_all(Stock.objects.filter(available=1))] == ["a", "b", "c", "d"]
+        with pytest.raises(Stock.DoesNotExist, match="'zz', 'yy'"):
+            scope.lock_all(Stock, pks=["d", "zz", "a", "yy", "zz"])
         with pytest.raises(TypeError, match="pks"):
             scope.lock_all(Stock, pks="abc")
 
@@ -209,8 +212,9 @@ def test_on_commit_callback_failure_never_reruns_committed_work() -> None:
         Stock.objects.create(sku=f"order-{len(calls)}", available=n)
         lockkit.current_scope().on_commit(bump_counter)
 
-    with hold_lock(counter), pytest.raises(LockTimeout):
+    with hold_lock(counter), pytest.raises(lockkit.OnCommitError) as info:
         place_order(1)
+    assert isinstance(info.value.__cause__, LockTimeout)  # the callback's error, after the commit
     assert calls == [1]  # committed once, never re-run
     assert list(Stock.objects.filter(sku__startswith="order-").values_list("sku", flat=True)) == ["order-1"]
 
@@ -220,10 +224,12 @@ def test_callback_database_error_after_commit_is_not_reclassified() -> None:
         with connection.cursor() as cursor:
             cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40001'; END $$")
 
-    with pytest.raises(OperationalError) as info, lockkit.locked() as scope:
+    with pytest.raises(lockkit.OnCommitError) as info, lockkit.locked() as scope:
         Stock.objects.create(sku="kept", available=1)
         scope.on_commit(broken)
-    assert not isinstance(info.value, lockkit.LockError)  # the callback's own error, not a "failed commit"
+    cause = info.value.__cause__
+    assert isinstance(cause, OperationalError)  # the callback's own error, not a "failed commit"
+    assert not isinstance(cause, lockkit.LockError)
     assert Stock.objects.filter(sku="kept").exists()
 
 

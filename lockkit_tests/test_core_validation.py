@@ -134,7 +134,8 @@ def test_bad_input_is_refused_before_sql(
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("target", "error"),
-    [(Stock(sku="x", available=1), TypeError), ("Stock", TypeError), (None, TypeError), ([1, 2], TypeError)],
+    # An instance is accepted (its row), but not an unsaved one, even with its pk set.
+    [(Stock(sku="x", available=1), ValueError), ("Stock", TypeError), (None, TypeError), ([1, 2], TypeError)],
 )
 def test_lock_helpers_refuse_bad_targets_before_sql(target: Any, error: type[Exception]) -> None:
     with lockkit.locked() as scope:

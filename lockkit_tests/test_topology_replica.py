@@ -81,8 +81,11 @@ def test_scope_on_the_replica_fails_fast_with_read_only_database_never_retried()
 
     @lockkit.locked_operation("replica", retry=policy)
     def reserve() -> None:
-        lockkit.current_scope().get(Stock, pk="widget")
+        # Bound explicitly: the router sends Stock's writes to "primary", so the bare model is refused up front.
+        lockkit.current_scope().get(Stock.objects.using("replica"), pk="widget")
 
+    with lockkit.locked("replica") as scope, pytest.raises(lockkit.AliasMismatch, match="'primary'"):
+        scope.get(Stock, pk="widget")
     started = time.monotonic()
     with pytest.raises(lockkit.ReadOnlyDatabase) as caught:
         reserve()

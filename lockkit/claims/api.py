@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 from django.db import models
@@ -21,6 +20,7 @@ from lockkit.claims.value import Claim
 from lockkit.errors import CommitOutcomeUnknown, StaleClaim
 from lockkit.options import FROM_SETTINGS
 from lockkit.scope import current_scope
+from lockkit.validation import Duration
 
 _PICKED = '"lockkit_picked"'
 _ORDERED = '"lockkit_ordered"'
@@ -41,11 +41,11 @@ def claim(
     target: models.Model | QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
-    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> Claim | None:
     """Claim one specific row if it is free and ``when`` holds, waiting for its lock within the lock timeout.
 
@@ -131,12 +131,12 @@ def claim_next(
     queryset: QuerySet[Any],
     *,
     worker: str,
-    lease: float | timedelta,
+    lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression] | None = None,
     using: str | None = None,
-    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> list[Claim]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
 
@@ -294,8 +294,8 @@ def _now_holding(
 def heartbeat(
     claim: Claim,
     *,
-    lease: float | timedelta | None = None,
-    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+    lease: Duration | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
@@ -335,7 +335,7 @@ def heartbeat(
 
 
 def complete(
-    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: float | timedelta | None = FROM_SETTINGS
+    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: Duration | None = FROM_SETTINGS
 ) -> None:
     """End a claim because the job is done, writing ``set`` (e.g. ``{"state": "done"}``) in one statement.
 
@@ -354,7 +354,7 @@ def complete_many(
     claims: Iterable[Claim],
     *,
     set: dict[str, Any] | None = None,
-    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> None:
     """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
@@ -367,7 +367,7 @@ def complete_many(
 
 
 def release(
-    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: float | timedelta | None = FROM_SETTINGS
+    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: Duration | None = FROM_SETTINGS
 ) -> None:
     """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in one fenced statement.
 
@@ -385,7 +385,7 @@ def release_many(
     claims: Iterable[Claim],
     *,
     set: dict[str, Any] | None = None,
-    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> None:
     """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
@@ -413,7 +413,7 @@ def reclaim_expired(
     max_attempts: int | None = None,
     exhausted_set: dict[str, Any] | None = None,
     using: str | None = None,
-    lock_timeout: float | timedelta | None = FROM_SETTINGS,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> int:
     """Hand back the rows of ``queryset`` whose lease has expired, by the database clock.
 

@@ -17,7 +17,7 @@ from lockkit.testing.dialects import dialect_of
 from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.holding import Holder
 from lockkit.testing.threads import ThreadCall
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 
 def _behind(pid: int, edges: Iterable[tuple[int, int]]) -> list[int]:
@@ -81,8 +81,8 @@ def wait_until_blocked(
     *,
     count: int = 1,
     using: str | None = None,
-    timeout: float = 10.0,
-    poll: float = 0.005,
+    timeout: Duration = 10.0,
+    poll: Duration = 0.005,
     contenders: ThreadCall[Any] | Sequence[ThreadCall[Any]] = (),
 ) -> list[int]:
     """Return once at least ``count`` sessions wait for ``holder``'s locks, as the database itself reports it.

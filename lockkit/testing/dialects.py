@@ -136,6 +136,14 @@ def dialect_of(connection: BaseDatabaseWrapper) -> Dialect:
         return POSTGRESQL
     if connection.vendor == "mysql":
         return MARIADB if getattr(connection, "mysql_is_mariadb", False) else MYSQL
+    if connection.vendor == "sqlite":
+        raise NotImplementedError(
+            f"the contention toolkit (hold_lock, wait_until_blocked, blocked_by, backend_pid) does not support "
+            f"SQLite ({connection.alias!r}): SQLite has no row locks and no server sessions to observe (a lockkit "
+            "scope there takes the whole database's write lock at BEGIN IMMEDIATE). Test contention on PostgreSQL "
+            "or MariaDB/MySQL; on SQLite two scopes simply run one after the other, and a wait longer than "
+            "lock_timeout raises LockTimeout"
+        )
     raise NotImplementedError(
         f"the contention toolkit does not support {connection.vendor} ({connection.alias!r}): it needs "
         "PostgreSQL or MariaDB/MySQL, whose sessions can wait for each other's row locks"

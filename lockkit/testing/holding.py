@@ -19,9 +19,10 @@ from django.db import connections, models, transaction
 
 from lockkit import aliases
 from lockkit.scope import locked
+from lockkit.testing.dialects import dialect_of
 from lockkit.testing.failures import ContentionTimeout, NothingLocked
 from lockkit.testing.sessions import backend_pid
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
 
@@ -164,7 +165,7 @@ def hold_lock(
     using: str | None = None,
     nowait: bool = False,
     no_key: bool = False,
-    timeout: float = 30.0,
+    timeout: Duration = 30.0,
 ) -> Iterator[Holder]:
     """Lock rows from a separate database session, and keep them locked until the block exits.
 
@@ -198,10 +199,12 @@ def hold_lock(
         ContentionTimeout: the rows were not locked, or the session did not close, within ``timeout``; or
             the block lasted longer than ``timeout``, so the lock was released early.
         django.db.NotSupportedError: the database cannot honour ``nowait``/``no_key``.
+        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite has no row locks).
     """
     queryset, bound = _as_queryset(target)
     # lockkit's own rule (the explicit alias, else the router's write alias), after the target's own binding.
     alias = aliases.resolve(using if using is not None else bound, queryset.model)
+    dialect_of(connections[alias])  # refuses SQLite (no row locks, no sessions) before the thread starts
     limit = duration(timeout, "timeout")
     # Built here, so that bad options fail in the caller's thread before any SQL; entered by the helper thread.
     # locked() bounds the lock wait for this transaction only and turns database failures into lockkit's typed

@@ -20,7 +20,7 @@ from lockkit.testing.monitor import LockWaitMonitor
 from lockkit.testing.querylog import AliasLog, assert_single_alias
 from lockkit.testing.sessions import backend_pid
 from lockkit.testing.threads import Outcome, ThreadCall, in_thread, run_concurrently
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -41,7 +41,7 @@ class ContentionKit:
         TypeError, ValueError: ``timeout`` is not a positive number of seconds.
     """
 
-    def __init__(self, timeout: float = 10.0) -> None:
+    def __init__(self, timeout: Duration = 10.0) -> None:
         self.timeout = duration(timeout, "timeout")
         self._calls: list[ThreadCall[Any]] = []
 

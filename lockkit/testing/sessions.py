@@ -34,7 +34,7 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
 
     Raises:
         TypeError, ValueError: ``using`` is not a configured alias.
-        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite: no server sessions).
     """
     connection = connections[check_alias(using)]
     sql = dialect_of(connection).session_id

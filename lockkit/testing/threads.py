@@ -10,13 +10,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from django.db import connections
 
 from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.sessions import SessionTracker
-from lockkit.validation import duration
+from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -99,16 +100,16 @@ class ThreadCall(Generic[T]):
         """Whether the callable has finished (returned or raised)."""
         return self._thread.ident is not None and not self._thread.is_alive()
 
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; return whether the callable finished."""
-        self._thread.join(timeout)
+    def join(self, timeout: Duration) -> bool:
+        """Wait up to ``timeout`` seconds (or a ``timedelta``; 0 polls); return whether the callable finished."""
+        self._thread.join(timeout.total_seconds() if isinstance(timeout, timedelta) else timeout)
         return not self._thread.is_alive()
 
     def cancel_statements(self) -> list[int]:
         """Cancel the database statements this thread is running (a stuck lock wait); return the sessions."""
         return self._sessions.cancel_statements()
 
-    def outcome(self, timeout: float = 10.0) -> Outcome[T]:
+    def outcome(self, timeout: Duration = 10.0) -> Outcome[T]:
         """Wait for the callable and return its ``Outcome``.
 
         Args:
@@ -126,7 +127,7 @@ class ThreadCall(Generic[T]):
             raise ContentionTimeout(f"{self.name} was still running after {limit}s")
         return self._outcome
 
-    def result(self, timeout: float = 10.0) -> T:
+    def result(self, timeout: Duration = 10.0) -> T:
         """Wait for the callable and return its result, or raise its exception.
 
         Raises:
@@ -172,7 +173,7 @@ def run_concurrently(
     n: int,
     *,
     args: Sequence[tuple[Any, ...]] | tuple[Any, ...] = (),
-    timeout: float = 30.0,
+    timeout: Duration = 30.0,
     reraise: bool = False,
 ) -> list[Outcome[T]]:
     """Run ``func`` in ``n`` threads that start together at a barrier, and join them all within ``timeout``.

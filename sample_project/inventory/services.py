@@ -81,10 +81,8 @@ def _reserve_nowait(sku: str, quantity: int) -> int:
 @locked_operation(model=Stock)
 def _reserve_order(lines: dict[str, int]) -> dict[str, int]:
     scope = current_scope()
-    rows = scope.lock_all(Stock, pks=sorted(lines))
-    missing = sorted(set(lines) - {row.sku for row in rows})
-    if missing:
-        raise Stock.DoesNotExist(f"no Stock for sku(s) {missing}")
+    # Locked in primary-key order whatever the order asked; a missing SKU raises Stock.DoesNotExist.
+    rows = scope.lock_all(Stock, pks=list(lines))
     return _take(scope, rows, lines)
 
 
