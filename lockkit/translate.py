@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from django.db import Error, connections
+from django.db import Error, InterfaceError, OperationalError, connections
 
 from lockkit.codes import classify, code_of, lookup
 from lockkit.errors import Failure, LockError, error_class
@@ -60,7 +60,8 @@ def translate(
     if isinstance(exc, LockError) or not isinstance(exc, Error):
         return None
     failure = classify(exc, nowait=nowait, timed=timed)
-    if failure is None and connection_gone(alias, raw):
+    # Drivers report a lost connection as an OperationalError or an InterfaceError (Django keeps the class).
+    if failure is None and isinstance(exc, OperationalError | InterfaceError) and connection_gone(alias, raw):
         failure = Failure.CONNECTION_LOST
     if failure is None:
         return None
