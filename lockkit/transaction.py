@@ -123,7 +123,7 @@ class ScopeTransaction:
                     raise
                 self._raise_translated(exc)
             raise
-        self.xid = self._token.xid if self._token is not None else None
+        self.xid = None if self.nested else self.backend.transaction_id(self._token)
         if not self.nested:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.

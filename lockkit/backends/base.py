@@ -138,6 +138,10 @@ class Backend:
         """
         return not connection.is_usable()
 
+    def transaction_id(self, token: TimeoutToken | None) -> int | None:
+        """The id of the transaction an outermost scope opened, read by its opening statement; ``None`` here."""
+        return None
+
     def commit_outcome(
         self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
     ) -> str | None:

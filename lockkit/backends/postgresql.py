@@ -178,6 +178,10 @@ class PostgreSQLBackend(Backend):
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
 
+    def transaction_id(self, token: TimeoutToken | None) -> int | None:
+        """``pg_current_xact_id()``, read by the statement that opened an outermost scope."""
+        return None if token is None else token.xid
+
     def commit_outcome(
         self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
     ) -> str | None:
