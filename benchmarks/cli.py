@@ -21,9 +21,12 @@ from typing import Any
 
 from benchmarks import dbserver, plan
 from benchmarks.plan import Settings
+from benchmarks.results import Run
 
 FULL = Settings(rounds=5, warmup_rounds=1, warmup=0.5, duration=1.5, quick=False)
 QUICK = Settings(rounds=2, warmup_rounds=0, warmup=0.1, duration=0.3, quick=True)
+#: Where a run writes benchmarks.md/.png/.json without ``--out`` (git-ignored). ``--out docs`` publishes them.
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="directory for benchmarks.md/.png/.json (default: docs/; --quick: a temporary one)",
+        help="directory for benchmarks.md/.png/.json (default: benchmarks/results/; --quick: a temporary one;"
+        " --out docs updates the published report)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--only", nargs="+", default=None, help="workload keys to run (default: all)")
@@ -62,6 +66,34 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.monotonic()
+    log = _printer()
+    target = _connect(args)
+    # Imported after Django's setup: they define or use models.
+    from benchmarks import schema, stats, sysinfo
+
+    out = _out_dir(args)
+    load_before = sysinfo.load()
+    log(f"database: {'embedded ' if target.embedded else ''}{target.host}:{target.port}/{target.dbname}")
+    log(f"load average before: {load_before}")
+    schema.create()
+    system = sysinfo.collect(target.embedded)
+    log(f"server: {system['versions']['postgresql']}; {system['server']['settings']}")
+    settings = _settings(args)
+    runs, skipped = _run_workloads(args, target, settings, log)
+    profile = None if args.no_profile else _profile(args.quick, log)
+    summaries = stats.summarise(runs)
+    data = _results(args, argv, settings, load_before, system, skipped, runs, summaries, profile)
+    _write(out, args.json, data, summaries, log)
+    for t in data["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        log(f"target: {t['target']}: {t['measured']} ({verdict})")
+    log(f"load average after: {data['load']['after']}")
+    log(f"done in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def _connect(args: argparse.Namespace) -> dbserver.Target:
+    """Set the sessions' ``synchronous_commit``, find or start the server, and set Django up on it."""
     if args.synchronous_commit != "server":
         # libpq reads PGOPTIONS, so Django's connections and pgbench's start with the same session setting.
         os.environ["PGOPTIONS"] = (
@@ -73,29 +105,36 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    # Imported after setup: they define or use models.
-    from benchmarks import chart, pgbench, profiling, report, runner, schema, stats, sysinfo
+    return target
 
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    """``--out``, else ``benchmarks/results/`` (git-ignored; a temporary directory for ``--quick``), created."""
+    out: Path = args.out or (Path(tempfile.mkdtemp(prefix="lkbench-")) if args.quick else RESULTS_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The rounds and durations: ``--quick`` or the full defaults, overridden by the options given."""
     defaults = QUICK if args.quick else FULL
-    settings = dataclasses.replace(
+    return dataclasses.replace(
         defaults,
         rounds=args.rounds or defaults.rounds,
         warmup_rounds=defaults.warmup_rounds if args.warmup_rounds is None else args.warmup_rounds,
         warmup=defaults.warmup if args.warmup is None else args.warmup,
         duration=args.duration or defaults.duration,
     )
-    out: Path = args.out or (Path(tempfile.mkdtemp(prefix="lkbench-")) if args.quick else Path("docs"))
-    out.mkdir(parents=True, exist_ok=True)
-    log = _printer()
-    load_before = sysinfo.load()
-    log(f"database: {'embedded ' if target.embedded else ''}{target.host}:{target.port}/{target.dbname}")
-    log(f"load average before: {load_before}")
-    schema.create()
-    system = sysinfo.collect(target.embedded)
-    log(f"server: {system['versions']['postgresql']}; {system['server']['settings']}")
+
+
+def _run_workloads(
+    args: argparse.Namespace, target: dbserver.Target, settings: Settings, log: Callable[[str], None]
+) -> tuple[list[Run], dict[str, str]]:
+    """Run the selected workloads (without pgbench's implementations when pgbench is missing)."""
+    from benchmarks import pgbench, runner
 
     skipped: dict[str, str] = {}
-    runs = []
+    runs: list[Run] = []
     for workload in plan.WORKLOADS:
         if args.only and workload.key not in args.only:
             continue
@@ -106,20 +145,39 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log(workload.title)
         runs += runner.run_workload(workload, target, settings, log)
+    return runs, skipped
 
-    profile: dict[str, Any] | None = None
-    if not args.no_profile:
-        count = 200 if args.quick else 3000
-        profile = profiling.profile("reserve_lockkit", count)
-        profile["hand"] = profiling.profile("reserve_hand", count)
-        schema.reset_jobs(count * 2)
-        profile["claims"] = profiling.profile("claim_one", count, top=10)
-        log(
-            f"profile: {profile['profiled_us_per_op']:.0f} µs per lockkit operation under cProfile, "
-            f"{profile['hand']['profiled_us_per_op']:.0f} µs hand-written"
-        )
 
-    summaries = stats.summarise(runs)
+def _profile(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """cProfile the hot path: a lockkit reservation, the hand-written one, and a claim."""
+    from benchmarks import profiling, schema
+
+    count = 200 if quick else 3000
+    profile = profiling.profile("reserve_lockkit", count)
+    profile["hand"] = profiling.profile("reserve_hand", count)
+    schema.reset_jobs(count * 2)
+    profile["claims"] = profiling.profile("claim_one", count, top=10)
+    log(
+        f"profile: {profile['profiled_us_per_op']:.0f} µs per lockkit operation under cProfile, "
+        f"{profile['hand']['profiled_us_per_op']:.0f} µs hand-written"
+    )
+    return profile
+
+
+def _results(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    settings: Settings,
+    load_before: Any,
+    system: dict[str, Any],
+    skipped: dict[str, str],
+    runs: list[Run],
+    summaries: list[Any],
+    profile: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Every figure of the run, as the JSON written next to the report (and the report's input)."""
+    from benchmarks import report, stats, sysinfo
+
     ratio_list = [r for w in plan.WORKLOADS for r in stats.ratios(runs, w.key, w.pairs)]
     data: dict[str, Any] = {
         "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -143,20 +201,23 @@ def main(argv: list[str] | None = None) -> int:
         "profile": profile,
     }
     data["targets"] = report.targets(data)
-    for path in {out / "benchmarks.json", *([args.json] if args.json else [])}:
+    return data
+
+
+def _write(
+    out: Path, also_json: Path | None, data: dict[str, Any], summaries: list[Any], log: Callable[[str], None]
+) -> None:
+    """Write benchmarks.json (and ``--json``), the chart and the report section of benchmarks.md in ``out``."""
+    from benchmarks import chart, report
+
+    for path in {out / "benchmarks.json", *([also_json] if also_json else [])}:
         path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     drawn = chart.draw(summaries, out / "benchmarks.png")
     report.write(out / "benchmarks.md", report.render(data, "benchmarks.png" if drawn else None))
-    for t in data["targets"]:
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
-        log(f"target: {t['target']}: {t['measured']} ({verdict})")
-    log(f"load average after: {data['load']['after']}")
     log(
         f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'}"
         + (f", {out / 'benchmarks.png'}" if drawn else "")
     )
-    log(f"done in {time.monotonic() - started:.0f} s")
-    return 0
 
 
 def _restricted(workload: plan.Workload, keep: Callable[[plan.Impl], bool]) -> plan.Workload:
@@ -165,7 +226,7 @@ def _restricted(workload: plan.Workload, keep: Callable[[plan.Impl], bool]) -> p
     return dataclasses.replace(workload, impls=impls, pairs=pairs)
 
 
-def _printer() -> Any:
+def _printer() -> Callable[[str], None]:
     def log(message: str) -> None:
         print(message, flush=True)
 

@@ -1,4 +1,4 @@
-"""Where the benchmarks find PostgreSQL: a URL, or an embedded throwaway server (``pgserver``) for quick runs.
+"""Where the benchmarks find PostgreSQL: a URL, or an embedded throwaway server (``sample_project.embedded``).
 
 Also turns the URL into what libpq tools (pgbench) need, so that pgbench reaches the very same server and database.
 """

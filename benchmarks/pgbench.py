@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks.dbserver import Target
 from benchmarks.ops import BATCH, HOT, LEASE, ORDER_ROWS, ROWS
 from benchmarks.results import Run, percentile
-from benchmarks.sampler import LockWaitSampler
+from lockkit.testing import LockWaitMonitor
 
 _PGBENCH_CANDIDATES = ("/usr/lib/postgresql/15/bin/pgbench", "pgbench")
 
@@ -117,7 +117,7 @@ def run(
             exe, "-n", "-M", "prepared", "-c", str(procs), "-j", str(procs), "-T", str(seconds),
             "-f", str(path), "-l", "--log-prefix", str(Path(tmp) / "log"), *target.pg_args(),
         ]  # fmt: skip
-        with LockWaitSampler() as sampler:
+        with LockWaitMonitor() as sampler:
             done = subprocess.run(
                 command, capture_output=True, text=True, env=target.pg_env(), timeout=seconds + 60
             )

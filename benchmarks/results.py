@@ -14,7 +14,8 @@ class Run:
         workload, impl: What ran. procs: processes (pgbench: clients). round: the round number (1-based).
         units: operations (or jobs) completed in the window; seconds: the window's length.
         latencies_ms: p50 and p99 of one operation, in milliseconds.
-        lock_waiting: the mean number of sessions waiting on a lock (sampled from ``pg_stat_activity``).
+        lock_waiting: the mean number of sessions waiting on a lock (ungranted ``pg_locks`` rows, sampled by
+            ``lockkit.testing.LockWaitMonitor``).
         errors: failed operations by exception name; retries, deadlocks: seen by lockkit's retry hook.
         exhausted: the job queue ran dry (the rate is then a lower bound).
     """

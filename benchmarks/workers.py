@@ -16,7 +16,7 @@ from django.db import connection, connections
 
 from benchmarks import ops
 from benchmarks.results import Run, percentile
-from benchmarks.sampler import LockWaitSampler
+from lockkit.testing import LockWaitMonitor
 
 _MAX_ERRORS = 10_000
 
@@ -89,7 +89,7 @@ def run(
     ]
     for child in children:
         child.start()
-    with LockWaitSampler() as sampler:
+    with LockWaitMonitor() as sampler:
         start.value = time.time() + 0.05
         barrier.wait(60)
         reports: list[_Report] = [queue.get(timeout=warmup + duration + 120) for _ in children]

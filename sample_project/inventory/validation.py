@@ -21,6 +21,12 @@ def check_quantity(quantity: object, name: str = "quantity") -> int:
     return quantity
 
 
+def check_flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
+    return value
+
+
 def check_lines(lines: object) -> dict[str, int]:
     """Return an order's lines as ``{sku: total quantity}`` (repeated SKUs are added up).
 

@@ -15,7 +15,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from lockkit import LockError
-from sample_project.api import BadRequest, error_response, json_body, json_errors
+from sample_project.api import error_response, json_errors, parse_body
+from sample_project.inventory.bodies import OrderBody, ReserveBody, ReserveInRequestBody
 from sample_project.inventory.guarded import reserve_stock_guarded
 from sample_project.inventory.models import Stock
 from sample_project.inventory.naive import reserve_stock_naive
@@ -45,12 +46,9 @@ def reserve(request: HttpRequest) -> JsonResponse:
 
     ``impl`` is ``"lockkit"`` (default), ``"guarded"`` or ``"naive"`` (the demo compares them).
     """
-    data = json_body(request)
-    impl = data.get("impl", "lockkit")
-    if impl not in IMPLEMENTATIONS:
-        raise BadRequest(f"impl must be one of {sorted(IMPLEMENTATIONS)}")
-    remaining = IMPLEMENTATIONS[impl](data.get("sku"), data.get("quantity"))  # type: ignore[arg-type]
-    return JsonResponse({"sku": data["sku"], "remaining": remaining})
+    body = parse_body(request, ReserveBody)
+    remaining = IMPLEMENTATIONS[body.impl](body.sku, body.quantity)
+    return JsonResponse({"sku": body.sku, "remaining": remaining})
 
 
 @require_POST
@@ -58,8 +56,7 @@ def reserve(request: HttpRequest) -> JsonResponse:
 @json_errors
 def order(request: HttpRequest) -> JsonResponse:
     """``POST /inventory/orders`` ``{"lines": [[sku, quantity], ...]}``: ``{"remaining": {sku: units}}``."""
-    lines = json_body(request).get("lines")
-    return JsonResponse({"remaining": reserve_order(lines)})
+    return JsonResponse({"remaining": reserve_order(parse_body(request, OrderBody).lines)})
 
 
 @require_POST
@@ -72,16 +69,14 @@ def reserve_in_request(request: HttpRequest) -> JsonResponse:
     timeout; both with ``Retry-After``. The failed attempt rolled back its savepoint only, so the request's
     transaction is still usable: the error body reports the stock as this transaction reads it.
     """
-    data = json_body(request)
-    sku = data.get("sku")
-    nowait = data.get("nowait", False)
+    body = parse_body(request, ReserveInRequestBody)
     try:
-        remaining = reserve_stock(sku, data.get("quantity"), nowait=nowait)  # type: ignore[arg-type]
+        remaining = reserve_stock(body.sku, body.quantity, nowait=body.nowait)
     except LockError as exc:
         # Still inside the request transaction, which the failed nested attempt left usable: read from it.
-        available = Stock.objects.filter(pk=sku).values_list("available", flat=True).first()
+        available = Stock.objects.filter(pk=body.sku).values_list("available", flat=True).first()
         response = error_response(exc, available=available, retried_inside_request=False)
         if response is None:
             raise
         return response
-    return JsonResponse({"sku": sku, "remaining": remaining})
+    return JsonResponse({"sku": body.sku, "remaining": remaining})

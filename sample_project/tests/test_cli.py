@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from sample_project.cli import main
 from sample_project.demo.bootstrap import url_of
+from sample_project.demo.cli import main
 from sample_project.demo.flash_sale import SaleAudit, SaleResult
 from sample_project.demo.runner import DemoResult, broken_invariants
 from sample_project.demo.stats import Totals

@@ -8,12 +8,11 @@ import pytest
 from django.db.models import F, Sum
 
 from lockkit import LockNotAvailable, RetryEvent
-from lockkit.testing import hold_lock, run_concurrently, wait_until_blocked
+from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
 from sample_project.inventory.errors import InsufficientStock
 from sample_project.inventory.guarded import reserve_stock_guarded
 from sample_project.inventory.models import Reservation, Stock
 from sample_project.inventory.services import reserve_order, reserve_stock
-from sample_project.tests.helpers import finish, start, uncommitted, wait_until_queued
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,14 +91,14 @@ def test_a_waiting_reservation_decides_on_the_committed_count(
 ) -> None:
     """A reservation blocked behind another one that takes the last-but-one unit sees 1 left, not 2."""
     make_stock(book_1=2)
-    with uncommitted(
-        lambda: Stock.objects.filter(pk="book-1").update(available=F("available") - 1)
-    ) as writer:
-        thread, out = start(lambda: reserve("book-1", 2))
-        wait_until_blocked(writer.pid)
-    outcome = finish(thread, out)
-    assert isinstance(outcome, InsufficientStock)
-    assert outcome.available == 1
+    with hold_lock(Stock.objects.filter(pk="book-1")) as holder:
+        holder.run(lambda: Stock.objects.filter(pk="book-1").update(available=F("available") - 1))
+        call = in_thread(reserve, "book-1", 2)
+        wait_until_blocked(holder, contenders=call)
+        holder.release(commit=True)
+    with pytest.raises(InsufficientStock) as info:
+        call.result(timeout=10)
+    assert info.value.available == 1
     assert available("book-1") == 1
 
 
@@ -170,13 +169,14 @@ def test_overlapping_orders_lock_in_key_order_and_never_deadlock(
     """Orders listing {a, b} in opposite orders both queue on ``a``; neither holds ``b`` while it waits."""
     make_stock(a=10, b=10)
     with hold_lock(Stock.objects.filter(pk="a")) as holder:
-        first = start(lambda: reserve_order([("b", 1), ("a", 1)]))
-        second = start(lambda: reserve_order([("a", 2), ("b", 2)]))
-        wait_until_queued(holder.pid, 2)
-        # Both wait on "a", the lowest key; "b" is still free (NOWAIT would fail at once otherwise).
+        first = in_thread(reserve_order, [("b", 1), ("a", 1)])
+        second = in_thread(reserve_order, [("a", 2), ("b", 2)])
+        # Both wait on "a" (the second one queued behind the first waiter), the lowest key...
+        wait_until_blocked(holder, count=2, contenders=[first, second])
+        # ... and "b" is still free (NOWAIT would fail at once otherwise).
         with hold_lock(Stock.objects.filter(pk="b"), nowait=True):
             pass
-    results = [finish(*first), finish(*second)]
+    results = [first.result(timeout=10), second.result(timeout=10)]
     assert all(isinstance(r, dict) and set(r) == {"a", "b"} for r in results), results
     assert [available("a"), available("b")] == [7, 7]
     assert retries == []  # no deadlock was detected and retried

@@ -11,7 +11,7 @@ import pytest
 from django.db import connections
 from django.db.models.functions import Now
 
-from lockkit.testing import hold_lock, run_concurrently
+from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
 from sample_project.demo.bootstrap import url_of
 from sample_project.jobs.models import Job, JobRun
 from sample_project.jobs.services import (
@@ -25,10 +25,11 @@ from sample_project.jobs.services import (
     heartbeat_job,
     reclaim_expired_jobs,
 )
-from sample_project.tests.helpers import TIMEOUT, finish, start, wait_until_queued
 from sample_project.tests.processes import claim_and_hang
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 10.0
 
 
 def expire(job_id: int) -> None:
@@ -89,10 +90,10 @@ def test_exactly_one_of_many_concurrent_claimers_wins() -> None:
 def test_claimers_queued_on_a_held_job_get_exactly_one_true() -> None:
     job = enqueue("email")
     with hold_lock(Job.objects.filter(pk=job.pk)) as holder:
-        first = start(lambda: claim_job(job.pk, "w1"))
-        second = start(lambda: claim_job(job.pk, "w2"))
-        wait_until_queued(holder.pid, 2)
-    assert sorted([finish(*first), finish(*second)], key=str) == [False, True]
+        first = in_thread(claim_job, job.pk, "w1")
+        second = in_thread(claim_job, job.pk, "w2")
+        wait_until_blocked(holder, count=2, contenders=[first, second])
+    assert sorted([first.result(TIMEOUT), second.result(TIMEOUT)]) == [False, True]
     job.refresh_from_db()
     assert job.claim_token == 1
 

@@ -2,8 +2,10 @@
 ``soak`` (the services under faults, reconciled).
 
 ``demo``, ``serve`` and ``manage`` take ``--database-url`` (a PostgreSQL URL; default ``$SAMPLE_DATABASE_URL``,
-else an embedded PostgreSQL started for the run and removed afterwards); the sample's tables are created with
-``migrate``. ``soak`` always starts a throwaway cluster of its own, which it restarts on purpose.
+else an embedded PostgreSQL started here, before Django reads the settings, and removed afterwards). The sample's
+tables are created with ``migrate``. ``soak`` always starts a throwaway PostgreSQL cluster of its own, which it
+restarts on purpose. This is the demo harness's entry point; the project a user would copy is ``manage.py`` with
+``sample_project/settings.py``, ``urls.py``, ``wsgi.py`` and the ``inventory`` and ``jobs`` apps.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from sample_project import embedded
 from sample_project.demo.bootstrap import DATABASE_URL_ENV, SETTINGS_MODULE
 
 HTTP_DEFAULT_ORDERS = 3_000
@@ -110,10 +113,11 @@ def _setup(parser: argparse.ArgumentParser, database_url: str | None) -> str:
         if scheme not in {"postgres", "postgresql", "pgsql"}:
             parser.error(f"--database-url must be a PostgreSQL URL (postgres://...), got a {scheme!r} URL")
         os.environ[DATABASE_URL_ENV] = database_url
+    embedded.database_url(DATABASE_URL_ENV)  # an embedded server when no URL is set; its URL is exported
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     import django
 
-    django.setup()  # the settings start the embedded server when no URL is set, and export its URL
+    django.setup()
     from django.core.management import call_command
     from django.db import OperationalError
 
