@@ -70,8 +70,13 @@ class _Workers:
     def __init__(self, options: SoakOptions, urls: list[str], log_dir: Path) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         n = options.workers
+        # lock=False: each worker writes only its own slot, and a worker SIGKILLed while holding a shared lock
+        # would block every other worker for ever (the soak would wedge its own workers).
         self.shared = Shared(
-            self.ctx.Array("d", n), self.ctx.Array("q", n), self.ctx.Event(), self.ctx.Event()
+            self.ctx.Array("d", n, lock=False),
+            self.ctx.Array("q", n, lock=False),
+            self.ctx.Event(),
+            self.ctx.Event(),
         )
         self.options = options
         self.log_dir = log_dir
