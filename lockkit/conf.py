@@ -7,6 +7,9 @@ Keys:
     ``RETRY``: the retry policy of a ``locked_operation`` that does not set one: a ``RetryPolicy``, a tenacity
         ``Retrying``, a dict of ``RetryPolicy`` keyword arguments, or ``None`` for no retries.
         Default: ``RetryPolicy()``.
+    ``OBSERVERS`` (default ``[]``): dotted paths of callables run once, without arguments, when the ``lockkit``
+        app is ready (it must be in ``INSTALLED_APPS``), e.g. ``"lockkit.contrib.prometheus.install"`` and
+        ``"lockkit.contrib.otel.install"``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from django.conf import settings
 DEFAULT_LOCK_TIMEOUT = 5.0
 
 #: The keys ``settings.LOCKKIT`` may hold (checked by ``manage.py check``, lockkit.E002).
-KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY"})
+KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY", "OBSERVERS"})
 _MISSING = object()
 
 

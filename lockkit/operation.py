@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 import tenacity
 from django.db import connections, models
 
-from lockkit import conf
+from lockkit import conf, events
+from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
 from lockkit.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
 from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry, logger
@@ -24,6 +25,7 @@ from lockkit.transaction import in_transaction
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 _DEFAULT_POLICY = RetryPolicy()
 
@@ -119,6 +121,29 @@ def _log_committed_elsewhere(
     )
 
 
+class LockedFunction(Protocol[P, R_co]):
+    """What ``locked_operation`` returns: the function itself, plus ``acall`` for async callers."""
+
+    __name__: str
+    __qualname__: str
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
+        """Run the operation (retried as a whole) and return what the function returns."""
+        ...
+
+    def acall(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]:
+        """Awaitable form: run the whole call (retries, scope, ``on_commit`` callbacks) on one thread.
+
+        Through ``asgiref.sync.sync_to_async(thread_sensitive=True)``, like Django's ``aget()``/``asave()``: see
+        ``lockkit.aio.awaitable``.
+        """
+        ...
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    return error.error if isinstance(error, _Committed) else error
+
+
 class LockedOperation:
     """The decorator ``locked_operation(...)`` returns; configuration only, no per-call state."""
 
@@ -127,11 +152,12 @@ class LockedOperation:
         self._options = options
         self._retry = retry
 
-    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
-        """Decorate ``func``.
+    def __call__(self, func: Callable[P, R]) -> LockedFunction[P, R]:
+        """Decorate ``func``; the result also has ``acall()``, its awaitable form.
 
         Raises:
-            TypeError: ``func`` is not a plain synchronous function.
+            TypeError: ``func`` is not a plain synchronous function (an ``async def`` is refused: decorate the
+                synchronous body and await ``.acall()``).
         """
         refuse_unsupported(func, "locked_operation")
         options, retry_option = self._options, self._retry
@@ -155,9 +181,9 @@ class LockedOperation:
                     raise _Committed(exc) from exc
                 raise
 
-        @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            alias = options.alias_for_call(args, kwargs)
+        def run(
+            alias: str, args: Any, kwargs: Any, attempt: Callable[[str, int, Any, Any], R] = attempt
+        ) -> R:
             retry = retry_option
             if isinstance(retry, Default):
                 retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
@@ -182,7 +208,16 @@ class LockedOperation:
                 # Keep the error's own cause (an OnCommitError's callback failure); hide the carrier.
                 raise committed.error from committed.error.__cause__
 
-        return wrapper
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            alias = options.alias_for_call(args, kwargs)
+            if not events.observing():
+                return run(alias, args, kwargs)
+            with events.ObservedOperation(wrapper, operation, alias, _unwrap) as observed:
+                return run(alias, args, kwargs, observed.wrap(attempt))
+
+        wrapper.acall = awaitable(wrapper)  # type: ignore[attr-defined]
+        return cast(LockedFunction[P, R], wrapper)
 
 
 @overload
@@ -197,7 +232,7 @@ def locked_operation(
     nowait: bool = False,
     skip_locked: bool = False,
     no_key: bool = False,
-) -> Callable[P, R]: ...
+) -> LockedFunction[P, R]: ...
 @overload
 def locked_operation(
     using_or_func: str | None = None,
@@ -211,7 +246,7 @@ def locked_operation(
     nowait: bool = False,
     skip_locked: bool = False,
     no_key: bool = False,
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+) -> Callable[[Callable[P, R]], LockedFunction[P, R]]: ...
 def locked_operation(
     using_or_func: Any = NOT_GIVEN,
     /,
@@ -250,7 +285,10 @@ def locked_operation(
         no_key: As for ``locked()``.
 
     Returns:
-        A decorator; the decorated function returns what the function returns.
+        A decorator; the decorated function returns what the function returns, and its ``acall(*args,
+        **kwargs)`` is the awaitable form for async code (``await reserve_stock.acall("sku", 1)``): the whole
+        call, retries and ``on_commit`` callbacks included, runs on one thread through
+        ``asgiref.sync.sync_to_async(thread_sensitive=True)``.
 
     Raises:
         TypeError: at decoration, a wrong parameter type or an ``async def`` function; at call, ``using`` returned
@@ -281,4 +319,4 @@ def locked_operation(
     return decorator if func is None else decorator(func)
 
 
-__all__ = ["LockedOperation", "locked_operation"]
+__all__ = ["LockedFunction", "LockedOperation", "locked_operation"]

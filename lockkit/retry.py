@@ -15,6 +15,7 @@ from typing import Any
 
 import tenacity
 
+from lockkit import events
 from lockkit.codes import code_of
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
 from lockkit.validation import Duration, duration, optional_duration, positive_int
@@ -283,6 +284,7 @@ def build_retrying(
             event.wait,
             extra=_extra(event),
         )
+        events.retried(event)
         if before_retry is not None:
             before_retry(event)
         if user_before_sleep is not None:
@@ -300,6 +302,7 @@ def build_retrying(
             event.failure.value if event.failure else type(event.error).__name__,
             extra=_extra(event),
         )
+        events.gave_up(event)
         if on_give_up is not None:
             on_give_up(event)
         if user_error_callback is not None:

@@ -20,7 +20,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import advisory_locks, aliases, codes
+from lockkit import advisory_locks, aliases, codes, events, signals
 from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
 from lockkit.advisory_locks import HeldLock
 from lockkit.errors import Failure, NotInLockedScope
@@ -221,7 +221,11 @@ class LockScope:
         """
         queryset = self.lock(target)
         with self._evaluating():
-            return queryset.get(*args, **lookups)
+            if not signals.lock_acquired.receivers:
+                return queryset.get(*args, **lookups)
+            return events.timed_lock(
+                LockScope, self, queryset.model, lambda: queryset.get(*args, **lookups), _one
+            )
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -254,19 +258,17 @@ class LockScope:
         """
         queryset = self.lock(target)
         if pks is None:
-            with self._evaluating():
-                return list(queryset.order_by("pk"))
+            return self._locked_rows(queryset.order_by("pk"))
         if isinstance(pks, QuerySet):
             # A subquery on the scope's alias (refused if bound elsewhere), not evaluated on another database.
-            subquery = queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks")).order_by("pk")
-            with self._evaluating():
-                return list(subquery)
+            return self._locked_rows(
+                queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks")).order_by("pk")
+            )
         if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
             raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
         model: Any = queryset.model
         wanted = [_primary_key(model, pk) for pk in pks]
-        with self._evaluating():
-            rows = {row.pk: row for row in queryset.filter(pk__in=wanted).order_by("pk")}
+        rows = {row.pk: row for row in self._locked_rows(queryset.filter(pk__in=wanted).order_by("pk"))}
         missing = [pk for pk in wanted if pk not in rows]
         if missing:
             missing = _match_by_collation(rows, wanted, missing)
@@ -291,6 +293,16 @@ class LockScope:
         except DatabaseError as error:
             self._transaction.doom(error)
             raise
+
+    def _locked_rows(self, queryset: QuerySet[M]) -> list[M]:
+        """Evaluate a locking queryset; timed for ``lockkit.signals.lock_acquired`` only when it has receivers.
+
+        A database failure is typed and dooms the scope's block (``_evaluating``).
+        """
+        with self._evaluating():
+            if not signals.lock_acquired.receivers:
+                return list(queryset)
+            return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
         """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
@@ -323,14 +335,22 @@ class LockScope:
         self._check_active()
         backend = self._transaction.backend
         backend.check_advisory(connections[self.alias], shared=shared, session=False)
-        held = advisory_locks.take(
-            self.alias,
-            checked,
-            shared=shared,
-            session=False,
-            nowait=self.nowait,
-            lock_timeout=self.lock_timeout,
-            attempts=self.attempt,
+
+        def take() -> HeldLock:
+            return advisory_locks.take(
+                self.alias,
+                checked,
+                shared=shared,
+                session=False,
+                nowait=self.nowait,
+                lock_timeout=self.lock_timeout,
+                attempts=self.attempt,
+            )
+
+        held = (
+            take()
+            if not signals.lock_acquired.receivers
+            else events.timed_lock(LockScope, self, None, take, _one)
         )
         if not backend.advisory_locks_end_with_transaction:
             self._advisory.append(held)
@@ -352,6 +372,10 @@ class LockScope:
         flag(robust, "robust")
         self._check_active()
         transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _one(_: object) -> int:
+    return 1
 
 
 def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:
@@ -558,7 +582,8 @@ def refuse_unsupported(func: object, name: str) -> None:
     if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
         raise TypeError(
             f"{name} cannot decorate the async function {getattr(func, '__qualname__', func)!r}: lockkit scopes "
-            "are synchronous; call a sync locked operation through asgiref.sync.sync_to_async"
+            "are synchronous; decorate a plain def with @locked_operation and await its awaitable form, "
+            "`await func.acall(...)`"
         )
     if inspect.isgeneratorfunction(func):
         raise TypeError(

@@ -61,6 +61,15 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 messages.append(
                     Error(str(exc), hint="Seconds (int or float), a timedelta, or None.", id="lockkit.E003")
                 )
+    observers = value.get("OBSERVERS", [])
+    if not isinstance(observers, list | tuple) or not all(isinstance(path, str) for path in observers):
+        messages.append(
+            Error(
+                "LOCKKIT['OBSERVERS'] must be a list of dotted paths to callables",
+                hint='For example ["lockkit.contrib.prometheus.install"].',
+                id="lockkit.E003",
+            )
+        )
     if "RETRY" in value:
         try:
             check_retry(value["RETRY"], "LOCKKIT['RETRY']")

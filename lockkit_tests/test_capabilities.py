@@ -126,6 +126,11 @@ def test_routine_commands_run_no_informational_check() -> None:
         ({"STATEMENT_TIMEOUT": -1}, "lockkit.E003", ["LOCKKIT['STATEMENT_TIMEOUT']", "positive"]),
         ({"RETRY": {"attemps": 3}}, "lockkit.E003", ["LOCKKIT['RETRY']", "attemps"]),
         ({"RETRY": 3}, "lockkit.E003", ["LOCKKIT['RETRY']", "int"]),
+        (
+            {"OBSERVERS": "lockkit.contrib.prometheus.install"},
+            "lockkit.E003",
+            ["LOCKKIT['OBSERVERS']", "list"],
+        ),
         (["LOCK_TIMEOUT"], "lockkit.E001", ["must be a dict", "list"]),
     ],
 )

@@ -45,7 +45,8 @@ _default: dict[str, Any] = dict(dj_database_url.parse(_database_url(), conn_max_
 _default["ATOMIC_REQUESTS"] = True
 DATABASES: dict[str, dict[str, Any]] = {"default": _default}
 
-LOCKKIT: dict[str, Any] = {"LOCK_TIMEOUT": 2.0}
+# Prometheus metrics of every locked operation, lock and claim, served at /metrics.
+LOCKKIT: dict[str, Any] = {"LOCK_TIMEOUT": 2.0, "OBSERVERS": ["lockkit.contrib.prometheus.install"]}
 
 LOGGING = {
     "version": 1,

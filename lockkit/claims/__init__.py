@@ -1,12 +1,25 @@
 """Job claims: ``SKIP LOCKED`` claiming in short transactions, leases on the database clock, fencing tokens.
 
 Import from here (``from lockkit.claims import claim_next``) once Django's app registry is ready (in models,
-views, management commands, tasks): defining the ``Claimable`` model mixin needs it. See docs/claims.md.
+views, management commands, tasks): defining the ``Claimable`` model mixin needs it. Every function has an
+awaitable twin named as Django's (``aclaim_next``, ``acomplete``...). See docs/claims.md.
 """
 
 from __future__ import annotations
 
-from lockkit.claims.api import (
+from lockkit.claims.asynchronous import (
+    aclaim,
+    aclaim_next,
+    acomplete,
+    acomplete_many,
+    aheartbeat,
+    aheld_by,
+    areclaim_expired,
+    arelease,
+    arelease_many,
+)
+from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
+from lockkit.claims.signalled import (
     claim,
     claim_next,
     complete,
@@ -17,7 +30,6 @@ from lockkit.claims.api import (
     release,
     release_many,
 )
-from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 
@@ -26,6 +38,15 @@ __all__ = [
     "Claim",
     "Claimable",
     "StaleClaim",
+    "aclaim",
+    "aclaim_next",
+    "acomplete",
+    "acomplete_many",
+    "aheartbeat",
+    "aheld_by",
+    "areclaim_expired",
+    "arelease",
+    "arelease_many",
     "claim",
     "claim_next",
     "complete",

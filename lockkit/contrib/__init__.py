@@ -1,0 +1,1 @@
+"""Optional integrations, each installed by an explicit call: ``otel`` (OpenTelemetry) and ``prometheus``."""

@@ -1,0 +1,211 @@
+"""OpenTelemetry spans for locked operations: one per operation, one per attempt (``pip install "lockkit[otel]"``).
+
+``install()`` connects receivers to ``lockkit.signals``; nothing is traced (and nothing is measured) until it is
+called. Only ``opentelemetry-api`` is needed: spans go to whatever tracer provider the application configured
+(the SDK and an exporter are the application's choice). Attribute names follow the stable OpenTelemetry database
+semantic conventions (semconv 1.44.0): ``db.system.name`` (which replaced the deprecated ``db.system``),
+``db.namespace``, ``db.response.status_code`` (the SQLSTATE or vendor code) and ``error.type``; lockkit's own are
+under ``lockkit.``. See https://opentelemetry.io/docs/specs/semconv/database/database-spans/.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+from opentelemetry import context, trace
+
+from lockkit import signals
+from lockkit.errors import LockError
+
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+
+# Django's vendor name -> db.system.name (stable values, and the registry's for SQLite and Oracle).
+_SYSTEMS = {"postgresql": "postgresql", "sqlite": "sqlite", "oracle": "oracle.db"}
+
+
+@dataclass
+class _Open:
+    kind: str
+    span: trace.Span
+    token: object
+    lock_wait: float = 0.0
+    children_wait: list[float] = field(default_factory=list)
+
+
+_open: ContextVar[tuple[_Open, ...]] = ContextVar("lockkit_otel_spans", default=())
+
+
+def db_system_name(alias: str) -> str:
+    """The ``db.system.name`` of an alias's database: ``postgresql``, ``mariadb``, ``mysql``, ``sqlite``..."""
+    connection = connections[alias]
+    if connection.vendor == "mysql":
+        is_mariadb = connection.connection is not None and getattr(connection, "mysql_is_mariadb", False)
+        return "mariadb" if is_mariadb else "mysql"
+    return _SYSTEMS.get(connection.vendor, connection.vendor)
+
+
+def _error_attributes(span: trace.Span, failure: Any, error: BaseException | None) -> None:
+    if error is None:
+        return
+    code = error.sqlstate if isinstance(error, LockError) else None
+    if code:
+        span.set_attribute("db.response.status_code", str(code))
+    if failure is not None:
+        span.set_attribute("lockkit.failure", failure.value)
+    span.set_attribute("error.type", str(code) if code else type(error).__qualname__)
+    span.record_exception(error)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, str(error)[:200]))
+
+
+def _push(kind: str, span: trace.Span) -> None:
+    token = context.attach(trace.set_span_in_context(span))
+    _open.set((*_open.get(), _Open(kind, span, token)))
+
+
+def _pop(kind: str) -> _Open | None:
+    stack = _open.get()
+    if not stack or stack[-1].kind != kind:
+        return None  # installed in the middle of an operation: its start was not seen
+    top = stack[-1]
+    _open.set(stack[:-1])
+    context.detach(top.token)  # type: ignore[arg-type]
+    return top
+
+
+class Tracing:
+    """The receivers ``install()`` connected; ``uninstall()`` disconnects them."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        """Use ``tracer`` for every span."""
+        self.tracer = tracer
+        self._connected: list[tuple[Any, Any]] = []
+
+    def _connect(self, signal: Any, receiver: Any) -> None:
+        signal.connect(receiver, weak=False)
+        self._connected.append((signal, receiver))
+
+    def install(self) -> Tracing:
+        """Connect the receivers to ``lockkit.signals``."""
+        self._connect(signals.operation_started, self.operation_started)
+        self._connect(signals.attempt_started, self.attempt_started)
+        self._connect(signals.attempt_finished, self.attempt_finished)
+        self._connect(signals.operation_retried, self.operation_retried)
+        self._connect(signals.operation_finished, self.operation_finished)
+        self._connect(signals.lock_acquired, self.lock_acquired)
+        return self
+
+    def uninstall(self) -> None:
+        """Disconnect the receivers (spans already open end normally)."""
+        for signal, receiver in self._connected:
+            signal.disconnect(receiver)
+        self._connected.clear()
+
+    def operation_started(self, sender: object, *, operation: str, alias: str, **kwargs: Any) -> None:
+        """Start the operation's span (kind INTERNAL: it spans a transaction and its retries)."""
+        span = self.tracer.start_span(
+            f"lockkit {operation}", attributes={"lockkit.operation": operation, "lockkit.alias": alias}
+        )
+        _push("operation", span)
+
+    def attempt_started(
+        self, sender: object, *, operation: str, alias: str, attempt: int, **kwargs: Any
+    ) -> None:
+        """Start an attempt's span, a child of the operation's."""
+        span = self.tracer.start_span(
+            f"lockkit {operation} attempt",
+            attributes={"lockkit.operation": operation, "lockkit.alias": alias, "lockkit.attempt": attempt},
+        )
+        _push("attempt", span)
+
+    def lock_acquired(self, sender: object, *, wait: float, rows: int, model: Any, **kwargs: Any) -> None:
+        """Add the locking statement's time to the current attempt's lock wait, and an event."""
+        stack = _open.get()
+        if not stack:
+            return
+        stack[-1].lock_wait += wait
+        stack[-1].span.add_event(
+            "lockkit.lock_acquired",
+            {
+                "lockkit.lock_wait": wait,
+                "lockkit.rows": rows,
+                "lockkit.model": model._meta.label if model else "",
+            },
+        )
+
+    def attempt_finished(
+        self, sender: object, *, alias: str, failure: Any, error: BaseException | None, **kwargs: Any
+    ) -> None:
+        """End the attempt's span with its lock wait and failure."""
+        top = _pop("attempt")
+        if top is None:
+            return
+        top.span.set_attribute("lockkit.lock_wait", top.lock_wait)
+        top.span.set_attribute("db.system.name", db_system_name(alias))
+        _error_attributes(top.span, failure, error)
+        top.span.end()
+        stack = _open.get()
+        if stack and stack[-1].kind == "operation":
+            stack[-1].children_wait.append(top.lock_wait)
+
+    def operation_retried(
+        self, sender: object, *, attempt: int, failure: Any, wait: float, **kwargs: Any
+    ) -> None:
+        """Record the retry as an event of the operation's span."""
+        stack = _open.get()
+        if stack and stack[-1].kind == "operation":
+            stack[-1].span.add_event(
+                "lockkit.retry",
+                {
+                    "lockkit.attempt": attempt,
+                    "lockkit.failure": failure.value if failure else "",
+                    "lockkit.wait": wait,
+                },
+            )
+
+    def operation_finished(
+        self,
+        sender: object,
+        *,
+        alias: str,
+        attempts: int,
+        failure: Any,
+        error: BaseException | None,
+        **kwargs: Any,
+    ) -> None:
+        """End the operation's span with the attempts, the total lock wait and the failure."""
+        top = _pop("operation")
+        if top is None:
+            return
+        top.span.set_attribute("lockkit.attempts", attempts)
+        top.span.set_attribute("lockkit.lock_wait", sum(top.children_wait) + top.lock_wait)
+        top.span.set_attribute("db.system.name", db_system_name(alias))
+        top.span.set_attribute("db.namespace", str(connections[alias].settings_dict.get("NAME") or ""))
+        _error_attributes(top.span, failure, error)
+        top.span.end()
+
+
+def install(tracer_provider: trace.TracerProvider | None = None) -> Tracing:
+    """Trace every locked operation from now on: one span per operation and one per attempt.
+
+    Spans: ``lockkit <operation>`` (attributes ``lockkit.operation``, ``lockkit.alias``, ``lockkit.attempts``,
+    ``lockkit.lock_wait`` in seconds, ``db.system.name``, ``db.namespace``; events ``lockkit.retry``) and its
+    children ``lockkit <operation> attempt`` (``lockkit.attempt``, ``lockkit.lock_wait``, events
+    ``lockkit.lock_acquired``). A failed span gets ``lockkit.failure`` (a ``lockkit.Failure`` value),
+    ``db.response.status_code``, ``error.type``, the exception and an ERROR status. The spans are current while
+    the operation runs, so spans of database instrumentation (psycopg, Django) nest under the attempt.
+
+    Args:
+        tracer_provider: The provider to get the tracer from; default the global one.
+
+    Returns:
+        The installed ``Tracing``; ``uninstall()`` disconnects it. Call ``install()`` once (e.g. in
+        ``AppConfig.ready()`` or through ``settings.LOCKKIT["OBSERVERS"]``): each call adds receivers.
+    """
+    tracer = trace.get_tracer("lockkit", schema_url=SCHEMA_URL, tracer_provider=tracer_provider)
+    return Tracing(tracer).install()
+
+
+__all__ = ["SCHEMA_URL", "Tracing", "db_system_name", "install"]

@@ -1,0 +1,179 @@
+"""Prometheus metrics for locked operations, lock waits and claims (``pip install "lockkit[prometheus]"``).
+
+``install()`` registers the metrics and connects receivers to ``lockkit.signals``; until then nothing is counted
+or measured. Expose them as usual for ``prometheus-client`` (``generate_latest()`` in a view, or
+``start_http_server``). See https://prometheus.github.io/client_python/.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from lockkit import signals
+
+#: Seconds: from a millisecond to the default 5 s lock timeout and beyond.
+LOCK_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DURATION_BUCKETS = LOCK_WAIT_BUCKETS
+
+
+def _outcome(failure: Any, error: BaseException | None) -> str:
+    if error is None:
+        return "ok"
+    return str(failure.value) if failure is not None else "error"
+
+
+class Metrics:
+    """lockkit's Prometheus metrics and the receivers that update them.
+
+    Attributes:
+        operations: ``lockkit_operations_total{operation, alias, outcome}``; ``outcome`` is ``ok``, a
+            ``lockkit.Failure`` value (``lock_timeout``, ``deadlock_detected``...) or ``error``.
+        attempts: ``lockkit_attempts_total{operation, alias}``.
+        retries: ``lockkit_retries_total{operation, alias, failure}``.
+        failures: ``lockkit_failures_total{alias, failure}``: failed attempts by classified kind.
+        give_ups: ``lockkit_give_ups_total{operation, alias, failure}``.
+        duration: ``lockkit_operation_duration_seconds{operation, alias}``: whole calls, retries included.
+        lock_wait: ``lockkit_lock_wait_seconds{alias, model}``: the locking statements lockkit runs
+            (``get``, ``lock_all``, ``advisory_lock``); ``model`` is ``advisory`` for advisory locks.
+        claims: ``lockkit_claims_total{event, model, alias}``: claims ``made``, ``completed``, ``released``,
+            ``reclaimed`` and ``stale``.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY, namespace: str = "lockkit") -> None:
+        """Create (and register in ``registry``) the metrics."""
+        self.operations = Counter(
+            "operations", "Locked operations by outcome", ["operation", "alias", "outcome"],
+            namespace=namespace, registry=registry,
+        )  # fmt: skip
+        self.attempts = Counter(
+            "attempts",
+            "Attempts of locked operations",
+            ["operation", "alias"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.retries = Counter(
+            "retries", "Retried attempts by failure kind", ["operation", "alias", "failure"],
+            namespace=namespace, registry=registry,
+        )  # fmt: skip
+        self.failures = Counter(
+            "failures",
+            "Failed attempts by failure kind",
+            ["alias", "failure"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self.give_ups = Counter(
+            "give_ups", "Operations the retry policy gave up on", ["operation", "alias", "failure"],
+            namespace=namespace, registry=registry,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "operation_duration_seconds", "Duration of locked operations, retries included", ["operation", "alias"],
+            namespace=namespace, registry=registry, buckets=DURATION_BUCKETS,
+        )  # fmt: skip
+        self.lock_wait = Histogram(
+            "lock_wait_seconds", "Time of the locking statements lockkit runs", ["alias", "model"],
+            namespace=namespace, registry=registry, buckets=LOCK_WAIT_BUCKETS,
+        )  # fmt: skip
+        self.claims = Counter(
+            "claims",
+            "Job claims by event",
+            ["event", "model", "alias"],
+            namespace=namespace,
+            registry=registry,
+        )
+        self._registry = registry
+        self._connected: list[tuple[Any, Any]] = []
+
+    def install(self) -> Metrics:
+        """Connect the receivers to ``lockkit.signals``."""
+        pairs: list[tuple[Any, Any]] = [
+            (signals.attempt_finished, self._attempt_finished),
+            (signals.operation_retried, self._retried),
+            (signals.operation_gave_up, self._gave_up),
+            (signals.operation_finished, self._finished),
+            (signals.lock_acquired, self._lock_acquired),
+            (signals.claim_made, self._claims("made")),
+            (signals.claim_completed, self._claims("completed")),
+            (signals.claim_released, self._claims("released")),
+            (signals.claim_stale, self._claims("stale")),
+            (signals.claim_reclaimed, self._reclaimed),
+        ]
+        for signal, receiver in pairs:
+            signal.connect(receiver, weak=False)
+        self._connected = pairs
+        return self
+
+    def uninstall(self) -> None:
+        """Disconnect the receivers and unregister the metrics from their registry."""
+        for signal, receiver in self._connected:
+            signal.disconnect(receiver)
+        self._connected = []
+        if self._registry is not None:
+            for metric in (
+                self.operations, self.attempts, self.retries, self.failures, self.give_ups,
+                self.duration, self.lock_wait, self.claims,
+            ):  # fmt: skip
+                self._registry.unregister(metric)
+            self._registry = None
+
+    def _attempt_finished(
+        self, sender: object, *, operation: str, alias: str, failure: Any, **kwargs: Any
+    ) -> None:
+        self.attempts.labels(operation, alias).inc()
+        if failure is not None:
+            self.failures.labels(alias, failure.value).inc()
+
+    def _retried(self, sender: object, *, operation: str, alias: str, failure: Any, **kwargs: Any) -> None:
+        self.retries.labels(operation, alias, failure.value if failure else "error").inc()
+
+    def _gave_up(self, sender: object, *, operation: str, alias: str, failure: Any, **kwargs: Any) -> None:
+        self.give_ups.labels(operation, alias, failure.value if failure else "error").inc()
+
+    def _finished(
+        self,
+        sender: object,
+        *,
+        operation: str,
+        alias: str,
+        failure: Any,
+        error: BaseException | None,
+        duration: float,
+        **kwargs: Any,
+    ) -> None:
+        self.operations.labels(operation, alias, _outcome(failure, error)).inc()
+        self.duration.labels(operation, alias).observe(duration)
+
+    def _lock_acquired(self, sender: object, *, alias: str, model: Any, wait: float, **kwargs: Any) -> None:
+        self.lock_wait.labels(alias, model._meta.label if model is not None else "advisory").observe(wait)
+
+    def _claims(self, event: str) -> Any:
+        def receiver(sender: object, *, claims: list[Any], model: Any, alias: str, **kwargs: Any) -> None:
+            self.claims.labels(event, model._meta.label, alias).inc(len(claims))
+
+        return receiver
+
+    def _reclaimed(self, sender: object, *, model: Any, alias: str, count: int, **kwargs: Any) -> None:
+        self.claims.labels("reclaimed", model._meta.label, alias).inc(count)
+
+
+def install(registry: CollectorRegistry | None = REGISTRY, *, namespace: str = "lockkit") -> Metrics:
+    """Count and time every locked operation, lock and claim from now on, in ``registry``.
+
+    Args:
+        registry: Where the metrics are registered; default ``prometheus_client.REGISTRY`` (what
+            ``generate_latest()`` and ``start_http_server`` expose).
+        namespace: The metric name prefix.
+
+    Returns:
+        The installed ``Metrics``; ``uninstall()`` disconnects and unregisters them.
+
+    Raises:
+        ValueError: the metrics are already registered in ``registry`` (installed twice).
+    """
+    return Metrics(registry, namespace).install()
+
+
+__all__ = ["DURATION_BUCKETS", "LOCK_WAIT_BUCKETS", "Metrics", "install"]
