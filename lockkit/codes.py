@@ -221,7 +221,14 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
 
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+
+    Raises:
+        TypeError: ``exc`` is not an exception, or ``nowait`` is not a ``bool`` or ``None``.
     """
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"exc must be an exception, not {type(exc).__name__}")
+    if nowait is not None and not isinstance(nowait, bool):
+        raise TypeError(f"nowait must be a bool or None, not {type(nowait).__name__}")
     if isinstance(exc, LockError):
         return exc.failure
     row = lookup(exc)

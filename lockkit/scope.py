@@ -20,7 +20,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
-from lockkit import advisory_locks, aliases, codes, events, signals
+from lockkit import advisory_locks, aliases, codes, events, relations, signals
 from lockkit.advisory_keys import AdvisoryKeyLike, advisory_key
 from lockkit.advisory_locks import HeldLock
 from lockkit.errors import Failure, NotInLockedScope
@@ -95,6 +95,9 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
 
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+
+    Raises:
+        TypeError: ``exc`` is not an exception, or ``nowait`` is not a ``bool`` or ``None``.
     """
     scope = _innermost_scope()
     if nowait is None:
@@ -204,6 +207,10 @@ class LockScope:
         if "of" in kwargs:
             # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
             kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
+            if relations.is_qualified(queryset.model, self.alias):
+                # FOR UPDATE OF takes unqualified names only: lock a schema-qualified table through an alias.
+                queryset = queryset.all()
+                relations.alias_base_table(queryset.query)
         return queryset.select_for_update(**kwargs)
 
     def get(self, target: QuerySet[M] | type[M] | M, *args: Any, **lookups: Any) -> M:
@@ -216,16 +223,18 @@ class LockScope:
             Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get`` (an instance whose row has
                 been deleted raises ``DoesNotExist``).
             NotInLockedScope, AliasMismatch, TypeError, ValueError: as ``lock()``.
+            ValueError: a lookup value the field cannot convert (as ``QuerySet.get``; also an infinite float
+                for an integer field, where Django lets ``OverflowError`` escape), before any SQL.
+            django.core.exceptions.FieldError: a lookup names a field the model does not have (as
+                ``QuerySet.get``), before any SQL.
             LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
                 and the scope's block is marked for rollback (see ``lock_all``).
         """
-        queryset = self.lock(target)
+        queryset = _filtered(self.lock(target), "lookups", *args, **lookups)
         with self._evaluating():
             if not signals.lock_acquired.receivers:
-                return queryset.get(*args, **lookups)
-            return events.timed_lock(
-                LockScope, self, queryset.model, lambda: queryset.get(*args, **lookups), _one
-            )
+                return queryset.get()
+            return events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -249,7 +258,8 @@ class LockScope:
             Model.DoesNotExist: a key of ``pks`` matched no row (the message names every such key); the rows
                 that exist are locked until the scope ends.
             TypeError: ``pks`` is a string or not iterable.
-            ValueError: a key of ``pks`` is not a valid value of the primary key field.
+            ValueError: a key of ``pks`` is not a valid value of the primary key field (an infinite float for an
+                integer key too), before any SQL.
             NotInLockedScope, AliasMismatch: as ``lock()``.
             LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...). The
                 error is typed and marks the scope's block for rollback, as Django does for a failed ``save()``:
@@ -374,6 +384,18 @@ class LockScope:
         transaction.on_commit(func, using=self.alias, robust=robust)
 
 
+def _filtered(queryset: QuerySet[M], name: str, *args: Any, **lookups: Any) -> QuerySet[M]:
+    """``queryset.filter(...)``, with a value Django cannot convert raised as ``ValueError`` naming ``name``.
+
+    Django raises ``TypeError``/``ValueError`` for most such values but lets ``OverflowError`` escape from
+    ``int(float("inf"))``; nothing has been sent either way.
+    """
+    try:
+        return queryset.filter(*args, **lookups)
+    except ArithmeticError as exc:  # OverflowError, decimal.InvalidOperation
+        raise ValueError(f"{name}: {exc}") from None
+
+
 def _one(_: object) -> int:
     return 1
 
@@ -406,6 +428,8 @@ def _primary_key(model: type[models.Model], value: Any) -> Any:
         raise ValueError(
             f"pks: {value!r} is not a valid {model.__name__} primary key: {exc.messages[0]}"
         ) from None
+    except ArithmeticError as exc:  # int(float("inf")): OverflowError, which Django lets escape
+        raise ValueError(f"pks: {value!r} is not a valid {model.__name__} primary key: {exc}") from None
 
 
 def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:

@@ -125,3 +125,39 @@ class UrgentJob(Job):
     """Multi-table inheritance: the claim columns live in the parent's table, so claims must refuse the child."""
 
     priority = models.IntegerField(default=0)
+
+
+class CodeJob(Claimable):
+    """A job keyed by a short code: fences must compare a ``varchar(12)`` key exactly, never truncated."""
+
+    code = models.CharField(max_length=12, primary_key=True)
+
+
+class PricedJob(Claimable):
+    """A job keyed by a ``numeric(5, 2)``: fences must compare the key exactly, never rounded."""
+
+    price = models.DecimalField(max_digits=5, decimal_places=2, primary_key=True)
+
+
+class DottedJob(Claimable):
+    """A job whose primary-key column has a dot in its name: identifiers come from metadata, never re-parsed."""
+
+    id = models.BigAutoField(primary_key=True, db_column="job.id")
+    state = models.CharField(max_length=20, default="pending")
+
+
+#: The schema of ``QueuedJob``'s table, made by the test that uses it (``test_claims_hardening.py``).
+QUEUE_SCHEMA = "lockkit_queue"
+
+
+class QueuedJob(Claimable):
+    """A job table in another schema, named with Django's idiom ``db_table = 'schema"."table'``.
+
+    Unmanaged: the table exists on PostgreSQL only, made (with its schema) by the fixture of the tests using it.
+    """
+
+    state = models.CharField(max_length=20, default="pending")
+
+    class Meta:
+        managed = False
+        db_table = f'{QUEUE_SCHEMA}"."queued_job'

@@ -205,8 +205,11 @@ def _totals(target: Target) -> dict[str, int]:
 def test_a_deadlock_is_retried_and_both_transfers_finish(target: Target) -> None:
     results, events = _deadlock_pair(target, RetryPolicy(attempts=5))
     assert all(isinstance(r, int) for r in results), results
-    assert 1 in results  # the survivor finished on its first attempt...
-    assert len(events) >= 1  # ...the victim after a retry (a loaded machine may deadlock the retry again)
+    # One transfer is the victim and retries. Usually the other finishes on its first attempt, but on a loaded
+    # machine the victim's retry can take its first row again before the survivor (woken from its wait) does,
+    # and the two deadlock a second time (seen at load 16: results [2, 2], two deadlock events, both real in the
+    # server log). What always holds: at least one retry, one more attempt per retry, both transfers applied.
+    assert len(events) >= 1
     assert sum(results) == 2 + len(events)  # each retry was one more attempt of one transfer
     assert {(e.failure, e.sqlstate, e.alias) for e in events} == {
         (Failure.DEADLOCK_DETECTED, target.deadlock_code, target.alias)

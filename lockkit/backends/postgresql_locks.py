@@ -24,9 +24,12 @@ def _function(*, session: bool, shared: bool, try_only: bool) -> str:
 
 
 def _arguments(key: AdvisoryKey) -> tuple[str, list[int]]:
+    # Parenthesised: Django binds parameters client-side, so -9223372036854775808 arrives as a literal, and
+    # "::" binds tighter than unary minus: -9223372036854775808::bigint overflows, (-9223372036854775808)::bigint
+    # does not.
     if key.pair is not None:
-        return "%s::integer, %s::integer", list(key.pair)
-    return "%s::bigint", [key.value]
+        return "(%s)::integer, (%s)::integer", list(key.pair)
+    return "(%s)::bigint", [key.value]
 
 
 def acquire(

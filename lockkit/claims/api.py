@@ -14,27 +14,12 @@ from django.db import models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
-from lockkit.claims import checks, runner, sql
-from lockkit.claims.mixin import Claimable
+from lockkit.claims import inputs, runner, sql
 from lockkit.claims.value import Claim
 from lockkit.errors import CommitOutcomeUnknown, StaleClaim
 from lockkit.options import FROM_SETTINGS
 from lockkit.scope import current_scope
 from lockkit.validation import Duration
-
-_PICKED = '"lockkit_picked"'
-_ORDERED = '"lockkit_ordered"'
-_GIVEN = '"lockkit_given"'
-_LIVE = '"lockkit_live"'
-_DONE = '"lockkit_done"'
-_EXPIRED = '"lockkit_expired"'
-
-
-def _returning(model: type[Claimable], alias: str) -> str:
-    return ", ".join(
-        [sql.pk_column(model, alias)]
-        + [sql.column(model, alias, name) for name in ("claim_token", "lease_expires_at", "attempts")]
-    )
 
 
 def claim(
@@ -73,8 +58,9 @@ def claim(
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: an unsaved instance, a non-positive lease, an empty worker name, an unknown field in
-            ``set``.
+        ValueError: an unsaved instance, a non-positive lease, an empty or unstorable worker name, an unknown
+            field in ``set``/``when`` or a ``set`` value its column cannot store, a queryset that already carries
+            ``select_for_update()`` (claims lock the rows themselves).
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
         MultipleObjectsReturned: the queryset matches more than one claimable row (nothing is claimed).
@@ -82,7 +68,7 @@ def claim(
     """
     hint: models.Model | None = None
     if isinstance(target, models.Model):
-        model = checks.claimable_model(type(target), "target")
+        model = inputs.claimable_model(type(target), "target")
         if target.pk is None:
             raise ValueError(f"target is an unsaved {model.__name__} instance: it has no row to claim")
         queryset: QuerySet[Any] = model._base_manager.filter(pk=target.pk)
@@ -91,25 +77,20 @@ def claim(
             queryset = queryset.using(target._state.db)
         hint = target
     elif isinstance(target, QuerySet):
-        queryset = checks.queryset(target, "target")
-        model = checks.claimable_model(queryset.model, "target")
+        queryset = inputs.queryset(target, "target")
+        model = inputs.claimable_model(queryset.model, "target")
     else:
         raise TypeError(
             f"target must be a saved Claimable instance or a QuerySet, not {type(target).__name__}"
         )
-    name = checks.worker(worker)
-    seconds = checks.lease(lease)
-    condition = checks.condition(when)
-    alias = checks.alias_for(using, queryset, hint)
-    prefix, set_params = sql.update_prefix(
-        model, alias, sql.claim_assignments(name, seconds, checks.assignments(model, set, "set"))
-    )
-    candidates = queryset.using(alias).filter(lease_expires_at__isnull=True)
-    if condition is not None:
-        candidates = candidates.filter(condition)
-    statement = f"{prefix} WHERE {sql.pk_column(model, alias)} = %s RETURNING {_returning(model, alias)}"
+    name = inputs.worker(worker)
+    seconds = inputs.lease(lease)
+    alias = inputs.alias_for(using, queryset, hint)
+    statements = sql.for_table(model, alias)
+    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
+    candidates = inputs.condition(when, queryset.using(alias).filter(lease_expires_at__isnull=True))
 
-    def work() -> tuple[Any, ...] | None:
+    def work() -> Any:
         rows = list(current_scope().lock(candidates).only("pk").order_by()[:2])
         if not rows:
             return None
@@ -117,14 +98,12 @@ def claim(
             raise model.MultipleObjectsReturned(
                 f"target matches more than one claimable {model.__name__} row; claim one, or use claim_next()"
             )
-        pk_value = sql.prepare_pks(model, alias, [rows[0].pk])[0][0]
-        (row,), _ = sql.run(alias, statement, [*set_params, pk_value])
-        return row
+        return statements.claim_row(rows[0].pk, values)
 
     row = runner.in_transaction(alias, lock_timeout, work)
     if row is None:
         return None
-    return Claim(model, row[0], int(row[1]), name, row[2], int(row[3]), alias, seconds)
+    return Claim.from_row(row, model=model, alias=alias, lease=seconds)
 
 
 def claim_next(
@@ -134,7 +113,7 @@ def claim_next(
     lease: Duration,
     limit: int = 1,
     set: dict[str, Any] | None = None,
-    order_by: Sequence[str | BaseExpression] | None = None,
+    order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
     lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> list[Claim]:
@@ -166,84 +145,56 @@ def claim_next(
 
     Raises:
         TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
-        ValueError: a non-positive ``lease`` or ``limit``, a sliced or distinct queryset, a bad ``set``.
+        ValueError: a non-positive ``lease`` or ``limit``, an empty or unstorable worker name, a sliced or
+            distinct queryset or one that already carries ``select_for_update()``, a bad ``set``, an ``order_by``
+            naming an unknown field or using an aggregate or window function.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
         LockTimeout, StatementTimeout: the connection's own ``lock_timeout``/``statement_timeout`` expired
             (row locks are never waited for; table locks, e.g. during a migration, can be).
     """
-    candidates = checks.queryset(queryset)
-    model = checks.claimable_model(candidates.model, "queryset")
-    name = checks.worker(worker)
-    seconds = checks.lease(lease)
-    count = checks.positive_int(limit, "limit")
-    ordering = checks.order(order_by)
-    alias = checks.alias_for(using, candidates)
-    prefix, set_params = sql.update_prefix(
-        model, alias, sql.claim_assignments(name, seconds, checks.assignments(model, set, "set"))
+    candidates = inputs.queryset(queryset)
+    model = inputs.claimable_model(candidates.model, "queryset")
+    name = inputs.worker(worker)
+    seconds = inputs.lease(lease)
+    count = inputs.positive_int(limit, "limit")
+    alias = inputs.alias_for(using, candidates)
+    statements = sql.for_table(model, alias)
+    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
+    candidates = inputs.order(order_by, candidates.using(alias).filter(lease_expires_at__isnull=True))
+    rows = runner.in_transaction(
+        alias, lock_timeout, lambda: statements.claim_next(candidates, count, values)
     )
-    candidates = candidates.using(alias).filter(lease_expires_at__isnull=True)
-    if ordering is not None:
-        candidates = candidates.order_by(*ordering)
-    elif not candidates.ordered:
-        candidates = candidates.order_by("pk")
-    locking = sql.locking_select(candidates, alias, limit=count, skip_locked=True)
-    if locking is None:
-        return []
-    select, select_params = locking
-    pk = sql.pk_column(model, alias)
-    statement = (
-        f"WITH {_PICKED} (pk) AS MATERIALIZED ({select}), "
-        f"{_ORDERED} (pk, position) AS MATERIALIZED (SELECT pk, row_number() OVER () FROM {_PICKED}) "
-        f"{prefix} FROM {_ORDERED} WHERE {pk} = {_ORDERED}.pk "
-        f"AND {sql.column(model, alias, 'lease_expires_at')} IS NULL "
-        f"RETURNING {_returning(model, alias)}, {_ORDERED}.position"
-    )
-    rows, _ = runner.in_transaction(
-        alias, lock_timeout, lambda: sql.run(alias, statement, [*select_params, *set_params])
-    )
-    rows.sort(key=lambda row: int(row[4]))
-    return [Claim(model, row[0], int(row[1]), name, row[2], int(row[3]), alias, seconds) for row in rows]
+    return [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
 
 
 def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
     """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
 
-    Live means the row still carries the claim's token and is claimed. The rows are locked (``FOR NO KEY
-    UPDATE``, re-checked after any wait) in a materialized CTE; the data-modifying CTE updates them only when
-    all are live; the outer query reports which were live. Returns ``{pk: lease_expires_at}`` of the rows
-    written.
+    Live means the row still carries the claim's token and is claimed. Returns ``{pk: lease_expires_at}`` of
+    the rows written.
 
     Raises:
         StaleClaim: a claim is no longer live (nothing was written).
     """
     first = claims[0]
     model, alias = first.model, first.alias
-    checks.alias_for(alias, model._base_manager.all())
-    prefix, set_params = sql.update_prefix(model, alias, values)
-    pks, pk_array = sql.prepare_pks(model, alias, [c.pk for c in claims])
-    pk = sql.pk_column(model, alias)
-    token = sql.column(model, alias, "claim_token")
-    lease = sql.column(model, alias, "lease_expires_at")
-    table = pk.rsplit(".", 1)[0]
-    statement = (
-        f"WITH {_GIVEN} (pk, token) AS (SELECT * FROM unnest(%s::{pk_array}, %s::bigint[])), "
-        f"{_LIVE} (pk) AS MATERIALIZED (SELECT {pk} FROM {table} JOIN {_GIVEN} "
-        f"ON {pk} = {_GIVEN}.pk AND {token} = {_GIVEN}.token WHERE {lease} IS NOT NULL "
-        f"FOR NO KEY UPDATE OF {table}), "
-        f"{_DONE} AS ({prefix} FROM {_LIVE} WHERE {pk} = {_LIVE}.pk "
-        f"AND (SELECT count(*) FROM {_LIVE}) = %s RETURNING {pk} AS pk, {lease} AS lease) "
-        f"SELECT {_LIVE}.pk, {_DONE}.pk IS NOT NULL, {_DONE}.lease FROM {_LIVE} LEFT JOIN {_DONE} "
-        f"ON {_DONE}.pk = {_LIVE}.pk"
+    inputs.alias_for(alias, model._base_manager.all())
+    statements = sql.for_table(model, alias)
+    pks = inputs.prepared_pks(claims, alias)
+    tokens, workers = [c.token for c in claims], [c.worker for c in claims]
+    rows = runner.in_transaction(
+        alias, lock_timeout, lambda: statements.fenced_update(pks, tokens, workers, values)
     )
-    params = [pks, [c.token for c in claims], *set_params, len(claims)]
-    rows, _ = runner.in_transaction(alias, lock_timeout, lambda: sql.run(alias, statement, params))
-    written = {row[0]: row[2] for row in rows if row[1]}
+    written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
     if len(written) != len(claims):
-        live = {row[0] for row in rows}
-        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live)
+        # The statement writes all rows or none, so nothing was written here.
+        live = {row["pk"] for row in rows}
+        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
         holders, already_done = _now_holding(stale, values)
-        listing = ", ".join(f"pk={c.pk!r} token={c.token} held by {holders.get(c.pk)}" for c in stale)
+        listing = ", ".join(
+            f"pk={c.pk!r} token={c.token} worker={c.worker!r} (held by {holders.get(c.pk)})" for c in stale
+        )
         done = " (already ended with these values)" if already_done else ""
         raise StaleClaim(
             f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done} "
@@ -259,7 +210,11 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeo
 def _now_holding(
     stale: tuple[Claim, ...], values: dict[str, Any]
 ) -> tuple[dict[Any, tuple[str, int] | None], bool]:
-    """Who holds the stale claims' rows now, and whether each row already holds what ``values`` writes."""
+    """Who holds the stale claims' rows now, and whether each row already holds what ``values`` writes.
+
+    Read after the fenced statement found them stale (the error path only); plain values are compared, not
+    expressions.
+    """
     first = stale[0]
     plain = {
         name: value
@@ -267,12 +222,8 @@ def _now_holding(
         if name != "lease_expires_at" and not hasattr(value, "resolve_expression")
     }
     fields = ["pk", "claim_token", "claimed_by", "lease_expires_at", *plain]
-    rows = {
-        row["pk"]: row
-        for row in first.model._base_manager.using(first.alias)
-        .filter(pk__in=[c.pk for c in stale])
-        .values(*fields)
-    }
+    found = first.model._base_manager.using(first.alias).filter(pk__in=[c.pk for c in stale]).values(*fields)
+    rows = {row["pk"]: row for row in found}
     holders: dict[Any, tuple[str, int] | None] = {}
     already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
     for claim in stale:
@@ -281,13 +232,13 @@ def _now_holding(
             holders[claim.pk] = None
         else:
             holders[claim.pk] = (str(row["claimed_by"]), int(row["claim_token"]))
-        ended_here = (
+        already_done = already_done and (
             row is not None
             and row["lease_expires_at"] is None
             and row["claim_token"] == claim.token
+            and row["claimed_by"] == claim.worker
             and all(row[name] == value for name, value in plain.items())
         )
-        already_done = already_done and ended_here
     return holders, already_done
 
 
@@ -304,7 +255,7 @@ def heartbeat(
     its token proves no one else was given the job.
 
     Safe to repeat: renewing a live claim twice only moves its lease again. So a heartbeat whose connection was
-    lost, even at COMMIT with the outcome unknown, is sent again on a fresh connection; a worker keeps its job
+    lost, even at COMMIT with the outcome unknown, is sent again on a fresh connection: a worker keeps its job
     through a server restart or a pooler dropping its idle connection.
 
     Args:
@@ -316,15 +267,16 @@ def heartbeat(
         A new ``Claim`` with the new ``lease_expires_at`` (and ``lease``).
 
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``lease``/``lock_timeout`` is not a positive
-            duration.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid (each message names
+            ``claim.<field>``; a pk its column would not store unchanged included), or ``lease`` is not a
+            positive duration.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
         LockTimeout: another session held the row longer than the lock timeout (nothing was written).
         ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
     """
-    held = checks.claim(claim)
-    seconds = held.lease if lease is None else checks.lease(lease)
-    values = {"lease_expires_at": sql.lease_end(seconds)}
+    held = inputs.claim(claim)
+    seconds = held.lease if lease is None else inputs.lease(lease)
+    values = {"lease_expires_at": sql.for_table(held.model, held.alias).lease_end(seconds)}
     try:
         written = _fenced_update((held,), values, lock_timeout)
     except CommitOutcomeUnknown:
@@ -343,11 +295,16 @@ def complete(
     your own ``transaction.atomic()`` together with the job's result writes to make them commit (or fail)
     together.
 
+    Args:
+        claim: The claim to end.
+        set: Fields to write with the completion (values or expressions); ``None`` for none.
+
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
+            field that cannot be set or a value its column cannot store.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    complete_many([checks.claim(claim)], set=set, lock_timeout=lock_timeout)
+    complete_many([inputs.claim(claim)], set=set, lock_timeout=lock_timeout)
 
 
 def complete_many(
@@ -358,12 +315,16 @@ def complete_many(
 ) -> None:
     """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
+    Args:
+        claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
+        set: Fields to write to every row (values or expressions); ``None`` for none.
+
     Raises:
-        TypeError, ValueError: not an iterable of ``Claim``, claims of different models/aliases or repeated
-            rows, a bad ``set``.
+        TypeError, ValueError: not an iterable of ``Claim``, an invalid claim, claims of different
+            models/aliases or repeated rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
-    _end(checks.claims(claims), set, lock_timeout)
+    _end(inputs.claims(claims), set, lock_timeout)
 
 
 def release(
@@ -374,11 +335,16 @@ def release(
     The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
     keeps counting.
 
+    Args:
+        claim: The claim to end.
+        set: Fields to write with the release (values or expressions); ``None`` for none.
+
     Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim``, or ``set`` names a field that cannot be set.
-        StaleClaim: the row no longer carries this claim (nothing was written).
+        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
+            field that cannot be set or a value its column cannot store.
+        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    release_many([checks.claim(claim)], set=set, lock_timeout=lock_timeout)
+    release_many([inputs.claim(claim)], set=set, lock_timeout=lock_timeout)
 
 
 def release_many(
@@ -389,20 +355,32 @@ def release_many(
 ) -> None:
     """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
+    The same statement as ``complete_many`` (both end the claims); the two names say what ``set`` means.
+
+    Args:
+        claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
+        set: Fields to write to every row (values or expressions); ``None`` for none.
+
     Raises:
         TypeError, ValueError, StaleClaim: as ``complete_many``.
     """
-    _end(checks.claims(claims), set, lock_timeout)
+    _end(inputs.claims(claims), set, lock_timeout)
 
 
 def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout: Any) -> None:
+    """End claims: the one implementation of ``complete_many`` and ``release_many``.
+
+    Completing and releasing write the same thing (the claim ends: ``lease_expires_at = NULL``, plus the
+    caller's ``set``); they differ only in what the caller's ``set`` says about the job.
+    """
     if not claims:
         if values is not None and not isinstance(values, dict):
             raise TypeError(f"set must be a dict of field names to values, not {type(values).__name__}")
         return  # no model to check the field names against, and nothing to write
     model = claims[0].model
+    alias = claims[0].alias
     _fenced_update(
-        claims, {"lease_expires_at": None, **checks.assignments(model, values, "set")}, lock_timeout
+        claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)}, lock_timeout
     )
 
 
@@ -438,19 +416,21 @@ def reclaim_expired(
 
     Raises:
         TypeError, ValueError: a wrong type, a non-positive ``max_attempts``, ``max_attempts`` without
-            ``exhausted_set`` (or the reverse), a bad ``set``, a sliced or distinct queryset.
+            ``exhausted_set`` (or the reverse), a bad ``set``/``exhausted_set``, a sliced or distinct queryset
+            or one that already carries ``select_for_update()``.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL.
     """
-    candidates = checks.queryset(queryset)
-    model = checks.claimable_model(candidates.model, "queryset")
-    back = checks.assignments(model, set, "set")
+    candidates = inputs.queryset(queryset)
+    model = inputs.claimable_model(candidates.model, "queryset")
+    alias = inputs.alias_for(using, candidates)
+    back = inputs.assignments(model, set, "set", alias)
     if (max_attempts is None) != (exhausted_set is None):
         raise ValueError("max_attempts and exhausted_set must be given together")
     values: dict[str, Any] = {"lease_expires_at": None}
     if max_attempts is not None:
-        ceiling = checks.positive_int(max_attempts, "max_attempts")
-        exhausted = checks.assignments(model, exhausted_set, "exhausted_set")
+        ceiling = inputs.positive_int(max_attempts, "max_attempts")
+        exhausted = inputs.assignments(model, exhausted_set, "exhausted_set", alias)
         for field_name in {**back, **exhausted}:
             field = model._meta.get_field(field_name)
             assert isinstance(field, Field)
@@ -463,22 +443,9 @@ def reclaim_expired(
             )
     else:
         values.update(back)
-    alias = checks.alias_for(using, candidates)
-    prefix, set_params = sql.update_prefix(model, alias, values)
-    expired = candidates.using(alias).order_by().filter(lease_expires_at__lt=sql.StatementTimestamp())
-    locking = sql.locking_select(expired, alias, limit=None, skip_locked=True)
-    if locking is None:
-        return 0
-    select, select_params = locking
-    statement = (
-        f"WITH {_EXPIRED} (pk) AS MATERIALIZED ({select}) "
-        f"{prefix} FROM {_EXPIRED} WHERE {sql.pk_column(model, alias)} = {_EXPIRED}.pk "
-        f"AND {sql.column(model, alias, 'lease_expires_at')} < statement_timestamp()"
-    )
-    _, count = runner.in_transaction(
-        alias, lock_timeout, lambda: sql.run(alias, statement, [*select_params, *set_params])
-    )
-    return count
+    statements = sql.for_table(model, alias)
+    expired = candidates.using(alias)
+    return runner.in_transaction(alias, lock_timeout, lambda: statements.reclaim_expired(expired, values))
 
 
 def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -> list[Claim]:
@@ -503,20 +470,23 @@ def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -
         django.db.NotSupportedError: the database is not PostgreSQL.
         ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
     """
-    candidates = checks.queryset(queryset)
-    model = checks.claimable_model(candidates.model, "queryset")
-    name = checks.worker(worker)
-    alias = checks.alias_for(using, candidates)
+    candidates = inputs.queryset(queryset)
+    model = inputs.claimable_model(candidates.model, "queryset")
+    name = inputs.worker(worker)
+    alias = inputs.alias_for(using, candidates)
+    now = sql.for_table(model, alias).now()
     held = (
         candidates.using(alias)
-        .filter(claimed_by=name, lease_expires_at__gt=sql.StatementTimestamp())
+        .filter(claimed_by=name, lease_expires_at__gt=now)
         .order_by("pk")
-        .values_list("pk", "claim_token", "lease_expires_at", "attempts", "claimed_at")
+        .values("pk", "claim_token", "claimed_by", "lease_expires_at", "attempts", "claimed_at")
     )
     rows = runner.in_transaction(alias, FROM_SETTINGS, lambda: list(held))
     return [
-        Claim(model, pk, int(token), name, expires, int(attempts), alias, (expires - claimed).total_seconds())
-        for pk, token, expires, attempts, claimed in rows
+        Claim.from_row(
+            row, model=model, alias=alias, lease=(row["lease_expires_at"] - row["claimed_at"]).total_seconds()
+        )
+        for row in rows
     ]
 
 

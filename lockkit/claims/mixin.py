@@ -1,5 +1,4 @@
-"""``Claimable``: the abstract model mixin whose fields record who holds a job's claim, until when, and how
-often.
+"""``Claimable``: the abstract model mixin whose fields record who holds a job's claim, until when, how often.
 
 Defining a model needs Django's app registry, so this module (and ``lockkit.claims``) is imported lazily.
 """
@@ -40,4 +39,6 @@ class Claimable(models.Model):
     attempts = models.PositiveIntegerField(default=0)
 
     class Meta:
+        """Abstract: the fields are added to each concrete job model's own table."""
+
         abstract = True

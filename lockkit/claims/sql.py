@@ -1,24 +1,35 @@
-"""The SQL of claims on PostgreSQL, built from Django's own compilers with every value passed as a parameter.
+"""Every SQL statement of ``lockkit.claims``, built per database vendor behind one interface (``ClaimsSQL``).
 
+Statements are assembled from Django's own compilers (filters, ``SET`` values) and the quoted names of a
+``ClaimTable``; every value is a parameter. Rows come back as mappings keyed by column name. See
 https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE and
-https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
+https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections
-from django.db.models import DateTimeField, DurationField, F, Field, Func, QuerySet, Value
+from django.db import NotSupportedError, connections
+from django.db.models import DateTimeField, DurationField, Expression, F, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
 
+from lockkit import relations
 from lockkit.claims.mixin import Claimable
+from lockkit.claims.table import ROW, ClaimTable
 from lockkit.translate import translating
+
+#: One result row, keyed by the names the statement gives its columns.
+Row = dict[str, Any]
+
+#: The columns a claim is read from (``Claim.from_row``), in the names every claiming statement returns them as.
+CLAIM_COLUMNS = ("pk", "claim_token", "claimed_by", "lease_expires_at", "attempts")
 
 
 class StatementTimestamp(Func):
@@ -37,93 +48,241 @@ class StatementTimestamp(Func):
     output_field = DateTimeField()
 
 
-def lease_end(lease: float) -> BaseExpression:
-    """``statement_timestamp() + <lease seconds>`` (the interval travels as a parameter)."""
-    return StatementTimestamp() + Value(timedelta(seconds=lease), output_field=DurationField())
+class ClaimsSQL(abc.ABC):
+    """The claims statements of one database vendor, for one ``Claimable`` table on one alias.
 
-
-def claim_assignments(worker: str, lease: float, extra: dict[str, Any]) -> dict[str, Any]:
-    """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
-    return {
-        "claimed_by": worker,
-        "claim_token": F("claim_token") + 1,
-        "claimed_at": StatementTimestamp(),
-        "lease_expires_at": lease_end(lease),
-        "attempts": F("attempts") + 1,
-        **extra,
-    }
-
-
-def update_prefix(model: type[Claimable], alias: str, values: dict[str, Any]) -> tuple[str, list[Any]]:
-    """Compile ``UPDATE <table> SET <assignments>`` (no ``WHERE``) with Django's update compiler.
-
-    Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``, ``Case``,
-    functions); a field name it does not know raises ``FieldError`` here, before anything runs.
+    Subclasses write the vendor's statements; this base compiles the parts Django can compile (``SET`` values,
+    the candidates' filters) and runs statements. A vendor is added by subclassing and registering the class in
+    ``VENDORS``.
     """
-    query = UpdateQuery(model)
-    query.add_update_values(values)
-    sql, params = query.get_compiler(alias).as_sql()
-    if " WHERE " in sql or getattr(query, "related_updates", None):  # pragma: no cover - parents refused
-        raise AssertionError(f"unexpected UPDATE shape: {sql}")
-    return sql, list(params)
+
+    vendor: ClassVar[str]
+
+    def __init__(self, table: ClaimTable) -> None:
+        """Build the statements of ``table`` (names already quoted for its alias)."""
+        self.table = table
+        self.alias = table.alias
+
+    # -- the database clock and the values every claim writes ------------------------------------------------
+
+    @abc.abstractmethod
+    def now(self) -> Expression:
+        """The database clock as an expression (stable within one statement)."""
+
+    def lease_end(self, lease: float) -> BaseExpression:
+        """``<now> + <lease seconds>`` (the interval travels as a parameter)."""
+        return self.now() + Value(timedelta(seconds=lease), output_field=DurationField())
+
+    def claim_assignments(self, worker: str, lease: float, extra: dict[str, Any]) -> dict[str, Any]:
+        """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
+        return {
+            "claimed_by": worker,
+            "claim_token": F("claim_token") + 1,
+            "claimed_at": self.now(),
+            "lease_expires_at": self.lease_end(lease),
+            "attempts": F("attempts") + 1,
+            **extra,
+        }
+
+    # -- the operations --------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
+        """Write ``values`` (a claim) to the row ``pk`` the caller has locked; return its ``CLAIM_COLUMNS``."""
+
+    @abc.abstractmethod
+    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+        """Claim up to ``limit`` free rows of ``candidates`` (ordered), skipping locked ones.
+
+        Returns the claimed rows' ``CLAIM_COLUMNS`` in the candidates' order.
+        """
+
+    @abc.abstractmethod
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
+        """Write ``values`` to every row in ``pks`` if each is still claimed with its token by its worker.
+
+        All rows are written, or none (also when the database compares two of ``pks`` as the same row).
+
+        Returns one row per live row found: ``pk``, ``written`` (bool), ``lease_expires_at`` (after the write).
+        """
+
+    @abc.abstractmethod
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:
+        """Write ``values`` to the rows of ``candidates`` whose lease expired; return how many were written."""
+
+    # -- shared building blocks ------------------------------------------------------------------------------
+
+    def update(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        """Compile ``UPDATE <table> SET <assignments>`` (no ``WHERE``) with Django's update compiler.
+
+        Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``,
+        ``Case``, functions); a field name it does not know raises ``FieldError`` here, before anything runs.
+        """
+        query = UpdateQuery(self.table.model)
+        query.add_update_values(values)
+        sql, params = query.get_compiler(self.alias).as_sql()
+        if " WHERE " in sql or getattr(query, "related_updates", None):  # pragma: no cover - parents refused
+            raise AssertionError(f"unexpected UPDATE shape: {sql}")
+        return sql, list(params)
+
+    def select_pks(
+        self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool
+    ) -> tuple[str, list[Any]] | None:
+        """Compile ``SELECT <pk> FROM <table> ... [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF <table>``.
+
+        The filters and ordering come from Django's compiler (values as parameters). The locking clause names
+        only the job table, so only job rows are locked; a schema-qualified table is named by an alias there
+        (``FOR UPDATE OF`` refuses a qualified name). ``FOR NO KEY UPDATE`` lets other sessions insert rows
+        that reference the job. ``None`` when no row can match (``.none()``, ``pk__in=[]``).
+        """
+        selection = queryset.values_list("pk")
+        if limit is not None:
+            selection = selection[:limit]
+        query = selection.query
+        base = query.get_initial_alias()
+        if not isinstance(query.alias_map[base], BaseTable):  # pragma: no cover - Django invariant
+            raise AssertionError(f"cannot find the base table of {query}")
+        if relations.is_qualified(self.table.model, self.alias):
+            base = relations.alias_base_table(query)
+        compiler = query.get_compiler(self.alias)
+        try:
+            sql, params = compiler.as_sql()
+        except EmptyResultSet:
+            return None
+        locking = connections[self.alias].ops.for_update_sql(
+            skip_locked=skip_locked, of=(compiler.quote_name_unless_alias(base),), no_key=True
+        )
+        return f"{sql} {locking}", list(params)
+
+    def returning(self) -> str:
+        """The ``CLAIM_COLUMNS`` of the updated row, named as ``Claim.from_row`` reads them."""
+        table = self.table
+        quote = connections[self.alias].ops.quote_name
+        sources = [table.pk_of(), *(table.column(name) for name in CLAIM_COLUMNS[1:])]
+        return ", ".join(
+            f"{source} AS {quote(name)}" for source, name in zip(sources, CLAIM_COLUMNS, strict=True)
+        )
+
+    def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
+        """Execute one statement; return its rows keyed by column name, and its row count."""
+        with translating(self.alias, nowait=False), connections[self.alias].cursor() as cursor:
+            cursor.execute(sql, params)
+            if cursor.description is None:
+                return [], cursor.rowcount
+            names = [column[0] for column in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()], cursor.rowcount
 
 
-def locking_select(
-    queryset: QuerySet[Any], alias: str, *, limit: int | None, skip_locked: bool
-) -> tuple[str, list[Any]] | None:
-    """Compile ``SELECT <pk> FROM ... WHERE <queryset's filters> [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF
-    <table>``.
+class PostgreSQLClaimsSQL(ClaimsSQL):
+    """Claims on PostgreSQL: one statement per operation, with data-modifying CTEs and ``RETURNING``."""
 
-    The filters come from Django's compiler (values as parameters). The locking clause is appended here,
-    locking only the queried model's rows; ``FOR NO KEY UPDATE`` lets other sessions insert rows that
-    reference the job.
+    vendor = "postgresql"
+
+    def now(self) -> Expression:
+        """``statement_timestamp()`` (see ``StatementTimestamp``)."""
+        return StatementTimestamp()
+
+    def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
+        """``UPDATE ... WHERE pk = %s RETURNING ...`` (the caller holds the row lock)."""
+        update, params = self.update(values)
+        statement = f"{update} WHERE {self.table.pk_of()} = %s RETURNING {self.returning()}"
+        (row,), _ = self.run(statement, [*params, pk])
+        return row
+
+    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+        """One statement: a ``MATERIALIZED`` CTE picks and locks, an ``UPDATE`` joined to it claims.
+
+        The update is never ``WHERE pk IN (subquery with LIMIT)``, which a plan may re-evaluate and so claim
+        more than ``limit`` rows; the CTE is evaluated exactly once.
+        """
+        picked = self.select_pks(candidates, limit=limit, skip_locked=True)
+        if picked is None:
+            return []
+        select, select_params = picked
+        update, set_params = self.update(values)
+        table = self.table
+        statement = (
+            f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
+            f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
+            f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
+            f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
+            f"AND {table.column('lease_expires_at')} IS NULL "
+            f'RETURNING {self.returning()}, "lockkit_ordered".position AS "position"'
+        )
+        rows, _ = self.run(statement, [*select_params, *set_params])
+        rows.sort(key=lambda row: int(row["position"]))
+        return rows
+
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
+        """One statement: lock the live rows in a ``MATERIALIZED`` CTE, update them only if all are live.
+
+        Live: the row carries the claim's token and worker name and is claimed. The update runs only when as
+        many distinct rows are live as claims were given.
+
+        The primary keys travel as an array of the column's type without modifiers, so each is compared
+        exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would round).
+        """
+        table = self.table
+        update, set_params = self.update(values)
+        token, lease = table.column("claim_token", ROW), table.column("lease_expires_at", ROW)
+        worker = table.column("claimed_by", ROW)
+        statement = (
+            f'WITH "lockkit_given" (pk, token, worker) AS '
+            f"(SELECT * FROM unnest(%s::{table.pk_type}[], %s::bigint[], %s::text[])), "
+            f'"lockkit_live" (pk) AS MATERIALIZED (SELECT {table.pk_of(ROW)} FROM {table.name} AS {ROW} '
+            f'JOIN "lockkit_given" ON {table.pk_of(ROW)} = "lockkit_given".pk '
+            f'AND {token} = "lockkit_given".token AND {worker} = "lockkit_given".worker '
+            f"WHERE {lease} IS NOT NULL FOR NO KEY UPDATE OF {ROW}), "
+            f'"lockkit_done" AS ({update} FROM "lockkit_live" WHERE {table.pk_of()} = "lockkit_live".pk '
+            f'AND (SELECT count(DISTINCT pk) FROM "lockkit_live") = %s '
+            f"RETURNING {table.pk_of()} AS pk, {table.column('lease_expires_at')} AS lease) "
+            f'SELECT "lockkit_live".pk AS "pk", "lockkit_done".pk IS NOT NULL AS "written", '
+            f'"lockkit_done".lease AS "lease_expires_at" '
+            f'FROM "lockkit_live" LEFT JOIN "lockkit_done" ON "lockkit_done".pk = "lockkit_live".pk'
+        )
+        rows, _ = self.run(statement, [list(pks), list(tokens), list(workers), *set_params, len(pks)])
+        return rows
+
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> int:
+        """One statement: lock the expired rows (``SKIP LOCKED``), re-check the lease on each row updated.
+
+        A claim renewed or completed while this runs is left alone.
+        """
+        expired = candidates.order_by().filter(lease_expires_at__lt=self.now())
+        picked = self.select_pks(expired, limit=None, skip_locked=True)
+        if picked is None:
+            return 0
+        select, select_params = picked
+        update, set_params = self.update(values)
+        table = self.table
+        statement = (
+            f'WITH "lockkit_expired" (pk) AS MATERIALIZED ({select}) '
+            f'{update} FROM "lockkit_expired" WHERE {table.pk_of()} = "lockkit_expired".pk '
+            f"AND {table.column('lease_expires_at')} < statement_timestamp()"
+        )
+        _, count = self.run(statement, [*select_params, *set_params])
+        return count
+
+
+#: The claims SQL of each supported vendor (``connection.vendor``).
+VENDORS: dict[str, type[ClaimsSQL]] = {PostgreSQLClaimsSQL.vendor: PostgreSQLClaimsSQL}
+
+#: How ``NotSupportedError`` names the supported vendors.
+_VENDOR_NAMES = {"postgresql": "PostgreSQL"}
+
+
+def for_table(model: type[Claimable], alias: str) -> ClaimsSQL:
+    """The claims statements of ``model``'s table on ``alias``, for the alias's vendor.
+
+    Raises:
+        NotSupportedError: claims are not implemented for the alias's vendor.
     """
-    selection = queryset.values_list("pk")
-    if limit is not None:
-        selection = selection[:limit]
-    compiler = selection.query.get_compiler(alias)
-    try:
-        sql, params = compiler.as_sql()
-    except EmptyResultSet:  # .none(), pk__in=[]: no row can match, so there is nothing to run
-        return None
-    connection = connections[alias]
-    base = next(iter(compiler.query.alias_map))
-    if not isinstance(compiler.query.alias_map[base], BaseTable):  # pragma: no cover - Django invariant
-        raise AssertionError(f"cannot find the base table of {sql}")
-    locking = connection.ops.for_update_sql(
-        skip_locked=skip_locked, of=(connection.ops.quote_name(base),), no_key=True
-    )
-    return f"{sql} {locking}", list(params)
-
-
-def column(model: type[Claimable], alias: str, name: str) -> str:
-    """The qualified, quoted column of a field: ``"table"."column"``."""
-    field = model._meta.get_field(name)
-    assert isinstance(field, Field)
-    assert field.column is not None
-    qn = connections[alias].ops.quote_name
-    return f"{qn(model._meta.db_table)}.{qn(field.column)}"
-
-
-def pk_column(model: type[Claimable], alias: str) -> str:
-    """The qualified, quoted primary-key column."""
-    pk = model._meta.pk
-    assert pk is not None
-    return column(model, alias, pk.name)
-
-
-def prepare_pks(model: type[Claimable], alias: str, pks: Sequence[Any]) -> tuple[list[Any], str]:
-    """Primary keys as the driver takes them, and the SQL type of an array of them."""
-    pk = model._meta.pk
-    assert pk is not None
-    connection = connections[alias]
-    values = [pk.get_db_prep_value(value, connection, prepared=False) for value in pks]
-    return values, f"{pk.cast_db_type(connection)}[]"
-
-
-def run(alias: str, sql: str, params: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int]:
-    """Execute one statement on ``alias``; return its rows and row count."""
-    with translating(alias, nowait=False), connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall() if cursor.description is not None else []
-        return [tuple(row) for row in rows], cursor.rowcount
+    vendor = connections[alias].vendor
+    if vendor not in VENDORS:
+        supported = ", ".join(sorted(_VENDOR_NAMES.get(name, name) for name in VENDORS))
+        raise NotSupportedError(f"lockkit.claims supports {supported} only; database {alias!r} is {vendor}")
+    return VENDORS[vendor](ClaimTable.of(model, alias))

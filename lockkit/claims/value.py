@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,3 +37,28 @@ class Claim:
     attempt: int
     alias: str
     lease: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], *, model: type[Claimable], alias: str, lease: float) -> Claim:
+        """Build the claim a claiming statement returned.
+
+        Args:
+            row: The claimed row's columns by name: ``pk``, ``claim_token``, ``claimed_by``,
+                ``lease_expires_at``, ``attempts``.
+            model: The ``Claimable`` model of the row.
+            alias: The database alias the row lives on.
+            lease: The lease in seconds the claim was made with.
+
+        Returns:
+            The ``Claim``.
+        """
+        return cls(
+            model=model,
+            pk=row["pk"],
+            token=int(row["claim_token"]),
+            worker=str(row["claimed_by"]),
+            lease_expires_at=row["lease_expires_at"],
+            attempt=int(row["attempts"]),
+            alias=alias,
+            lease=lease,
+        )

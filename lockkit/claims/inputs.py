@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from django.core.exceptions import ValidationError
-from django.db import NotSupportedError, connections, models, router
-from django.db.models import Q, QuerySet
-from django.db.models.expressions import BaseExpression
+from django.core.exceptions import FieldError
+from django.db import connections, models, router
+from django.db.models import Field, Q, QuerySet
+from django.db.models.sql import UpdateQuery
 
 from lockkit import aliases
+from lockkit.claims import storable
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
 from lockkit.claims.value import Claim
 from lockkit.validation import duration
-
-SUPPORTED_VENDORS = frozenset({"postgresql"})
+from lockkit.validation import positive_int as _positive_int
 
 
 def claimable_model(model: object, name: str) -> type[Claimable]:
@@ -36,61 +36,105 @@ def claimable_model(model: object, name: str) -> type[Claimable]:
     return model
 
 
-def worker(value: object) -> str:
+def worker(value: object, name: str = "worker") -> str:
+    """Return ``value`` when it is a worker name ``claimed_by`` stores unchanged.
+
+    Raises:
+        TypeError: not a ``str``.
+        ValueError: empty, too long, or with characters the database cannot store.
+    """
     if not isinstance(value, str):
-        raise TypeError(f"worker must be a str naming the worker, not {type(value).__name__}")
+        raise TypeError(f"{name} must be a str naming the worker, not {type(value).__name__}")
     if not value.strip():
-        raise ValueError("worker must be a non-empty name")
+        raise ValueError(f"{name} must be a non-empty name")
     if len(value) > WORKER_MAX_LENGTH:
-        raise ValueError(f"worker must be at most {WORKER_MAX_LENGTH} characters, got {len(value)}")
-    if "\x00" in value:
-        raise ValueError("worker must not contain NUL characters (PostgreSQL text cannot store them)")
-    return value
+        raise ValueError(f"{name} must be at most {WORKER_MAX_LENGTH} characters, got {len(value)}")
+    return storable.check_text(value, name)
 
 
 def lease(value: object, name: str = "lease") -> float:
+    """Return ``value`` (seconds or a ``timedelta``) as a positive, finite number of seconds.
+
+    Raises:
+        TypeError, ValueError: as ``lockkit.validation.duration``.
+    """
     return duration(value, name)
 
 
 def positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    if value > _MAX_BIGINT:
-        raise ValueError(f"{name} must be at most {_MAX_BIGINT} (a PostgreSQL bigint), got {value}")
-    return value
+    """Return ``value`` when it is an ``int`` (not a ``bool``) from 1 to the largest bigint (``LIMIT`` takes one).
+
+    Raises:
+        TypeError: not an ``int``.
+        ValueError: out of range.
+    """
+    return _positive_int(value, name, maximum=_MAX_BIGINT, bound=" (a PostgreSQL bigint)")
 
 
-# LIMIT takes a bigint.
 _MAX_BIGINT = 2**63 - 1
 
 
-def condition(value: object) -> Q | None:
-    if value is not None and not isinstance(value, Q):
-        raise TypeError(f"when must be a django.db.models.Q or None, not {type(value).__name__}")
-    return value
+def condition(value: object, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """Return ``queryset`` filtered by ``when`` (a ``Q`` or ``None``).
 
-
-def order(value: object) -> tuple[Any, ...] | None:
+    Raises:
+        TypeError: ``when`` is not a ``Q`` or ``None``.
+        ValueError: ``when`` names a field the model does not have.
+    """
     if value is None:
-        return None
+        return queryset
+    if not isinstance(value, Q):
+        raise TypeError(f"when must be a django.db.models.Q or None, not {type(value).__name__}")
+    try:
+        return queryset.filter(value)
+    except FieldError as exc:
+        raise ValueError(f"when: {exc}") from None
+
+
+def order(value: object, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """Return ``queryset`` ordered by ``order_by``: field names and expressions, as ``QuerySet.order_by()``.
+
+    Default (``None``): the queryset's own ordering, else the primary key.
+
+    Raises:
+        TypeError: not a list or tuple of field names and expressions.
+        ValueError: an unknown field, or an aggregate or window expression (rows cannot be locked then).
+    """
+    if value is None:
+        return queryset if queryset.ordered else queryset.order_by("pk")
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise TypeError(
             f"order_by must be a list or tuple of field names or expressions, not {type(value).__name__}"
         )
     for item in value:
-        if not isinstance(item, str | BaseExpression):
+        if not isinstance(item, str) and not hasattr(item, "resolve_expression"):
             raise TypeError(f"order_by items must be field names or expressions, not {type(item).__name__}")
-        if isinstance(item, BaseExpression) and (item.contains_aggregate or item.contains_over_clause):
-            raise ValueError(
-                "order_by must not use aggregates or window functions: rows cannot be locked then"
-            )
-    return tuple(value)
+    try:
+        ordered = queryset.order_by(*value)
+        # Resolve the expressions as the compiler will (F() has no contains_aggregate before it is resolved).
+        resolved = [
+            item.resolve_expression(ordered.query.clone(), allow_joins=True, reuse=None)
+            for item in value
+            if not isinstance(item, str)
+        ]
+    except FieldError as exc:
+        raise ValueError(f"order_by: {exc}") from None
+    if any(item.contains_aggregate or item.contains_over_clause for item in resolved):
+        raise ValueError("order_by must not use aggregates or window functions: rows cannot be locked then")
+    return ordered
 
 
-def assignments(model: type[Claimable], values: object, name: str) -> dict[str, Any]:
-    """Return a ``set=`` mapping checked against ``model``: local, concrete, non-key, non-claim fields."""
+def assignments(model: type[Claimable], values: object, name: str, alias: str) -> dict[str, Any]:
+    """Return a ``set=`` mapping checked against ``model``: local, concrete, non-key, non-claim fields.
+
+    Each value must be storable in its column unchanged (``storable.check_storable``); each expression must
+    name fields the model has.
+
+    Raises:
+        TypeError: not a mapping, or a key that is not a field name.
+        ValueError: a field that cannot be set, a value its column cannot store, an expression naming an
+            unknown field.
+    """
     if values is None:
         return {}
     if not isinstance(values, Mapping):
@@ -115,6 +159,13 @@ def assignments(model: type[Claimable], values: object, name: str) -> dict[str, 
             raise ValueError(
                 f"{name}: {field_name!r} belongs to a parent model's table; set only local fields"
             )
+        assert isinstance(field, Field)
+        storable.check_storable(field, value, f"{name}[{field_name!r}]", alias)
+        if hasattr(value, "resolve_expression"):
+            try:  # as the UPDATE compiler will, so an unknown field fails here rather than mid-statement
+                value.resolve_expression(UpdateQuery(model), allow_joins=False, for_save=True)
+            except FieldError as exc:
+                raise ValueError(f"{name}[{field_name!r}]: {exc}") from None
         checked[field.name] = value
     return checked
 
@@ -136,6 +187,13 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
         raise ValueError(f"{name} must not use distinct(): rows cannot be locked from a DISTINCT query")
     if query.combinator:
         raise ValueError(f"{name} must not be a union/intersection/difference of querysets")
+    if query.select_for_update:
+        # Its locking clause would be compiled next to lockkit's own, and PostgreSQL applies the strongest:
+        # FOR UPDATE over FOR NO KEY UPDATE, NOWAIT over SKIP LOCKED.
+        raise ValueError(
+            f"{name} must not carry select_for_update(): lockkit.claims locks the rows itself "
+            "(FOR NO KEY UPDATE SKIP LOCKED); pass the queryset without it"
+        )
     if query.group_by is not None or any(
         getattr(annotation, "contains_aggregate", False) for annotation in query.annotations.values()
     ):
@@ -157,7 +215,6 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
 
     Raises:
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
-        NotSupportedError: the alias is not a PostgreSQL database.
     """
     if using is not None:
         alias = aliases.check_alias(using)
@@ -169,9 +226,6 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
             router.db_for_write(queryset.model, **kwargs), "router.db_for_write(model)"
         )
     aliases.queryset_on(queryset, alias, "target" if hint is not None else "queryset")
-    vendor = connections[alias].vendor
-    if vendor not in SUPPORTED_VENDORS:
-        raise NotSupportedError(f"lockkit.claims supports PostgreSQL only; database {alias!r} is {vendor}")
     return alias
 
 
@@ -189,32 +243,47 @@ def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:
         if any(c.model is not first.model or c.alias != first.alias for c in result):
             raise ValueError(f"{name} must all be claims of one model on one database alias")
         # Compared as the field reads them: 1 and "1" are the same row of an integer primary key.
-        if len({_row_key(c) for c in result}) != len(result):
+        if len({storable.exact_pk(c.model, c.pk, name) for c in result}) != len(result):
             raise ValueError(f"{name} holds the same row more than once")
     return result
 
 
 def claim(value: object, name: str = "claim") -> Claim:
+    """Return ``value`` when it is a ``Claim`` whose every value is valid; nothing is sent to check it.
+
+    A ``Claim`` is plain data that may have travelled (pickled, JSON) or been forged: the model, the alias, the
+    primary key (stored unchanged by its column), the token, the worker, the attempt and the lease are checked.
+
+    Raises:
+        TypeError: not a ``Claim``; a value of the wrong type (each message names ``claim.<field>``).
+        ValueError: a value out of range: an unknown alias, a pk its column would not store unchanged, a
+            token outside 0..2**63-1, an empty or unstorable worker name, a negative attempt, a bad lease.
+    """
     if not isinstance(value, Claim):
         raise TypeError(f"{name} must be a Claim (from claim() or claim_next()), not {type(value).__name__}")
     claimable_model(value.model, f"{name}.model")
-    # A Claim is plain data that may have travelled (pickled, JSON): check what the fenced write will use.
-    if value.pk is None:
-        raise ValueError(f"{name}.pk is None: a claim names a saved row")
-    _row_key(value, name)
+    aliases.check_alias(value.alias, f"{name}.alias")
+    storable.exact_pk(value.model, value.pk, f"{name}.pk")
     token = value.token
     if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= _MAX_BIGINT:
         raise ValueError(f"{name}.token must be an int between 0 and {_MAX_BIGINT}, got {token!r}")
+    worker(value.worker, f"{name}.worker")
+    attempt = value.attempt
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        raise TypeError(f"{name}.attempt must be an int, not {type(attempt).__name__}")
+    if not 0 <= attempt <= _MAX_BIGINT:
+        raise ValueError(f"{name}.attempt must be between 0 and {_MAX_BIGINT}, got {attempt}")
     if value.lease is not None:
         lease(value.lease, f"{name}.lease")
     return value
 
 
-def _row_key(value: Claim, name: str = "claim") -> Any:
-    """The claim's primary key as its model field reads it (``"1"`` and ``1`` alike for an integer key)."""
-    pk_field = value.model._meta.pk
+def prepared_pks(claims: Sequence[Claim], alias: str) -> list[Any]:
+    """The claims' primary keys as the pk field reads them, prepared as the driver takes them on ``alias``."""
+    pk_field = claims[0].model._meta.pk
     assert pk_field is not None
-    try:
-        return pk_field.to_python(value.pk)
-    except ValidationError as exc:
-        raise ValueError(f"{name}.pk {value.pk!r} is not a valid {value.model.__name__} primary key") from exc
+    connection = connections[alias]
+    return [
+        pk_field.get_db_prep_value(storable.exact_pk(c.model, c.pk, "claim.pk"), connection, prepared=False)
+        for c in claims
+    ]
