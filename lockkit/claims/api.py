@@ -162,6 +162,8 @@ def claim_next(
     statements = sql.for_table(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     candidates = inputs.order(order_by, candidates.using(alias).filter(lease_expires_at__isnull=True))
+    if statements.select_pks(candidates, limit=count, skip_locked=True) is None:
+        return []  # no row can match (.none(), pk__in=[]): no transaction either
     rows = runner.in_transaction(
         alias, lock_timeout, lambda: statements.claim_next(candidates, count, values)
     )
@@ -445,6 +447,8 @@ def reclaim_expired(
         values.update(back)
     statements = sql.for_table(model, alias)
     expired = candidates.using(alias)
+    if statements.select_pks(expired, limit=None, skip_locked=True) is None:
+        return 0  # no row can match: no transaction either
     return runner.in_transaction(alias, lock_timeout, lambda: statements.reclaim_expired(expired, values))
 
 
