@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.advisory_keys import AdvisoryKey
@@ -89,7 +89,9 @@ def give_back(held: HeldLock, *, raise_errors: bool) -> None:
     """Release a lock the transaction does not release by itself (session-level, or MariaDB's ``GET_LOCK``).
 
     Never leaves the lock on the connection: if the release fails, the connection is closed (the server drops
-    every lock of a closed session) unless it is inside a transaction, whose owner then fails.
+    every lock of a closed session), inside a transaction too: the release fails there when the transaction is
+    already aborted, and a rollback would not release a session-level lock or ``GET_LOCK``. Django then rolls the
+    enclosing ``atomic()`` block back (``closed_in_transaction``).
 
     Args:
         held: The lock, as ``take`` returned it.
@@ -97,18 +99,32 @@ def give_back(held: HeldLock, *, raise_errors: bool) -> None:
             already on its way out).
 
     Raises:
-        AdvisoryLockLost: the session no longer held the lock (see the class), with ``raise_errors``.
+        AdvisoryLockLost: the session no longer held the lock (see the class), or (session-level) the server session
+            that took it ended during the block, with ``raise_errors``.
         django.db.DatabaseError: the release failed, with ``raise_errors``; the connection was closed.
     """
     connection = connections[held.alias]
     backend = backend_for(connection)
     try:
         released, pid = backend.release_advisory(connection, held.key, shared=held.shared)
-    except DatabaseError:
+    except DatabaseError as exc:
+        # The server session itself is gone (killed, lost, server restarted): it took the lock with it.
+        lost = (
+            held.session
+            and isinstance(exc, OperationalError | InterfaceError)
+            and (connection.connection is None or not connection.is_usable())
+        )
         _discard(connection)
         logger.warning(
             "lockkit: releasing advisory lock %s on %r failed; connection closed", held.key, held.alias
         )
+        if raise_errors and lost:
+            raise AdvisoryLockLost(
+                f"advisory lock {held.key} on database {held.alias!r} was taken by server session {held.pid}, "
+                f"which ended during the block ({type(exc).__name__}: {exc}): the server dropped the lock with "
+                "it, so the block did not run under the lock the whole time",
+                alias=held.alias,
+            ) from exc
         if raise_errors:
             raise
         return
@@ -132,8 +148,8 @@ def give_back(held: HeldLock, *, raise_errors: bool) -> None:
 
 
 def _discard(connection: BaseDatabaseWrapper) -> None:
-    if not connection.in_atomic_block:
-        connection.close()
+    # Inside atomic() too: Django marks the block for rollback and forgets the connection at its end.
+    connection.close()
 
 
 __all__ = ["HeldLock", "give_back", "take"]

@@ -6,6 +6,7 @@ measures or allocates nothing when none is connected: an unobserved operation ru
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -16,6 +17,23 @@ from lockkit import signals
 from lockkit.errors import Failure, LockError
 
 R = TypeVar("R")
+
+logger = logging.getLogger("lockkit.signals")
+
+
+def send(signal: Any, sender: object, **kwargs: Any) -> None:
+    """Send ``signal`` to every receiver, logging (never raising) a receiver's exception.
+
+    ``Signal.send_robust``: a broken metrics or tracing receiver must not fail, roll back or retry the operation
+    it observes (which may already have committed), nor keep the other receivers from hearing it.
+    """
+    for receiver, response in signal.send_robust(sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "lockkit: a receiver of a lockkit signal raised; the operation goes on: %r",
+                receiver,
+                exc_info=response,
+            )
 
 
 class RetryEvent(Protocol):
@@ -85,7 +103,7 @@ class ObservedOperation:
         self._token = _sender.set(self.sender)
         self._started = time.perf_counter()
         if signals.operation_started.receivers:
-            signals.operation_started.send(self.sender, operation=self.operation, alias=self.alias)
+            send(signals.operation_started, self.sender, operation=self.operation, alias=self.alias)
         return self
 
     def __exit__(
@@ -95,7 +113,8 @@ class ObservedOperation:
         duration = time.perf_counter() - self._started
         _sender.reset(self._token)
         if signals.operation_finished.receivers:
-            signals.operation_finished.send(
+            send(
+                signals.operation_finished,
                 self.sender,
                 operation=self.operation,
                 alias=self.alias,
@@ -111,8 +130,12 @@ class ObservedOperation:
         def observed(alias: str, number: int, args: Any, kwargs: Any) -> R:
             self.attempts = number
             if signals.attempt_started.receivers:
-                signals.attempt_started.send(
-                    self.sender, operation=self.operation, alias=alias, attempt=number
+                send(
+                    signals.attempt_started,
+                    self.sender,
+                    operation=self.operation,
+                    alias=alias,
+                    attempt=number,
                 )
             started = time.perf_counter()
             try:
@@ -127,7 +150,8 @@ class ObservedOperation:
 
     def _attempt_finished(self, number: int, error: BaseException | None, duration: float) -> None:
         if signals.attempt_finished.receivers:
-            signals.attempt_finished.send(
+            send(
+                signals.attempt_finished,
                 self.sender,
                 operation=self.operation,
                 alias=self.alias,
@@ -141,7 +165,8 @@ class ObservedOperation:
 def retried(event: RetryEvent) -> None:
     """Send ``operation_retried`` for a retry the policy decided (called from tenacity's ``before_sleep``)."""
     if signals.operation_retried.receivers:
-        signals.operation_retried.send(
+        send(
+            signals.operation_retried,
             _sender.get(),
             operation=event.operation,
             alias=event.alias,
@@ -156,7 +181,8 @@ def retried(event: RetryEvent) -> None:
 def gave_up(event: RetryEvent) -> None:
     """Send ``operation_gave_up`` when the policy stops on a failure (called from tenacity's give-up hook)."""
     if signals.operation_gave_up.receivers:
-        signals.operation_gave_up.send(
+        send(
+            signals.operation_gave_up,
             _sender.get(),
             operation=event.operation,
             alias=event.alias,
@@ -174,8 +200,14 @@ def timed_lock(sender: object, scope: Any, model: Any, take: Callable[[], R], ro
     started = time.perf_counter()
     result = take()
     wait = time.perf_counter() - started
-    signals.lock_acquired.send(
-        sender, alias=scope.alias, scope=scope, model=model, rows=rows(result), wait=wait
+    send(
+        signals.lock_acquired,
+        sender,
+        alias=scope.alias,
+        scope=scope,
+        model=model,
+        rows=rows(result),
+        wait=wait,
     )
     return result
 
@@ -187,4 +219,4 @@ def claims_event(signal: Any, sender: object, claims: Iterable[Any], **extra: An
     listed = list(claims)
     if not listed:
         return
-    signal.send(sender, claims=listed, model=listed[0].model, alias=listed[0].alias, **extra)
+    send(signal, sender, claims=listed, model=listed[0].model, alias=listed[0].alias, **extra)

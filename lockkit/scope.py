@@ -422,6 +422,10 @@ def _primary_key(model: type[models.Model], value: Any) -> Any:
     """
     field = model._meta.pk
     assert field is not None
+    if value is None:  # to_python(None) is None, which pk__in drops: it would only surface as DoesNotExist
+        raise ValueError(
+            f"pks: None is not a valid {model.__name__} primary key: a primary key is never NULL"
+        )
     try:
         return field.to_python(value)
     except ValidationError as exc:

@@ -4,8 +4,8 @@ Connect receivers as for any Django signal (``lockkit.signals.operation_finished
 signal is sent with keyword arguments only, listed below, and receivers must accept ``**kwargs`` as Django asks. A
 signal without receivers costs one attribute check on the hot path: lockkit measures nothing for it. Receivers run
 synchronously in the thread of the operation, inside or right after its transaction (see each signal): keep them
-fast and never let them raise (an exception from a receiver propagates into the operation, as with
-``Signal.send``). See https://docs.djangoproject.com/en/stable/topics/signals/.
+fast. lockkit sends with ``Signal.send_robust``: an exception from a receiver is logged (logger
+``lockkit.signals``, level ERROR) and never fails, rolls back or retries the operation. See https://docs.djangoproject.com/en/stable/topics/signals/.
 
 Operation signals (``sender`` is the decorated function, so ``connect(receiver, sender=reserve_stock)`` listens to
 one operation):

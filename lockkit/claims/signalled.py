@@ -61,7 +61,7 @@ def _reclaimed(func: F) -> F:
         count = func(queryset, *args, **kwargs)
         if count and signals.claim_reclaimed.receivers:
             alias = aliases.resolve(kwargs.get("using") or getattr(queryset, "_db", None), queryset.model)
-            signals.claim_reclaimed.send(Claim, model=queryset.model, alias=alias, count=count)
+            events.send(signals.claim_reclaimed, Claim, model=queryset.model, alias=alias, count=count)
         return count
 
     return wrapper  # type: ignore[return-value]
