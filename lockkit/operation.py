@@ -294,8 +294,10 @@ def locked_operation(
         TypeError: at decoration, a wrong parameter type or an ``async def`` function; at call, ``using`` returned
             something that is not a string.
         ValueError: at decoration, a bad value (see ``locked()``); at call, ``using`` returned an unknown alias.
-        LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
-            ReadOnlyDatabase: the failure of the last attempt, with ``.attempts`` set.
+        LockError: the last attempt's database failure as its typed subclass, with ``.attempts`` set.
+            ``LockTimeout``, ``DeadlockDetected`` and ``SerializationFailure`` are retried first by the default
+            policy; ``LockNotAvailable``, ``StatementTimeout`` and ``ReadOnlyDatabase`` are not. See
+            ``locked()`` for when each is raised.
     """
     if using_or_func is not NOT_GIVEN and using is not NOT_GIVEN:
         raise TypeError("locked_operation() got using both positionally and as a keyword")

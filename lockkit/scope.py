@@ -673,8 +673,12 @@ def locked(
         TypeError: a parameter has the wrong type (a ``bool`` or a string as a duration, a model instance).
         ValueError: an unknown alias, a non-positive/NaN/infinite duration, ``nowait`` with ``skip_locked``.
         django.db.NotSupportedError: on entry, the backend cannot honour ``nowait``/``skip_locked``/``no_key``.
-        LockNotAvailable, LockTimeout, DeadlockDetected, SerializationFailure, StatementTimeout,
-            ReadOnlyDatabase: the database reported that failure inside the block or at commit.
+        LockNotAvailable: inside the block, a row was locked and the scope asked for ``nowait``.
+        LockTimeout: inside the block, a lock wait took longer than ``lock_timeout``.
+        DeadlockDetected: the database aborted the transaction to break a deadlock.
+        SerializationFailure: the database could not serialize the transaction (in the block or at commit).
+        StatementTimeout: a statement ran longer than ``statement_timeout``.
+        ReadOnlyDatabase: the alias is a read-only server (a hot standby).
     """
     options = ScopeOptions.build(
         None if callable(using) else using,

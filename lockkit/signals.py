@@ -61,17 +61,29 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 operation_started = Signal()
+"""A ``locked_operation`` call begins, before its first attempt: ``operation``, ``alias``."""
 attempt_started = Signal()
+"""An attempt begins, before its transaction: ``operation``, ``alias``, ``attempt``."""
 attempt_finished = Signal()
+"""An attempt ended: ``operation``, ``alias``, ``attempt``, ``failure``, ``error``, ``duration``."""
 operation_retried = Signal()
+"""An attempt failed and runs again: ``operation``, ``alias``, ``attempt``, ``failure``, ``sqlstate``, ``wait``, ``error``."""
 operation_gave_up = Signal()
+"""The retry policy stopped: ``operation``, ``alias``, ``attempts``, ``failure``, ``sqlstate``, ``error``."""
 operation_finished = Signal()
+"""The call returns or raises: ``operation``, ``alias``, ``attempts``, ``failure``, ``error``, ``duration``."""
 lock_acquired = Signal()
+"""A locking statement lockkit evaluates returned: ``alias``, ``scope``, ``model``, ``rows``, ``wait``."""
 claim_made = Signal()
+"""``claim()``/``claim_next()`` claimed rows: ``claims``, ``model``, ``alias``, ``worker``."""
 claim_completed = Signal()
+"""``complete()``/``complete_many()`` ended claims: ``claims``, ``model``, ``alias``."""
 claim_released = Signal()
+"""``release()``/``release_many()`` ended claims: ``claims``, ``model``, ``alias``."""
 claim_reclaimed = Signal()
+"""``reclaim_expired()`` freed expired claims: ``model``, ``alias``, ``count``."""
 claim_stale = Signal()
+"""A fenced write found a claim lost (``StaleClaim``): ``claims``, ``model``, ``alias``, ``error``."""
 
 __all__ = [
     "attempt_finished",

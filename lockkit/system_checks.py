@@ -18,6 +18,7 @@ from django.db import connections
 
 from lockkit import conf
 from lockkit.capabilities import capabilities, configuration_warnings, memory_database_warnings
+from lockkit.links import docs_url
 from lockkit.retry import check_retry
 from lockkit.validation import optional_duration
 
@@ -91,7 +92,7 @@ def check_memory_databases(
     return [
         Warning(
             text,
-            hint="Set DATABASES[alias]['TEST']['NAME'] (and NAME) to a file path. See docs/backends.md in lockkit.",
+            hint=f"Set DATABASES[alias]['TEST']['NAME'] (and NAME) to a file path. See {docs_url('backends/', 'sqlite')}",
             obj=alias,
             id="lockkit.W003",
         )
@@ -103,7 +104,9 @@ def check_memory_databases(
 def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """``lockkit.W001``: a database setting lockkit's guarantees depend on (from settings, no connection)."""
     return [
-        Warning(text, hint="See docs/backends.md in lockkit.", obj=alias, id="lockkit.W001")
+        Warning(
+            text, hint=f"See {docs_url('backends/', 'the-capability-report')}", obj=alias, id="lockkit.W001"
+        )
         for alias in connections
         for text in configuration_warnings(alias)
     ]

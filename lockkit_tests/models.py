@@ -161,3 +161,13 @@ class QueuedJob(Claimable):
     class Meta:
         managed = False
         db_table = f'{QUEUE_SCHEMA}"."queued_job'
+
+
+# -- The documentation's examples (README.md, docs/*.md, run by Sybil): `shop.models.Account` is this model. -----------
+
+
+class DocAccount(models.Model):
+    """A bank account for the transfer examples of the docs (lockkit_tests/doc_examples.py maps the names)."""
+
+    owner = models.CharField(max_length=40, default="")
+    balance = models.IntegerField(default=0)

@@ -52,6 +52,8 @@ def claim(
         set: Fields to write with the claim, e.g. ``{"state": "running"}`` (values or expressions).
         using: The database alias; default the queryset's or instance's database, else
             ``router.db_for_write``.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
         The ``Claim``, or ``None`` when the row does not exist, is already claimed, or ``when`` does not hold.
@@ -139,6 +141,8 @@ def claim_next(
         order_by: Field names or expressions deciding which rows are claimed first; default the queryset's
             ordering, else the primary key.
         using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
         The claims, in ``order_by`` order; an empty list when no free row is available right now.
@@ -300,6 +304,8 @@ def complete(
     Args:
         claim: The claim to end.
         set: Fields to write with the completion (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
@@ -320,6 +326,8 @@ def complete_many(
     Args:
         claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
         set: Fields to write to every row (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError: not an iterable of ``Claim``, an invalid claim, claims of different
@@ -340,6 +348,8 @@ def release(
     Args:
         claim: The claim to end.
         set: Fields to write with the release (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
@@ -362,6 +372,8 @@ def release_many(
     Args:
         claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
         set: Fields to write to every row (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError, StaleClaim: as ``complete_many``.
@@ -412,6 +424,8 @@ def reclaim_expired(
             ``exhausted_set``.
         exhausted_set: Fields to write on exhausted rows; required with ``max_attempts``.
         using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
         The number of rows changed (handed back plus exhausted).

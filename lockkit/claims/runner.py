@@ -22,8 +22,17 @@ _RETRY_LOST = RetryPolicy(retry_on={Failure.CONNECTION_LOST})
 
 
 def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
-    """Run ``work()`` in a locked scope on ``alias`` (``FOR NO KEY UPDATE`` locks), retried when it lost its
-    connection before COMMIT.
+    """Run ``work()`` in a locked scope on ``alias``, retried when it lost its connection before COMMIT.
+
+    Locks are ``FOR NO KEY UPDATE``; the scope's lock timeout is ``lock_timeout``.
+
+    Args:
+        alias: The database alias.
+        lock_timeout: Seconds, ``None`` (the connection's own setting) or ``FROM_SETTINGS``.
+        work: The claims statement(s) to run in the scope.
+
+    Returns:
+        What ``work()`` returned.
 
     Raises:
         TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.

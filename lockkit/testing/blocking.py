@@ -21,8 +21,7 @@ from lockkit.validation import Duration, duration
 
 
 def _behind(pid: int, edges: Iterable[tuple[int, int]]) -> list[int]:
-    """Sessions waiting for ``pid`` directly, or behind another session that waits for it (queued on one
-    row)."""
+    """Sessions waiting for ``pid`` directly, or behind another session that waits for it (queued on one row)."""
     waiting_for: dict[int, set[int]] = {}
     for waiter, blocker in edges:
         waiting_for.setdefault(blocker, set()).add(waiter)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 class ContentionTimeout(AssertionError):
-    """A contention helper waited longer than its timeout: the expected lock, block or completion never
-    happened.
+    """A contention helper waited longer than its timeout: the expected lock, block or completion never came.
 
     It subclasses ``AssertionError`` so that every test runner reports it as a test failure, not an error in
     the test's setup.

@@ -49,6 +49,7 @@ class Holder:
     """
 
     def __init__(self, alias: str, timeout: float) -> None:
+        """Make a holder for ``alias`` whose lock may last ``timeout`` seconds; ``hold_lock`` starts it."""
         self.alias = alias
         self.pid = 0
         self.rows: list[Any] = []
@@ -59,6 +60,7 @@ class Holder:
         self.thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
+        """Show the alias, the holding session and how many rows it locked."""
         return f"<Holder alias={self.alias!r} pid={self.pid} rows={len(self.rows)} released={self._ended}>"
 
     @property
@@ -85,7 +87,7 @@ class Holder:
         Raises:
             ContentionTimeout: ``func`` did not finish within the holder's ``timeout``.
             RuntimeError: the holding transaction has ended.
-            Whatever ``func`` raised.
+            Exception: whatever ``func`` raised, raised again here.
         """
         if not callable(func):
             raise TypeError(f"func must be callable, not {type(func).__name__}")
@@ -95,14 +97,13 @@ class Holder:
         return job.result  # type: ignore[no-any-return]
 
     def release(self, *, commit: bool = False) -> None:
-        """End the holding transaction now, committing it or rolling it back, and wait for the session to
-        close.
+        """End the holding transaction now, committing it or rolling it back; wait for the session to close.
 
         Idempotent: releasing twice, or leaving the block after a release, does nothing more.
 
         Raises:
             ContentionTimeout: the session did not end within the holder's ``timeout``.
-            Whatever the commit raised.
+            Exception: whatever the commit raised, raised again here.
         """
         if self._ended:
             return

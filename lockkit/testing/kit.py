@@ -42,6 +42,7 @@ class ContentionKit:
     """
 
     def __init__(self, timeout: Duration = 10.0) -> None:
+        """Bind the helpers to one test, each wait bounded by ``timeout`` seconds (or a ``timedelta``)."""
         self.timeout = duration(timeout, "timeout")
         self._calls: list[ThreadCall[Any]] = []
 

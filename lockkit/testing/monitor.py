@@ -88,6 +88,7 @@ class LockWaitMonitor:
     _ready: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Check the alias and the interval before any thread starts."""
         check_alias(self.using, "using")
         self.interval = duration(self.interval, "interval")
 
@@ -112,8 +113,12 @@ class LockWaitMonitor:
         return max((sample.waiting for sample in list(self.samples)), default=0)
 
     def mean_waiting(self, start: float | None = None, end: float | None = None) -> float:
-        """The mean number of sessions waiting per sample, over the samples read between ``start`` and
-        ``end`` (seconds since the epoch, ``time.time()``; default: all of them); 0.0 without a sample."""
+        """The mean number of sessions waiting per sample; 0.0 without a sample.
+
+        Args:
+            start: Only samples read at or after this time (seconds since the epoch, ``time.time()``); default all.
+            end: Only samples read at or before this time; default all.
+        """
         inside = [
             sample.waiting
             for sample in list(self.samples)
@@ -129,7 +134,7 @@ class LockWaitMonitor:
         Raises:
             RuntimeError: it was already started.
             NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
-            Whatever the first read raised (a connection failure...).
+            Exception: whatever the first read raised (a connection failure...), raised again here.
         """
         if self._thread is not None:
             raise RuntimeError("a LockWaitMonitor can be started only once")
@@ -148,7 +153,7 @@ class LockWaitMonitor:
 
         Raises:
             RuntimeError: the thread did not stop within 10 seconds.
-            Whatever the sampling thread raised while it ran.
+            Exception: whatever the sampling thread raised while it ran, raised again here.
         """
         self._stop.set()
         if self._thread is None:
@@ -163,11 +168,13 @@ class LockWaitMonitor:
             raise error
 
     def __enter__(self) -> LockWaitMonitor:
+        """Start sampling; return the monitor."""
         return self.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """Stop sampling; re-raise the sampling thread's error, or attach it to the block's own as a note."""
         if exc is None:
             self.stop()
             return

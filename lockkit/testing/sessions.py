@@ -90,6 +90,7 @@ class SessionTracker:
     """The database sessions one thread opens, recorded as they open, so that another thread can cancel them."""
 
     def __init__(self) -> None:
+        """Start with no session recorded."""
         self._sessions: list[_Opened] = []
 
     def start(self) -> None:

@@ -72,6 +72,7 @@ class ThreadCall(Generic[T]):
         barrier: threading.Barrier | None = None,
         barrier_timeout: float | None = None,
     ) -> None:
+        """Prepare the call; ``start()`` runs it on its own thread."""
         self.name = f"lockkit-call-{index}-{getattr(func, '__name__', 'callable')}"
         self._outcome: Outcome[T] = Outcome(index)
         self._sessions = SessionTracker()
@@ -80,6 +81,7 @@ class ThreadCall(Generic[T]):
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def start(self) -> ThreadCall[T]:
+        """Start the thread (it may wait at the barrier first); return this call."""
         self._thread.start()
         return self
 
@@ -132,7 +134,7 @@ class ThreadCall(Generic[T]):
 
         Raises:
             ContentionTimeout: as ``outcome()``.
-            Whatever the callable raised.
+            Exception: whatever the callable raised, raised again here.
         """
         return self.outcome(timeout).unwrap()
 
@@ -199,7 +201,7 @@ def run_concurrently(
         TypeError: ``func`` is not callable, ``n`` is not an ``int``, ``args`` is neither a tuple nor a list
             of tuples, ``timeout`` is not seconds.
         ValueError: ``n`` is below 1, ``args`` does not hold ``n`` tuples, ``timeout`` is not positive.
-        Any exception a caller raised, when ``reraise`` is true.
+        Exception: with ``reraise``, the first exception a caller raised.
     """
     if not callable(func):
         raise TypeError(f"func must be callable, not {type(func).__name__}")

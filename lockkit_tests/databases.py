@@ -1,4 +1,10 @@
-"""Shared fixtures: a short deadlock_timeout on the test databases, so deliberate deadlocks resolve fast."""
+"""Session fixtures for the test databases, for every test the suite collects (loaded by the root conftest.py).
+
+A short deadlock_timeout on the PostgreSQL test databases, so deliberate deadlocks resolve fast; the SQLite test
+directory and the topology servers made before the test databases. Loaded as a plugin rather than from
+lockkit_tests/conftest.py so that tests outside lockkit_tests (sample_project, the doc examples) get the same setup
+whichever of them runs first.
+"""
 
 from __future__ import annotations
 
