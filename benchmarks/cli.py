@@ -80,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"server: {system['versions']['postgresql']}; {system['server']['settings']}")
     settings = _settings(args)
     runs, skipped = _run_workloads(args, target, settings, log)
+    extra = {"interleaved": _interleaved(args, log), "roundtrips": _roundtrips(log)}
     profile = None if args.no_profile else _profile(args.quick, log)
     summaries = stats.summarise(runs)
-    data = _results(args, argv, settings, load_before, system, skipped, runs, summaries, profile)
+    data = _results(args, argv, settings, load_before, system, skipped, runs, summaries, profile, extra)
     _write(out, args.json, data, summaries, log)
     for t in data["targets"]:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
@@ -148,6 +149,28 @@ def _run_workloads(
     return runs, skipped
 
 
+def _interleaved(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The pairs alternated operation by operation in one process (skipped with ``--only``)."""
+    from benchmarks import interleaved
+
+    if args.only:
+        return []
+    pairs = interleaved.run(operations=100 if args.quick else 3000)
+    for pair in pairs:
+        t = pair["time_ratio"]
+        log(f"interleaved: {pair['label']}: {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})")
+    return pairs
+
+
+def _roundtrips(log: Callable[[str], None]) -> dict[str, float] | None:
+    """Round trips per operation, counted with strace (``None`` without strace)."""
+    from benchmarks import roundtrips
+
+    trips = roundtrips.count()
+    log(f"round trips per operation (strace): {trips if trips is not None else 'strace not available'}")
+    return trips
+
+
 def _profile(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
     """cProfile the hot path: a lockkit reservation, the hand-written one, and a claim."""
     from benchmarks import profiling, schema
@@ -174,6 +197,7 @@ def _results(
     runs: list[Run],
     summaries: list[Any],
     profile: dict[str, Any] | None,
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
     """Every figure of the run, as the JSON written next to the report (and the report's input)."""
     from benchmarks import report, stats, sysinfo
@@ -199,6 +223,7 @@ def _results(
         "summaries": [s.as_dict() for s in summaries],
         "ratios": [r.as_dict() for r in ratio_list],
         "profile": profile,
+        **extra,
     }
     data["targets"] = report.targets(data)
     return data

@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import F
+from django.utils import timezone
 
 import lockkit
 from benchmarks.models import Item, Job
@@ -166,6 +168,48 @@ def _claims(limit: int) -> Builder:
     return build
 
 
+def claim_hand(name: str) -> int:
+    """The hand-written claim loop lockkit's claims replace: lock one free job skipping locked rows, mark it claimed
+    with a fencing token and a lease, commit; then complete it with a guarded ``UPDATE`` (five round trips)."""
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(state="pending", lease_expires_at__isnull=True)
+            .order_by("pk")
+            .first()
+        )
+        if job is None:
+            return 0
+        now = timezone.now()
+        job.state = "running"
+        job.claimed_by = name
+        job.claim_token += 1
+        job.claimed_at = now
+        job.lease_expires_at = now + timedelta(seconds=LEASE)
+        job.attempts += 1
+        job.save(
+            update_fields=["state", "claimed_by", "claim_token", "claimed_at", "lease_expires_at", "attempts"]
+        )
+    done = Job.objects.filter(pk=job.pk, claim_token=job.claim_token, lease_expires_at__isnull=False).update(
+        state="done", lease_expires_at=None
+    )
+    if done != 1:
+        raise RuntimeError(f"job {job.pk} was taken over before completion")
+    return 1
+
+
+def _hand_claims(rng: random.Random, worker: int) -> Op:
+    name = f"hand-{worker}"
+
+    def op() -> int:
+        units = claim_hand(name)
+        if not units:
+            counters["empty"] += 1
+        return units
+
+    return op
+
+
 BUILDERS: dict[str, Builder] = {
     "reserve_hand": _uncontended(reserve_hand),
     "reserve_lockkit": _uncontended(reserve_lockkit),
@@ -178,6 +222,7 @@ BUILDERS: dict[str, Builder] = {
     "order_unordered": _orders(order_unordered),
     "claim_one": _claims(1),
     "claim_batch": _claims(BATCH),
+    "claim_hand": _hand_claims,
 }
 
 

@@ -115,6 +115,11 @@ WORKLOADS: tuple[Workload, ...] = (
         title="5. Job claims",
         impls=(
             Impl("claim1", "lockkit claim_next(limit=1) + complete", op="claim_one"),
+            Impl(
+                "claimhand",
+                "hand-written claim loop (atomic + select_for_update(skip_locked) + save, guarded UPDATE)",
+                op="claim_hand",
+            ),
             Impl("batch", "lockkit claim_next(limit=20) + complete_many", op="claim_batch"),
             Impl("pgbench1", "pgbench claim SQL, limit 1", script="claim_one"),
             Impl("pgbench20", "pgbench claim SQL, limit 20", script="claim_batch"),
@@ -122,7 +127,7 @@ WORKLOADS: tuple[Workload, ...] = (
         procs=(1, 2, 4, 8),
         quick_procs=(1, 4),
         unit="jobs",
-        pairs=(("claim1", "pgbench1"), ("batch", "pgbench20")),
+        pairs=(("claim1", "claimhand"), ("claim1", "pgbench1"), ("batch", "pgbench20")),
         claims=True,
     ),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cProfile
 import pstats
 import random
+from pathlib import Path
 from typing import Any
 
 from django.db import connections
@@ -51,7 +52,12 @@ def profile(name: str, count: int, top: int = 15) -> dict[str, Any]:
     }
 
 
+_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+
+
 def _short(filename: str) -> str:
+    if filename.startswith(_ROOT):
+        return filename[len(_ROOT) :]
     for marker in ("site-packages/", "/wt-bench/", "/main/", "lib/python3"):
         if marker in filename:
             return filename.split(marker, 1)[1]

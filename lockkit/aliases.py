@@ -95,6 +95,43 @@ def queryset_on(
         ValueError: ``target`` is an unsaved instance.
         AliasMismatch: the queryset or instance is bound to a different alias, or (``routed``) routed elsewhere.
     """
+    queryset = _checked(target, alias, name, instances=instances, routed=routed)
+    return queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
+
+
+def check_queryset_alias(
+    target: object, alias: str, name: str = "queryset", *, instances: bool = False, routed: bool = False
+) -> None:
+    """Check what ``queryset_on`` checks, without binding a clone to ``alias``.
+
+    Raises:
+        TypeError, ValueError, AliasMismatch: as ``queryset_on``.
+    """
+    _checked(target, alias, name, instances=instances, routed=routed)
+
+
+def locking_queryset_on(
+    target: object,
+    alias: str,
+    name: str = "queryset",
+    *,
+    instances: bool = False,
+    routed: bool = False,
+    **select_for_update: Any,
+) -> models.QuerySet[Any]:
+    """``queryset_on(...).select_for_update(**select_for_update)``, cloning the caller's queryset once.
+
+    Raises:
+        TypeError, ValueError, AliasMismatch: as ``queryset_on``.
+    """
+    queryset = _checked(target, alias, name, instances=instances, routed=routed)
+    locked = queryset.select_for_update(**select_for_update)
+    locked._db = alias  # type: ignore[attr-defined]  # what .using(alias) sets, on the clone made just above
+    return locked
+
+
+def _checked(target: object, alias: str, name: str, *, instances: bool, routed: bool) -> models.QuerySet[Any]:
+    """``target`` as a queryset (not yet bound to ``alias``), after every check of ``queryset_on``."""
     hints: dict[str, Any] = {}
     if isinstance(target, type) and issubclass(target, models.Model):
         queryset: models.QuerySet[Any] = target._default_manager.all()
@@ -125,4 +162,4 @@ def queryset_on(
         )
     if routed and bound is None:
         _check_routed(queryset.model, alias, name, **hints)
-    return queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
+    return queryset

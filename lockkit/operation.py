@@ -8,7 +8,6 @@ loop by ``_Committed`` so that committed work is never re-run.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
@@ -19,7 +18,7 @@ from lockkit import conf, events
 from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
 from lockkit.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
-from lockkit.retry import RetryPolicy, RetrySetting, build_retrying, check_retry, logger
+from lockkit.retry import RetryPolicy, RetrySetting, call_with_retry, check_retry, logger
 from lockkit.scope import ScopeBlock, active_blocks, refuse_unsupported
 from lockkit.transaction import in_transaction
 
@@ -140,6 +139,10 @@ class LockedFunction(Protocol[P, R_co]):
         ...
 
 
+def _retry_setting(value: object) -> RetrySetting:
+    return check_retry(value, "LOCKKIT['RETRY']")
+
+
 def _unwrap(error: BaseException) -> BaseException:
     return error.error if isinstance(error, _Committed) else error
 
@@ -186,7 +189,7 @@ class LockedOperation:
         ) -> R:
             retry = retry_option
             if isinstance(retry, Default):
-                retry = check_retry(conf.setting("RETRY", _DEFAULT_POLICY), "LOCKKIT['RETRY']")
+                retry = conf.resolved("RETRY", _DEFAULT_POLICY, _retry_setting)
             try:
                 if retry is None:
                     return attempt(alias, 1, args, kwargs)
@@ -199,11 +202,13 @@ class LockedOperation:
                         if _would_retry(retry, exc):
                             _explain_nested(exc, alias, operation)
                         raise
-                numbers = itertools.count(1)  # per call: the attempt number each try runs with
-                retrying = build_retrying(retry, alias=alias, operation=operation)
-                # The call form (not the iterator) so that result predicates and a retry_error_callback's
-                # return value work as tenacity documents them.
-                return retrying(lambda: attempt(alias, next(numbers), args, kwargs))
+                # A RetryPolicy builds tenacity's Retrying only after a first retryable failure.
+                return call_with_retry(
+                    retry,
+                    lambda number: attempt(alias, number, args, kwargs),
+                    alias=alias,
+                    operation=operation,
+                )
             except _Committed as committed:
                 # Keep the error's own cause (an OnCommitError's callback failure); hide the carrier.
                 raise committed.error from committed.error.__cause__

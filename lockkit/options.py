@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db import models
 
 from lockkit import aliases, conf
@@ -83,6 +85,36 @@ class ScopeOptions:
             TypeError: a parameter has the wrong type.
             ValueError: an unknown alias, a bad duration, ``nowait`` together with ``skip_locked``.
         """
+        arguments = (
+            using,
+            model,
+            lock_timeout,
+            statement_timeout,
+            nowait,
+            skip_locked,
+            no_key,
+            allow_callable,
+        )
+        try:
+            hash(arguments)
+        except TypeError:  # an unhashable argument (refused below, by name): validate without the cache
+            return cls._validated(*arguments)
+        # The same arguments validate to the same frozen options: a ``with locked(...)`` written inline in a hot
+        # path validates once (per type of each argument, and until DATABASES or LOCKKIT change).
+        return _build_cached(*arguments)
+
+    @classmethod
+    def _validated(
+        cls,
+        using: object,
+        model: object,
+        lock_timeout: object,
+        statement_timeout: object,
+        nowait: object,
+        skip_locked: object,
+        no_key: object,
+        allow_callable: bool,
+    ) -> ScopeOptions:
         if using is not None and not isinstance(using, str) and not (allow_callable and callable(using)):
             kinds = (
                 "a database alias (str), a callable returning one,"
@@ -109,7 +141,7 @@ class ScopeOptions:
         )
 
     def timeouts(self) -> tuple[float | None, float | None]:
-        """Resolve the timeouts in seconds, reading settings now (lazily, so ``override_settings`` applies).
+        """Resolve the timeouts in seconds; settings are read once per settings change (``conf.resolved``).
 
         Raises:
             TypeError, ValueError: a ``LOCKKIT`` setting is not a valid duration.
@@ -130,14 +162,39 @@ class ScopeOptions:
         return aliases.resolve(self.using, self.model)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)
+def _build_cached(*arguments: Any) -> ScopeOptions:
+    return ScopeOptions._validated(*arguments)
+
+
+def _forget_built(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"DATABASES", "LOCKKIT"}:  # an alias checked earlier may be gone
+        _build_cached.cache_clear()
+
+
+setting_changed.connect(_forget_built, dispatch_uid="lockkit.options.forget_built")
+
+
 def _timeout(value: object, name: str) -> float | Default | None:
     return Default.FROM_SETTINGS if value is Default.FROM_SETTINGS else optional_duration(value, name)
 
 
 def _resolve(value: float | Default | None, setting: str, default: object) -> float | None:
     if isinstance(value, Default):
-        return optional_duration(conf.setting(setting, default), f"LOCKKIT[{setting!r}]")
+        return conf.resolved(setting, default, _SETTING_CHECKS[setting])
     return value
+
+
+def _lock_timeout_setting(value: object) -> float | None:
+    return optional_duration(value, "LOCKKIT['LOCK_TIMEOUT']")
+
+
+def _statement_timeout_setting(value: object) -> float | None:
+    return optional_duration(value, "LOCKKIT['STATEMENT_TIMEOUT']")
+
+
+# One converter object per setting, so conf.resolved caches each setting's checked value once per settings change.
+_SETTING_CHECKS = {"LOCK_TIMEOUT": _lock_timeout_setting, "STATEMENT_TIMEOUT": _statement_timeout_setting}
 
 
 __all__ = ["FROM_SETTINGS", "NOT_GIVEN", "Default", "Duration", "ScopeOptions"]

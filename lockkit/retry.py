@@ -1,17 +1,20 @@
 """``RetryPolicy``: which locking failures are retried, how often and how long to wait, built on tenacity.
 
-A policy is a frozen value; every call builds a fresh ``tenacity.Retrying`` from it, because a ``Retrying``
-holds per-call state and is not safe to share between threads. https://tenacity.readthedocs.io/
+A policy is a frozen value. A call's first attempt runs without tenacity; only when it fails with an error the
+policy retries is a fresh ``tenacity.Retrying`` built for that call (a ``Retrying`` holds per-call state and is not
+safe to share between threads), and most calls never need one. https://tenacity.readthedocs.io/
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import tenacity
 
@@ -21,6 +24,8 @@ from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockEr
 from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
+
+R = TypeVar("R")
 
 DEFAULT_RETRY_ON: frozenset[Failure] = frozenset(
     {Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE, Failure.LOCK_TIMEOUT, Failure.CONNECTION_LOST}
@@ -142,12 +147,17 @@ class RetryPolicy:
             return False
         return isinstance(exc, LockError) and exc.failure is not None and exc.failure in self.retry_on
 
-    def retrying(self) -> tenacity.Retrying:
-        """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them)."""
+    def retrying(self, *, spent: float = 0.0) -> tenacity.Retrying:
+        """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them).
+
+        Args:
+            spent: Seconds the call already spent before this ``Retrying`` starts its clock (its first attempt,
+                when the ``Retrying`` is built only after that attempt failed); deducted from ``deadline``.
+        """
         budget = _Budget(self)
         stop: Callable[[tenacity.RetryCallState], bool] = budget.stop
         if self.deadline is not None:
-            stop = _either(budget.stop, tenacity.stop_before_delay(self._seconds("deadline")))
+            stop = _either(budget.stop, tenacity.stop_before_delay(self._seconds("deadline") - spent))
         return tenacity.Retrying(
             stop=stop,
             wait=budget.wait,
@@ -254,8 +264,46 @@ def _extra(event: RetryEvent) -> dict[str, Any]:
     }
 
 
+def call_with_retry(
+    setting: RetryPolicy | tenacity.Retrying, attempt: Callable[[int], R], *, alias: str, operation: str
+) -> R:
+    """Call ``attempt(1)``, then ``attempt(2)``... while ``setting`` retries the failure; return the result.
+
+    With a ``RetryPolicy`` the first attempt runs directly: its result is returned and an error the policy does not
+    retry is raised as it is, exactly as tenacity would; only a retryable failure builds the call's ``Retrying``,
+    which records that failure as its attempt 1 (hooks, logging, stop and the deadline, measured from the first
+    attempt's start, all see it) and runs the next attempts. A tenacity ``Retrying`` may retry on results, so it
+    drives every attempt of the call (through the call form, so result predicates and a
+    ``retry_error_callback``'s return value work as tenacity documents them).
+
+    Raises:
+        Whatever the last attempt raised (after ``on_give_up`` ran, when retries are exhausted).
+    """
+    numbers = itertools.count(1)  # per call: the attempt number each try runs with
+    if not isinstance(setting, RetryPolicy):
+        retrying = build_retrying(setting, alias=alias, operation=operation)
+        return retrying(lambda: attempt(next(numbers)))
+    started = time.monotonic()
+    try:
+        return attempt(next(numbers))
+    except BaseException as exc:
+        if not setting.should_retry(exc):
+            raise
+        first: BaseException | None = exc
+    retrying = build_retrying(setting, alias=alias, operation=operation, spent=time.monotonic() - started)
+
+    def replayed_then_next() -> R:
+        nonlocal first
+        if first is not None:
+            error, first = first, None
+            raise error  # the first attempt's failure, as tenacity's attempt 1
+        return attempt(next(numbers))
+
+    return retrying(replayed_then_next)
+
+
 def build_retrying(
-    setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str
+    setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str, spent: float = 0.0
 ) -> tenacity.Retrying:
     """Return a fresh ``Retrying`` for one call, logging each retry and give-up on the ``lockkit`` logger.
 
@@ -263,7 +311,7 @@ def build_retrying(
     raised rather than tenacity's ``RetryError``; its own hooks still run after lockkit's.
     """
     if isinstance(setting, RetryPolicy):
-        base = setting.retrying()
+        base = setting.retrying(spent=spent)
         user_before_sleep: Callable[[tenacity.RetryCallState], None] | None = None
         user_error_callback: Callable[[tenacity.RetryCallState], Any] | None = None
         before_retry, on_give_up = setting.before_retry, setting.on_give_up

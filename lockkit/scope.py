@@ -202,16 +202,23 @@ class LockScope:
             ValueError: ``target`` is an unsaved instance.
         """
         self._check_active()
-        queryset = aliases.queryset_on(target, self.alias, "target", instances=True, routed=True)
         kwargs = self._sfu_kwargs
         if "of" in kwargs:
-            # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
-            kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(queryset.model))}
-            if relations.is_qualified(queryset.model, self.alias):
-                # FOR UPDATE OF takes unqualified names only: lock a schema-qualified table through an alias.
-                queryset = queryset.all()
-                relations.alias_base_table(queryset.query)
-        return queryset.select_for_update(**kwargs)
+            model = _model_of(target)
+            if model is not None:
+                # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
+                kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(model))}
+                if relations.is_qualified(model, self.alias):
+                    # FOR UPDATE OF takes unqualified names only: lock a schema-qualified table through an alias.
+                    queryset = aliases.queryset_on(
+                        target, self.alias, "target", instances=True, routed=True
+                    ).all()
+                    relations.alias_base_table(queryset.query)
+                    return queryset.select_for_update(**kwargs)
+        # One clone of the caller's queryset: select_for_update() on it, bound to the scope's alias.
+        return aliases.locking_queryset_on(
+            target, self.alias, "target", instances=True, routed=True, **kwargs
+        )
 
     def get(self, target: QuerySet[M] | type[M] | M, *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
@@ -436,6 +443,16 @@ def _primary_key(model: type[models.Model], value: Any) -> Any:
         raise ValueError(f"pks: {value!r} is not a valid {model.__name__} primary key: {exc}") from None
 
 
+def _model_of(target: object) -> type[models.Model] | None:
+    if isinstance(target, type) and issubclass(target, models.Model):
+        return target
+    if isinstance(target, models.Model):
+        return type(target)
+    model = getattr(target, "model", None)  # a queryset or a manager; anything else is refused by aliases
+    return model if isinstance(model, type) and issubclass(model, models.Model) else None
+
+
+@functools.lru_cache(maxsize=512)
 def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
     """The ``of=`` paths of a model's multi-table parents (``country_ptr``, ``country_ptr__entity_ptr``)."""
     paths: list[str] = []

@@ -130,6 +130,11 @@ class ScopeTransaction:
             transaction.on_commit(self._mark_committed, using=self.alias)
         return self
 
+    @property
+    def opened(self) -> tuple[str | None, ...]:
+        """The values of the backend's opening columns, read when an outermost scope began (``TimeoutToken``)."""
+        return self._token.opened if self._token is not None else ()
+
     def _mark_committed(self) -> None:
         self.committed = True
         if self._token is not None:

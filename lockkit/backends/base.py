@@ -34,12 +34,12 @@ class TimeoutToken:
 
     Attributes:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
-        xid: The transaction id the opening statement read (PostgreSQL's ``pg_current_xact_id()``, outermost
-            scopes only), to resolve a COMMIT whose reply was lost; ``None`` elsewhere.
+        opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
+            statement that applied the timeouts, at no extra round trip; empty otherwise.
     """
 
     previous: Mapping[str, str | float | int]
-    xid: int | None = None
+    opened: tuple[str | None, ...] = ()
 
 
 class Backend:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error
 
-from lockkit.backends import postgresql_locks
+from lockkit.backends import postgresql_locks, psycopg_begin
 from lockkit.backends.base import Backend, TimeoutToken
 from lockkit.validation import milliseconds
 
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from lockkit.advisory_keys import AdvisoryKey
     from lockkit.waits import LockWait
 
-# The setting names are constants of ours, never user input; values always travel as parameters.
+# The setting names are constants of ours, never user input. Values travel as parameters, except in the folded
+# BEGIN (psycopg_begin): there an int of milliseconds lockkit computed from a validated duration, written with %d.
 _NAMES = ("lock_timeout", "statement_timeout")
 
 
@@ -30,6 +31,9 @@ class PostgreSQLBackend(Backend):
 
     Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
     back when it ends; on error the savepoint rollback reverts them by itself.
+
+    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` in one round trip (see
+    ``lockkit.backends.psycopg_begin``); ``fold_begin = False`` sends them separately, as psycopg2 always does.
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
@@ -53,6 +57,9 @@ class PostgreSQLBackend(Backend):
             return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
         return []
 
+    #: Send ``BEGIN`` and an outermost scope's settings in one round trip on psycopg 3 (``psycopg_begin``).
+    fold_begin: bool = True
+
     def apply_timeouts(
         self,
         connection: BaseDatabaseWrapper,
@@ -61,28 +68,39 @@ class PostgreSQLBackend(Backend):
         statement_timeout: float | None,
         nested: bool,
     ) -> TimeoutToken | None:
-        """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore."""
-        values = {
-            name: f"{milliseconds(value)}ms"
+        """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore.
+
+        An outermost scope on psycopg 3 that is about to send its ``BEGIN`` sends ``BEGIN; SELECT set_config(...)``
+        in one message instead (``psycopg_begin``), with the milliseconds written as ``int`` literals; otherwise
+        the values are parameters.
+        """
+        timeouts = {
+            name: milliseconds(value)
             for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
             if value is not None
         }
-        if not values:
+        columns = () if nested else self.opening_columns(connection)
+        if not timeouts and not columns:
             return None
-        setters = ", ".join("set_config(%s, %s, true)" for _ in values)
+        if not nested and self.fold_begin and psycopg_begin.foldable(connection):
+            opened = psycopg_begin.begin_with_settings(connection, timeouts, columns)
+            return TimeoutToken({}, opened) if columns else None
+        values = {name: f"{ms}ms" for name, ms in timeouts.items()}
+        setters = [*("set_config(%s, %s, true)" for _ in values), *columns]
         params: list[str] = [item for pair in values.items() for item in pair]
         with connection.cursor() as cursor:
             if not nested:
-                # The transaction id rides on the statement the scope sends anyway: no extra round trip. Taking
-                # it assigns one, which a locking transaction gets with its first row lock regardless.
-                cursor.execute(f"SELECT {setters}, pg_current_xact_id()::text", params)
-                opened = cursor.fetchone()
-                assert opened is not None
-                return TimeoutToken({}, xid=int(opened[-1]))
+                cursor.execute(f"SELECT {', '.join(setters)}", params)
+                if not columns:
+                    return None
+                row = cursor.fetchone()
+                assert row is not None
+                return TimeoutToken({}, tuple(None if v is None else str(v) for v in row[len(values) :]))
             # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
             readers = ", ".join("current_setting(%s)" for _ in values)
             cursor.execute(
-                f"WITH enclosing AS MATERIALIZED (SELECT {readers}) SELECT enclosing.*, {setters} FROM enclosing",
+                f"WITH enclosing AS MATERIALIZED (SELECT {readers}) "
+                f"SELECT enclosing.*, {', '.join(setters)} FROM enclosing",
                 [*values, *params],
             )
             row = cursor.fetchone()
@@ -91,6 +109,8 @@ class PostgreSQLBackend(Backend):
 
     def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
         """Put the enclosing values back before the savepoint is released."""
+        if not token.previous:
+            return
         setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])
@@ -178,9 +198,19 @@ class PostgreSQLBackend(Backend):
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
 
+    def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
+        """The transaction id, read by the statement that opens an outermost scope (no extra round trip).
+
+        Taking it assigns one, which a locking transaction gets with its first row lock regardless. lockkit keeps
+        it to resolve a COMMIT whose reply was lost (``commit_outcome``).
+        """
+        return ("pg_current_xact_id()::text",)
+
     def transaction_id(self, token: TimeoutToken | None) -> int | None:
-        """``pg_current_xact_id()``, read by the statement that opened an outermost scope."""
-        return None if token is None else token.xid
+        """``pg_current_xact_id()``, read by the statement that opened an outermost scope (``opening_columns``)."""
+        if token is None or not token.opened or token.opened[0] is None:
+            return None
+        return int(token.opened[0])
 
     def commit_outcome(
         self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float

@@ -165,11 +165,21 @@ def claim_next(
     alias = inputs.alias_for(using, candidates)
     statements = sql.for_table(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
-    candidates = inputs.order(order_by, candidates.using(alias).filter(lease_expires_at__isnull=True))
-    if statements.select_pks(candidates, limit=count, skip_locked=True) is None:
+    source = candidates
+
+    def ordered() -> QuerySet[Any]:
+        return inputs.order(order_by, source.using(alias).filter(lease_expires_at__isnull=True))
+
+    # The caller's own queryset object (not one built here from a manager or a model): its SELECT is kept.
+    # order_by is validated when the SELECT is compiled, so only a None or a list/tuple order_by is ever a key.
+    keyable = order_by is None or isinstance(order_by, list | tuple)
+    reuse = (
+        (queryset, None if order_by is None else tuple(order_by)) if source is queryset and keyable else None
+    )
+    if statements.select_pks(ordered(), limit=count, skip_locked=True) is None:
         return []  # no row can match (.none(), pk__in=[]): no transaction either
     rows = runner.in_transaction(
-        alias, lock_timeout, lambda: statements.claim_next(candidates, count, values)
+        alias, lock_timeout, lambda: statements.claim_next(ordered, count, values, reuse=reuse)
     )
     return [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
 

@@ -225,7 +225,7 @@ def alias_for(using: object, queryset: QuerySet[Any], hint: models.Model | None 
         alias = aliases.check_alias(
             router.db_for_write(queryset.model, **kwargs), "router.db_for_write(model)"
         )
-    aliases.queryset_on(queryset, alias, "target" if hint is not None else "queryset")
+    aliases.check_queryset_alias(queryset, alias, "target" if hint is not None else "queryset")
     return alias
 
 

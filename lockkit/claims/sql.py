@@ -9,19 +9,21 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.core.exceptions import EmptyResultSet
 from django.db import NotSupportedError, connections
 from django.db.models import DateTimeField, DurationField, Expression, F, Func, QuerySet, Value
-from django.db.models.expressions import BaseExpression
-from django.db.models.sql import UpdateQuery
+from django.db.models.expressions import BaseExpression, CombinedExpression
 from django.db.models.sql.datastructures import BaseTable
 
 from lockkit import relations
+from lockkit.claims.memo import PerQueryset
 from lockkit.claims.mixin import Claimable
+from lockkit.claims.setclause import SetClauses
 from lockkit.claims.table import ROW, ClaimTable
 from lockkit.translate import translating
 
@@ -46,6 +48,31 @@ class StatementTimestamp(Func):
 
     template = "statement_timestamp()"
     output_field = DateTimeField()
+
+
+_CLOCK = StatementTimestamp()
+_NEXT_TOKEN = F("claim_token") + 1
+_NEXT_ATTEMPT = F("attempts") + 1
+
+
+def _is_lease_end(value: object) -> bool:
+    """Whether ``value`` is ``lease_end()``'s expression: the clock plus an interval (one parameter)."""
+    return (
+        type(value) is CombinedExpression
+        and value.lhs is _CLOCK
+        and value.connector == "+"
+        and type(value.rhs) is Value
+        and type(value.rhs.value) is timedelta
+    )
+
+
+# ``UPDATE ... SET`` compiled once per model, alias and shape of the assignments (``setclause``); lockkit's own
+# constant expressions are recognised by identity, so they are built once here and reused by every claim.
+_SET_CLAUSES = SetClauses(
+    {"next token": _NEXT_TOKEN, "clock": _CLOCK, "next attempt": _NEXT_ATTEMPT}, _is_lease_end
+)
+# claim_next's locking SELECT, compiled once per caller queryset object (``memo``).
+_SELECTS: PerQueryset[tuple[str, list[Any]] | None] = PerQueryset()
 
 
 class ClaimsSQL(abc.ABC):
@@ -77,10 +104,10 @@ class ClaimsSQL(abc.ABC):
         """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
         return {
             "claimed_by": worker,
-            "claim_token": F("claim_token") + 1,
+            "claim_token": _NEXT_TOKEN,
             "claimed_at": self.now(),
             "lease_expires_at": self.lease_end(lease),
-            "attempts": F("attempts") + 1,
+            "attempts": _NEXT_ATTEMPT,
             **extra,
         }
 
@@ -91,8 +118,19 @@ class ClaimsSQL(abc.ABC):
         """Write ``values`` (a claim) to the row ``pk`` the caller has locked; return its ``CLAIM_COLUMNS``."""
 
     @abc.abstractmethod
-    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+    def claim_next(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        values: dict[str, Any],
+        *,
+        reuse: tuple[QuerySet[Any], Hashable] | None = None,
+    ) -> list[Row]:
         """Claim up to ``limit`` free rows of ``candidates`` (ordered), skipping locked ones.
+
+        ``candidates`` may be a zero-argument callable building them, called only when the locking ``SELECT``
+        must be compiled; ``reuse`` is ``(the caller's queryset object, a key)`` under which the compiled
+        ``SELECT`` is kept while that object lives (see ``picked_pks``).
 
         Returns the claimed rows' ``CLAIM_COLUMNS`` in the candidates' order.
         """
@@ -115,17 +153,35 @@ class ClaimsSQL(abc.ABC):
     # -- shared building blocks ------------------------------------------------------------------------------
 
     def update(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
-        """Compile ``UPDATE <table> SET <assignments>`` (no ``WHERE``) with Django's update compiler.
+        """``UPDATE <table> SET <assignments>`` (no ``WHERE``), compiled by Django once per shape (``setclause``).
 
         Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``,
         ``Case``, functions); a field name it does not know raises ``FieldError`` here, before anything runs.
+        The compiled text is kept per model, alias and shape of the assignments, and the parameters re-made per
+        call (every value stays a parameter).
         """
-        query = UpdateQuery(self.table.model)
-        query.add_update_values(values)
-        sql, params = query.get_compiler(self.alias).as_sql()
-        if " WHERE " in sql or getattr(query, "related_updates", None):  # pragma: no cover - parents refused
-            raise AssertionError(f"unexpected UPDATE shape: {sql}")
-        return sql, list(params)
+        return _SET_CLAUSES.compile(self.table.model, self.alias, values)
+
+    def picked_pks(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        reuse: tuple[QuerySet[Any], Hashable] | None,
+    ) -> tuple[str, list[Any]] | None:
+        """``select_pks(candidates, limit=limit, skip_locked=True)``, kept per caller queryset object.
+
+        With ``reuse = (queryset, key)`` the compiled ``SELECT`` is kept while that queryset object lives (a
+        queryset never changes through Django's API), per alias, limit, key and time zone.
+        """
+
+        def compile_select() -> tuple[str, list[Any]] | None:
+            built = candidates() if callable(candidates) else candidates
+            return self.select_pks(built, limit=limit, skip_locked=True)
+
+        if reuse is None:
+            return compile_select()
+        source, key = reuse
+        return _SELECTS.get(source, (self.alias, limit, key), compile_select)
 
     def select_pks(
         self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool
@@ -181,8 +237,8 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
     vendor = "postgresql"
 
     def now(self) -> Expression:
-        """``statement_timestamp()`` (see ``StatementTimestamp``)."""
-        return StatementTimestamp()
+        """``statement_timestamp()`` (see ``StatementTimestamp``): one shared expression, reused by every claim."""
+        return _CLOCK
 
     def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
         """``UPDATE ... WHERE pk = %s RETURNING ...`` (the caller holds the row lock)."""
@@ -191,13 +247,20 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         (row,), _ = self.run(statement, [*params, pk])
         return row
 
-    def claim_next(self, candidates: QuerySet[Any], limit: int, values: dict[str, Any]) -> list[Row]:
+    def claim_next(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        values: dict[str, Any],
+        *,
+        reuse: tuple[QuerySet[Any], Hashable] | None = None,
+    ) -> list[Row]:
         """One statement: a ``MATERIALIZED`` CTE picks and locks, an ``UPDATE`` joined to it claims.
 
         The update is never ``WHERE pk IN (subquery with LIMIT)``, which a plan may re-evaluate and so claim
         more than ``limit`` rows; the CTE is evaluated exactly once.
         """
-        picked = self.select_pks(candidates, limit=limit, skip_locked=True)
+        picked = self.picked_pks(candidates, limit, reuse)
         if picked is None:
             return []
         select, select_params = picked
@@ -285,4 +348,10 @@ def for_table(model: type[Claimable], alias: str) -> ClaimsSQL:
     if vendor not in VENDORS:
         supported = ", ".join(sorted(_VENDOR_NAMES.get(name, name) for name in VENDORS))
         raise NotSupportedError(f"lockkit.claims supports {supported} only; database {alias!r} is {vendor}")
-    return VENDORS[vendor](ClaimTable.of(model, alias))
+    return _statements(VENDORS[vendor], model, alias)
+
+
+@functools.lru_cache(maxsize=256)
+def _statements(kind: type[ClaimsSQL], model: type[Claimable], alias: str) -> ClaimsSQL:
+    """One ``ClaimsSQL`` per vendor class, model and alias: it holds only quoted names, read once."""
+    return kind(ClaimTable.of(model, alias))
