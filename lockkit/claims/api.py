@@ -176,7 +176,8 @@ def claim_next(
     reuse = (
         (queryset, None if order_by is None else tuple(order_by)) if source is queryset and keyable else None
     )
-    if statements.select_pks(ordered(), limit=count, skip_locked=True) is None:
+    # The same (kept) SELECT the claim uses: compiled once per queryset object, not once more per call.
+    if statements.picked_pks(ordered, count, reuse) is None:
         return []  # no row can match (.none(), pk__in=[]): no transaction either
     rows = runner.in_transaction(
         alias, lock_timeout, lambda: statements.claim_next(ordered, count, values, reuse=reuse)
