@@ -27,6 +27,8 @@ class CodeRow:
         name: The condition name the vendor gives it.
         failure: The lockkit failure kind.
         ambiguous_nowait: The code means "NOWAIT failed" or "lock wait timed out" depending on the statement.
+        ambiguous_timeout: The code means "cancelled" or "statement timeout" depending on whether a statement
+            timeout was set for the statement (PostgreSQL's 57014).
         hint: What the code means in practice and what to do, appended to the typed error's message (or ``""``).
     """
 
@@ -35,6 +37,7 @@ class CodeRow:
     name: str
     failure: Failure
     ambiguous_nowait: bool = False
+    ambiguous_timeout: bool = False
     hint: str = ""
 
 
@@ -55,8 +58,18 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("postgresql", "55P03", "lock_not_available", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
     CodeRow("postgresql", "40P01", "deadlock_detected", Failure.DEADLOCK_DETECTED),
     CodeRow("postgresql", "40001", "serialization_failure", Failure.SERIALIZATION_FAILURE),
-    CodeRow("postgresql", "57014", "query_canceled", Failure.STATEMENT_TIMEOUT),
+    # 57014 is both an expired statement_timeout and a pg_cancel_backend: the statement's own timeout tells.
+    CodeRow("postgresql", "57014", "query_canceled", Failure.QUERY_CANCELED, ambiguous_timeout=True),
     CodeRow("postgresql", "25006", "read_only_sql_transaction", Failure.READ_ONLY),
+    # The server ended the session: a stop or restart, pg_terminate_backend, recovery, an idle timeout.
+    CodeRow("postgresql", "57P01", "admin_shutdown", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "57P02", "crash_shutdown", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "57P03", "cannot_connect_now", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "57P05", "idle_session_timeout", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "25P03", "idle_in_transaction_session_timeout", Failure.CONNECTION_LOST),
+    # Class 08, connection exception (08000, 08003, 08006, 08001, 08004, 08007, 08P01...): a code of the class
+    # that has no row of its own falls back to this one, as psycopg's error registry does.
+    CodeRow("postgresql", "08", "connection_exception", Failure.CONNECTION_LOST),
     # MySQL / MariaDB (mysqlclient puts the number in args[0]). MariaDB 10.11 reports a NOWAIT failure as 1205,
     # like an expired innodb_lock_wait_timeout (pinned in test_backend_mariadb.py); MySQL 8 reports it as 3572.
     CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT, ambiguous_nowait=True),
@@ -67,6 +80,13 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("mysql", "1290", "ER_OPTION_PREVENTS_STATEMENT", Failure.READ_ONLY),
     CodeRow("mysql", "1792", "ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION", Failure.READ_ONLY),
     CodeRow("mysql", "1836", "ER_READ_ONLY_MODE", Failure.READ_ONLY),
+    CodeRow("mysql", "1317", "ER_QUERY_INTERRUPTED", Failure.QUERY_CANCELED),  # KILL QUERY
+    # Client-side codes (CR_*) mysqlclient raises when the connection is gone, and the server's "killed" codes.
+    CodeRow("mysql", "2006", "CR_SERVER_GONE_ERROR", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "2013", "CR_SERVER_LOST", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "2055", "CR_SERVER_LOST_EXTENDED", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "4031", "ER_CLIENT_INTERACTION_TIMEOUT", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "1927", "ER_CONNECTION_KILLED", Failure.CONNECTION_LOST),
     # SQLite extended result codes (sqlite3 exceptions carry sqlite_errorcode on Python 3.11+).
     # "database is locked" is SQLITE_BUSY: the busy timeout (lockkit's lock_timeout at BEGIN IMMEDIATE) expired.
     # https://www.sqlite.org/rescode.html
@@ -86,6 +106,10 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("oracle", "60", "ORA-00060", Failure.DEADLOCK_DETECTED),
     CodeRow("oracle", "8177", "ORA-08177", Failure.SERIALIZATION_FAILURE),
     CodeRow("oracle", "16000", "ORA-16000", Failure.READ_ONLY),
+    CodeRow("oracle", "1013", "ORA-01013", Failure.QUERY_CANCELED),
+    CodeRow("oracle", "3113", "ORA-03113", Failure.CONNECTION_LOST),
+    CodeRow("oracle", "3114", "ORA-03114", Failure.CONNECTION_LOST),
+    CodeRow("oracle", "3135", "ORA-03135", Failure.CONNECTION_LOST),
 )
 
 _INDEX: dict[tuple[str, str], CodeRow] = {(row.vendor, row.code): row for row in CODES}
@@ -134,12 +158,33 @@ def vendor_code(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
+# Driver errors that carry no code but mean the connection is gone: psycopg2 reports a session the server ended
+# as "InterfaceError: connection already closed"; mysqlclient raises InterfaceError(0, "") on a closed connection.
+_CONNECTION_GONE_TYPES = frozenset({("psycopg2", "InterfaceError"), ("MySQLdb", "InterfaceError")})
+_CONNECTION_LOST_ROW = CodeRow("driver", "", "connection closed", Failure.CONNECTION_LOST)
+
+
+def _row_for(key: tuple[str, str]) -> CodeRow | None:
+    row = _INDEX.get(key)
+    if row is None and key[0] == "postgresql":
+        row = _INDEX.get(("postgresql", key[1][:2]))  # the SQLSTATE class, when the table has it
+    return row
+
+
 def lookup(exc: BaseException) -> CodeRow | None:
-    """Find the table row for the nearest exception on ``exc``'s chain that carries a known code."""
+    """Find the table row for the nearest exception on ``exc``'s chain that carries a known code.
+
+    A driver error that carries no code but means the connection is gone (psycopg2's and mysqlclient's
+    ``InterfaceError``) finds a ``Failure.CONNECTION_LOST`` row.
+    """
     for link in chain(exc):
         key = vendor_code(link)
-        if key is not None and key in _INDEX:
-            return _INDEX[key]
+        if key is not None:
+            row = _row_for(key)
+            if row is not None:
+                return row
+        elif (type(link).__module__.split(".", 1)[0], type(link).__name__) in _CONNECTION_GONE_TYPES:
+            return _CONNECTION_LOST_ROW
     return None
 
 
@@ -152,7 +197,7 @@ def code_of(exc: BaseException) -> str | None:
     return None
 
 
-def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
+def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | None = None) -> Failure | None:
     """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
 
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
@@ -161,11 +206,18 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     an error raised by the server's lock timer is always ``Failure.LOCK_TIMEOUT`` (``timer_fired``: NOWAIT
     covers row locks only, so a NOWAIT statement can still wait for a table lock); otherwise ``nowait`` decides, and when it is ``None`` the code's own meaning is reported (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
     ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
+    Likewise SQLSTATE 57014 is an expired statement timeout or a cancel (both raised by the same server
+    function): ``timed`` tells them apart, and without it the code's own name, ``Failure.QUERY_CANCELED``, is
+    reported. A lost connection is recognised by its code (class 08, 57P01...) or by the driver's code-less
+    ``InterfaceError``; ``lockkit.translate`` also reads the driver's connection state, which this function
+    cannot see.
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
         exc: Any exception.
         nowait: Whether the failing statement used ``NOWAIT``; ``None`` for the code's own meaning.
+        timed: Whether a statement timeout was set for the failing statement; ``None`` for the code's own
+            meaning.
 
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
@@ -182,6 +234,8 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     row = lookup(exc)
     if row is None:
         return None
+    if row.ambiguous_timeout and timed:
+        return Failure.STATEMENT_TIMEOUT
     if not row.ambiguous_nowait:
         return row.failure
     if row.vendor == "postgresql" and timer_fired(exc):

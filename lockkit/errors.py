@@ -26,6 +26,8 @@ class Failure(enum.Enum):
     SERIALIZATION_FAILURE = "serialization_failure"
     STATEMENT_TIMEOUT = "statement_timeout"
     READ_ONLY = "read_only_sql_transaction"
+    QUERY_CANCELED = "query_canceled"
+    CONNECTION_LOST = "connection_lost"
 
 
 # Filled by LockError.__init_subclass__: the one class that declares each failure kind.
@@ -101,9 +103,63 @@ class SerializationFailure(TransientLockError):
 
 
 class StatementTimeout(LockError, OperationalError):
-    """A statement ran longer than the scope's ``statement_timeout``, or was cancelled (SQLSTATE 57014)."""
+    """A statement ran longer than the ``statement_timeout`` lockkit set for it (SQLSTATE 57014). Never retried.
+
+    PostgreSQL reports a cancel (``pg_cancel_backend``) with the same code: it is a ``StatementTimeout`` only when
+    the scope (or ``settings.LOCKKIT["STATEMENT_TIMEOUT"]``) set a statement timeout, else ``QueryCanceled``.
+    """
 
     failure = Failure.STATEMENT_TIMEOUT
+
+
+class QueryCanceled(LockError, OperationalError):
+    """The statement was cancelled from outside (``pg_cancel_backend``, ``KILL QUERY``). Never retried.
+
+    SQLSTATE 57014 with no statement timeout set by lockkit, or MariaDB/MySQL 1317: someone asked for it to stop.
+    """
+
+    failure = Failure.QUERY_CANCELED
+
+
+class ConnectionLost(LockError, OperationalError):
+    """The connection to the database was lost, or connecting failed.
+
+    The server ended the session (a restart, ``pg_terminate_backend``, an idle timeout, a pooler) or the network
+    failed. SQLSTATE class 08, 57P01/57P02/57P03/57P05, 25P03; MariaDB/MySQL 2006, 2013, 2055, 4031, 1927; or no code at
+    all, when the driver reports its connection closed or broken. A ``ConnectionLost`` raised by a scope means the
+    transaction did not commit (a loss at COMMIT is resolved first, see ``CommitOutcomeUnknown``), so
+    ``locked_operation`` retries it by default; lockkit has already discarded the dead connection, and the next
+    call reconnects. ``sqlstate`` is ``None`` when the driver gave no code.
+    """
+
+    failure = Failure.CONNECTION_LOST
+
+
+class CommitOutcomeUnknown(ConnectionLost):
+    """The connection was lost while COMMIT was in flight and whether it committed could not be found out.
+
+    On PostgreSQL lockkit asks the server (``pg_xact_status`` of the transaction id it recorded when the scope
+    began) after reconnecting; this is raised only when that answer could not be had (the server stayed
+    unreachable, or the transaction was still in progress), and always on vendors without such a function
+    (MariaDB/MySQL, SQLite). Never retried: the work may have committed. Check the database (the ``xid``, or
+    your own idempotency key) before doing it again.
+
+    Attributes:
+        xid: The PostgreSQL transaction id (``pg_current_xact_id()``) of the transaction, or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        sqlstate: str | None = None,
+        alias: str | None = None,
+        attempts: int = 1,
+        xid: int | None = None,
+    ) -> None:
+        """Record the message, code, alias, attempts and transaction id."""
+        super().__init__(message, sqlstate=sqlstate, alias=alias, attempts=attempts)
+        self.xid = xid
 
 
 class ReadOnlyDatabase(LockError, OperationalError):
@@ -137,8 +193,16 @@ class StaleClaim(LockError):
     (and perhaps another worker claimed it), or the claim was already completed or released. The worker must
     stop working on the job: its result would overwrite the new owner's.
 
+    A retried ``complete()`` (its first attempt's reply was lost) also lands here; ``already_done`` tells that
+    case apart from a job that was handed to someone else.
+
     Attributes:
         claims: The stale ``lockkit.claims.Claim`` objects.
+        holders: For each stale claim's primary key, who holds the row now: ``(worker, token)`` of the current
+            claim, or ``None`` when nobody does.
+        already_done: Every stale row still carries its claim's token, is unclaimed, and holds the values this
+            call's ``set=`` writes: the claim was already ended with them (typically by an earlier attempt of the
+            same ``complete()``/``release()``). Only plain values are compared, not expressions.
     """
 
     def __init__(
@@ -147,10 +211,14 @@ class StaleClaim(LockError):
         *,
         alias: str | None = None,
         claims: tuple[Any, ...] = (),
+        holders: dict[Any, tuple[str, int] | None] | None = None,
+        already_done: bool = False,
     ) -> None:
         """Build the error for the stale ``claims`` on ``alias``."""
         super().__init__(message, alias=alias)
         self.claims = claims
+        self.holders = holders or {}
+        self.already_done = already_done
 
 
 class OnCommitError(Exception):

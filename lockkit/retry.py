@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import tenacity
 
 from lockkit import events
 from lockkit.codes import code_of
-from lockkit.errors import Failure, LockError
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
 from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
@@ -27,8 +28,14 @@ logger = logging.getLogger("lockkit")
 R = TypeVar("R")
 
 DEFAULT_RETRY_ON: frozenset[Failure] = frozenset(
-    {Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE, Failure.LOCK_TIMEOUT}
+    {Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE, Failure.LOCK_TIMEOUT, Failure.CONNECTION_LOST}
 )
+# Waits after a lost connection, in seconds: "equal jitter" (half fixed, half random) exponential backoff from
+# RECONNECT_WAIT_INITIAL doubling up to RECONNECT_WAIT_MAX. Never near zero, so that a fast server restart
+# (about 0.4 s from the first refused connection to the first accepted one, measured with pg_ctl restart -m fast)
+# is ridden out within four or five waits, well inside the default reconnect_within.
+RECONNECT_WAIT_INITIAL = 0.05
+RECONNECT_WAIT_MAX = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,16 +70,23 @@ class RetryPolicy:
 
     Each retry re-runs the whole decorated function in a fresh transaction, and only when the operation owns the
     outermost transaction on its alias. The wait is "full jitter" exponential backoff: a random time between 0 and
-    ``min(wait_max, wait_initial * 2 ** (attempt - 1))`` seconds. See
+    ``min(wait_max, wait_initial * 2 ** (n - 1))`` seconds after the n-th failure. See
     https://www.postgresql.org/docs/current/mvcc-serialization-failure-handling.html.
 
+    A lost connection (``Failure.CONNECTION_LOST``, listed by default) is retried on its own budget: it is retried
+    only when the attempt provably did not commit (lockkit resolves a loss at COMMIT first and raises
+    ``CommitOutcomeUnknown``, never retried, when it cannot), it does not count against ``attempts``, and it is
+    retried for up to ``reconnect_within`` seconds from the first loss, waiting 0.05 s doubling to 0.5 s (half of
+    each wait fixed, half random) in between: enough to ride out a fast server restart or failover.
+
     Args:
-        attempts: Total attempts, the first included (default 3).
-        retry_on: The ``Failure`` kinds retried (default: deadlock, serialization failure and lock timeout; a
-            ``NOWAIT`` failure is a request to fail fast and is not retried unless listed).
+        attempts: Total attempts, the first included, not counting those that lost their connection (default 3).
+        retry_on: The ``Failure`` kinds retried (default: deadlock, serialization failure, lock timeout and lost
+            connection; a ``NOWAIT`` failure is a request to fail fast and is not retried unless listed).
         wait_initial: Seconds, the backoff scale (default 0.005).
         wait_max: Seconds, the cap on one wait (default 0.2).
         deadline: Seconds, an overall bound: no attempt starts once it has passed (default ``None``: none).
+        reconnect_within: Seconds a call keeps retrying lost connections, from the first loss (default 5).
         before_retry: Called with a ``RetryEvent`` before each wait.
         on_give_up: Called with a ``RetryEvent`` when a retryable failure is raised after the last attempt.
 
@@ -88,6 +102,7 @@ class RetryPolicy:
     deadline: Duration | None = None
     before_retry: Hook | None = None
     on_give_up: Hook | None = None
+    reconnect_within: Duration = 5.0
 
     def __post_init__(self) -> None:
         """Validate and normalise the fields (durations to seconds, ``retry_on`` to a frozenset).
@@ -110,6 +125,7 @@ class RetryPolicy:
         object.__setattr__(self, "wait_initial", duration(self.wait_initial, "wait_initial"))
         object.__setattr__(self, "wait_max", duration(self.wait_max, "wait_max"))
         object.__setattr__(self, "deadline", optional_duration(self.deadline, "deadline"))
+        object.__setattr__(self, "reconnect_within", duration(self.reconnect_within, "reconnect_within"))
         if self._seconds("wait_max") < self._seconds("wait_initial"):
             raise ValueError(f"wait_max ({self.wait_max}) must be >= wait_initial ({self.wait_initial})")
         for name in ("before_retry", "on_give_up"):
@@ -123,7 +139,12 @@ class RetryPolicy:
         return value
 
     def should_retry(self, exc: BaseException) -> bool:
-        """Whether this policy retries ``exc`` (a classified lockkit error of a listed kind)."""
+        """Whether this policy retries ``exc`` (a classified lockkit error of a listed kind).
+
+        ``CommitOutcomeUnknown`` never is: the work may have committed.
+        """
+        if isinstance(exc, CommitOutcomeUnknown):
+            return False
         return isinstance(exc, LockError) and exc.failure is not None and exc.failure in self.retry_on
 
     def retrying(self, *, spent: float = 0.0) -> tenacity.Retrying:
@@ -133,17 +154,74 @@ class RetryPolicy:
             spent: Seconds the call already spent before this ``Retrying`` starts its clock (its first attempt,
                 when the ``Retrying`` is built only after that attempt failed); deducted from ``deadline``.
         """
-        stop: Any = tenacity.stop_after_attempt(self.attempts)
+        budget = _Budget(self)
+        stop: Callable[[tenacity.RetryCallState], bool] = budget.stop
         if self.deadline is not None:
-            stop = stop | tenacity.stop_before_delay(self._seconds("deadline") - spent)
+            stop = _either(budget.stop, tenacity.stop_before_delay(self._seconds("deadline") - spent))
         return tenacity.Retrying(
             stop=stop,
-            wait=tenacity.wait_random_exponential(
-                multiplier=self._seconds("wait_initial"), max=self._seconds("wait_max")
-            ),
+            wait=budget.wait,
             retry=tenacity.retry_if_exception(self.should_retry),
             reraise=True,
         )
+
+
+class _Budget:
+    """One call's retry budget, built per call (it counts), like the ``Retrying`` it serves.
+
+    Locking failures count against ``attempts`` and wait with full jitter; lost connections count against
+    ``reconnect_within`` and wait with equal jitter.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.attempts = policy.attempts
+        self.wait_initial = policy._seconds("wait_initial")
+        self.wait_max = policy._seconds("wait_max")
+        self.reconnect_within = policy._seconds("reconnect_within")
+        self.failures = 0  # failures other than a lost connection
+        self.losses = 0  # consecutive lost connections
+        self.first_loss: float | None = None
+        self._counted = 0  # the attempt number last counted (tenacity asks wait, then stop, per attempt)
+
+    def _count(self, state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == self._counted:
+            return
+        self._counted = state.attempt_number
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, ConnectionLost):
+            self.losses += 1
+            if self.first_loss is None:
+                self.first_loss = state.seconds_since_start or 0.0
+        else:
+            self.losses = 0
+            self.failures += 1
+
+    def stop(self, state: tenacity.RetryCallState) -> bool:
+        self._count(state)
+        if self.losses:
+            assert self.first_loss is not None
+            return (state.seconds_since_start or 0.0) - self.first_loss >= self.reconnect_within
+        return self.failures >= self.attempts
+
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        self._count(state)
+        if self.losses:
+            cap = min(RECONNECT_WAIT_MAX, RECONNECT_WAIT_INITIAL * 2.0 ** (self.losses - 1))
+            return cap / 2 + random.uniform(0, cap / 2)  # jitter, not cryptography
+        cap = min(self.wait_max, self.wait_initial * 2.0 ** (self.failures - 1))
+        return random.uniform(0, cap)
+
+
+def _either(
+    first: Callable[[tenacity.RetryCallState], bool], second: Callable[[tenacity.RetryCallState], bool]
+) -> Callable[[tenacity.RetryCallState], bool]:
+    """A stop condition that holds when either holds (both are always asked: the budget counts)."""
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        one, two = first(state), second(state)
+        return one or two
+
+    return stop
 
 
 RetrySetting = RetryPolicy | tenacity.Retrying | None

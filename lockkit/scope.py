@@ -8,15 +8,16 @@ transaction itself is ``lockkit.transaction.ScopeTransaction``; ``locked_operati
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ValidationError
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
 from lockkit import advisory_locks, aliases, codes, events, relations, signals
@@ -71,7 +72,7 @@ def lock(target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
     return current_scope().lock(target)
 
 
-def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | None:
+def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | None = None) -> Failure | None:
     """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
 
     The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
@@ -81,12 +82,16 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     statement can wait for a table lock; see ``lockkit.codes.timer_fired``). Otherwise ``nowait`` tells them apart:
     when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
     outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
-    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``).
-    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``). SQLSTATE
+    57014 is ``Failure.STATEMENT_TIMEOUT`` inside a scope that set a statement timeout, else
+    ``Failure.QUERY_CANCELED``. A lost connection (class 08, 57P01..., MariaDB 2006/2013...) is
+    ``Failure.CONNECTION_LOST``. See https://www.postgresql.org/docs/current/errcodes-appendix.html.
 
     Args:
         exc: Any exception.
         nowait: Whether the failing statement used ``NOWAIT``; ``None`` to take it from the active scope.
+        timed: Whether a statement timeout was set for the failing statement; ``None`` to take it from the
+            active scope.
 
     Returns:
         The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
@@ -94,10 +99,12 @@ def classify(exc: BaseException, *, nowait: bool | None = None) -> Failure | Non
     Raises:
         TypeError: ``exc`` is not an exception, or ``nowait`` is not a ``bool`` or ``None``.
     """
+    scope = _innermost_scope()
     if nowait is None:
-        scope = _innermost_scope()
         nowait = None if scope is None else scope.nowait
-    return codes.classify(exc, nowait=nowait)
+    if timed is None:
+        timed = None if scope is None else scope.statement_timeout is not None
+    return codes.classify(exc, nowait=nowait, timed=timed)
 
 
 class LockScope:
@@ -227,11 +234,14 @@ class LockScope:
                 for an integer field, where Django lets ``OverflowError`` escape), before any SQL.
             django.core.exceptions.FieldError: a lookup names a field the model does not have (as
                 ``QuerySet.get``), before any SQL.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
+                and the scope's block is marked for rollback (see ``lock_all``).
         """
         queryset = _filtered(self.lock(target), "lookups", *args, **lookups)
-        if not signals.lock_acquired.receivers:
-            return queryset.get()
-        return events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
+        with self._evaluating():
+            if not signals.lock_acquired.receivers:
+                return queryset.get()
+            return events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -258,6 +268,10 @@ class LockScope:
             ValueError: a key of ``pks`` is not a valid value of the primary key field (an infinite float for an
                 integer key too), before any SQL.
             NotInLockedScope, AliasMismatch: as ``lock()``.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...). The
+                error is typed and marks the scope's block for rollback, as Django does for a failed ``save()``:
+                the scope rolls back and ends with that error even if the body catches it (no partial commit on
+                any vendor; InnoDB rolls the whole transaction back on a deadlock and carries on in a new one).
         """
         queryset = self.lock(target)
         if pks is None:
@@ -282,11 +296,30 @@ class LockScope:
             )
         return [rows[pk] for pk in wanted]
 
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """Run a helper's query: a database failure is typed, and dooms the block even if the body catches it.
+
+        As Django marks ``save()`` failures for rollback: InnoDB rolls the whole transaction back on a deadlock
+        and runs later statements in a new one, so a body that caught the error and carried on would otherwise
+        commit half a transaction. The scope then rolls back and ends with this error.
+        """
+        try:
+            with self._transaction.translating:
+                yield
+        except DatabaseError as error:
+            self._transaction.doom(error)
+            raise
+
     def _locked_rows(self, queryset: QuerySet[M]) -> list[M]:
-        """Evaluate a locking queryset; timed for ``lockkit.signals.lock_acquired`` only when it has receivers."""
-        if not signals.lock_acquired.receivers:
-            return list(queryset)
-        return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
+        """Evaluate a locking queryset; timed for ``lockkit.signals.lock_acquired`` only when it has receivers.
+
+        A database failure is typed and dooms the scope's block (``_evaluating``).
+        """
+        with self._evaluating():
+            if not signals.lock_acquired.receivers:
+                return list(queryset)
+            return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
         """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.

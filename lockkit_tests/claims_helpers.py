@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
+from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims.sql import StatementTimestamp
 from lockkit_tests.models import Job
@@ -47,3 +48,19 @@ def expire(pk: Any) -> None:
 def snapshot(pk: Any) -> dict[str, Any]:
     """Every column of a job row, to compare before and after an operation that must change nothing."""
     return dict(Job.objects.filter(pk=pk).values().get())
+
+
+def claims_statements(queries: CaptureQueriesContext, *, stale: bool = False) -> list[str]:
+    """The claims statements among ``queries``.
+
+    Each call runs in a short transaction of its own: BEGIN, the scope's opening statement (its lock timeout),
+    the claims statement, COMMIT; a ``StaleClaim`` then reads who holds the stale rows (``stale``).
+    """
+    sql = [query["sql"] for query in queries.captured_queries]
+    assert sql[0] == "BEGIN"
+    assert "set_config" in sql[1]
+    if stale:
+        assert '"claimed_by"' in sql[-1]  # StaleClaim.holders, read after the transaction
+        sql = sql[:-1]
+    assert sql[-1] == "COMMIT"
+    return sql[2:-1]

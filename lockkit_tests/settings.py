@@ -25,7 +25,13 @@ SECRET_KEY = "lockkit-tests-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
 # The sample project's apps too: its tests run in the same pytest session (one command for the whole suite).
-INSTALLED_APPS = ["lockkit", "lockkit_tests", "sample_project.inventory", "sample_project.jobs"]
+INSTALLED_APPS = [
+    "lockkit",
+    "lockkit_tests",
+    "sample_project.inventory",
+    "sample_project.jobs",
+    "sample_project.soak",
+]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -59,6 +65,13 @@ DATABASES["sqlite"] = {
     "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_lockkit.sqlite3")},
     "OPTIONS": {"timeout": 5},
 }
+# Fault tests (test_faults_*.py): aliases they point at a cutting proxy, a throwaway cluster they restart, or a
+# PgBouncer they start, at run time (lockkit_tests/faultkit.py). Mirrors: Django creates no database for them.
+if DATABASE_URL:
+    for _fault_alias in ("proxied", "restartable", "bouncer"):
+        DATABASES[_fault_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+if MYSQL_URL:
+    DATABASES["proxied_mariadb"] = {**DATABASES["mariadb"], "TEST": {"MIRROR": "mariadb"}}
 # Topology tests (a primary, its hot standby, PgBouncer in front of the primary): servers started by the tests
 # themselves (lockkit_tests/topology.py) when a collected test uses these aliases; absent without the binaries.
 DATABASES.update(topology.database_settings())

@@ -65,8 +65,14 @@ TABLE = [
     ("postgresql", "55P03", F.LOCK_NOT_AVAILABLE, True, "could not obtain lock on row in relation"),
     ("postgresql", "40P01", F.DEADLOCK_DETECTED, False, "deadlock detected"),
     ("postgresql", "40001", F.SERIALIZATION_FAILURE, False, "could not serialize access"),
-    ("postgresql", "57014", F.STATEMENT_TIMEOUT, False, "canceling statement due to statement timeout"),
+    # 57014 by its own name; a statement timeout only when one was set (test_57014_...).
+    ("postgresql", "57014", F.QUERY_CANCELED, False, "canceling statement due to user request"),
     ("postgresql", "25006", F.READ_ONLY, False, "cannot execute UPDATE in a read-only transaction"),
+    ("postgresql", "57P01", F.CONNECTION_LOST, False, "terminating connection due to administrator command"),
+    ("postgresql", "57P02", F.CONNECTION_LOST, False, "terminating connection because of crash of another"),
+    ("postgresql", "57P03", F.CONNECTION_LOST, False, "the database system is shutting down"),
+    ("postgresql", "57P05", F.CONNECTION_LOST, False, "terminating connection due to idle-session timeout"),
+    ("postgresql", "25P03", F.CONNECTION_LOST, False, "terminating connection due to idle-in-transaction"),
     # MariaDB's NOWAIT failure is 1205 too (pinned on the real server in test_backend_mariadb.py).
     ("mysql", "1205", F.LOCK_TIMEOUT, True, "Lock wait timeout exceeded; try restarting transaction"),
     ("mysql", "1213", F.DEADLOCK_DETECTED, False, "Deadlock found when trying to get lock"),
@@ -88,6 +94,12 @@ TABLE = [
     ("mysql", "1290", F.READ_ONLY, False, "The MariaDB server is running with the --read-only option"),
     ("mysql", "1792", F.READ_ONLY, False, "Cannot execute statement in a READ ONLY transaction"),
     ("mysql", "1836", F.READ_ONLY, False, "Running in read-only mode"),
+    ("mysql", "1317", F.QUERY_CANCELED, False, "Query execution was interrupted"),
+    ("mysql", "2006", F.CONNECTION_LOST, False, "Server has gone away"),
+    ("mysql", "2013", F.CONNECTION_LOST, False, "Lost connection to server during query"),
+    ("mysql", "2055", F.CONNECTION_LOST, False, "Lost connection to server at 'reading initial packet'"),
+    ("mysql", "4031", F.CONNECTION_LOST, False, "disconnected by the server because of inactivity"),
+    ("mysql", "1927", F.CONNECTION_LOST, False, "Connection was killed"),
     ("sqlite", "5", F.LOCK_TIMEOUT, False, "database is locked"),
     ("sqlite", "261", F.LOCK_TIMEOUT, False, "database is locked"),
     ("sqlite", "517", F.SERIALIZATION_FAILURE, False, "database is locked"),
@@ -101,13 +113,48 @@ TABLE = [
     ("oracle", "60", F.DEADLOCK_DETECTED, False, "deadlock detected while waiting for resource"),
     ("oracle", "8177", F.SERIALIZATION_FAILURE, False, "can't serialize access for this transaction"),
     ("oracle", "16000", F.READ_ONLY, False, "database open for read-only access"),
+    ("oracle", "1013", F.QUERY_CANCELED, False, "user requested cancel of current operation"),
+    ("oracle", "3113", F.CONNECTION_LOST, False, "end-of-file on communication channel"),
+    ("oracle", "3114", F.CONNECTION_LOST, False, "not connected to ORACLE"),
+    ("oracle", "3135", F.CONNECTION_LOST, False, "connection lost contact"),
 ]
+# Rows for a whole SQLSTATE class: a code of the class without a row of its own falls back to them.
+CLASS_ROWS = [("postgresql", "08", F.CONNECTION_LOST, False)]
 
 
 def test_the_code_table_is_pinned() -> None:
     actual = {(row.vendor, row.code): (row.failure, row.ambiguous_nowait) for row in CODES}
-    assert actual == {(vendor, code): (failure, ambiguous) for vendor, code, failure, ambiguous, _ in TABLE}
-    assert len(CODES) == len(TABLE)  # no duplicate (vendor, code)
+    expected = {(vendor, code): (failure, ambiguous) for vendor, code, failure, ambiguous, _ in TABLE}
+    expected.update({(vendor, code): (failure, ambiguous) for vendor, code, failure, ambiguous in CLASS_ROWS})
+    assert actual == expected
+    assert len(CODES) == len(expected)  # no duplicate (vendor, code)
+    assert {(row.vendor, row.code) for row in CODES if row.ambiguous_timeout} == {("postgresql", "57014")}
+
+
+@pytest.mark.parametrize("code", ["08000", "08003", "08006", "08001", "08004", "08007", "08P01"])
+def test_every_connection_exception_code_is_connection_lost(code: str) -> None:
+    exc = driver_error("postgresql", code, "connection failure")
+    assert code_of(exc) == code
+    assert classify(exc) is F.CONNECTION_LOST
+
+
+def test_57014_is_a_statement_timeout_only_when_one_was_set() -> None:
+    exc = driver_error("postgresql", "57014", "canceling statement due to statement timeout")
+    assert classify(exc, timed=True) is F.STATEMENT_TIMEOUT
+    assert classify(exc, timed=False) is F.QUERY_CANCELED
+
+
+def test_code_less_driver_errors_of_a_closed_connection_are_connection_lost() -> None:
+    import psycopg2
+    from django.db.utils import InterfaceError
+
+    with pytest.raises(InterfaceError) as caught, DatabaseErrorWrapper(_Wrapper(psycopg2)):
+        raise psycopg2.InterfaceError("connection already closed")  # psycopg2's word for a terminated session
+    closed = caught.value
+    assert classify(closed) is F.CONNECTION_LOST
+    assert code_of(closed) is None
+    client_side = django_wrapped(psycopg, psycopg.OperationalError("consuming input failed"))
+    assert classify(client_side) is None  # no code: only the connection's state tells (lockkit.translate)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +212,7 @@ COCKROACH = [
         F.SERIALIZATION_FAILURE,
     ),
     ("55P03", "canceling statement due to lock timeout on row (k)=(1) in t@t_pkey", F.LOCK_NOT_AVAILABLE),
-    ("57014", "query execution canceled due to statement timeout", F.STATEMENT_TIMEOUT),
+    ("57014", "query execution canceled due to statement timeout", F.QUERY_CANCELED),  # outside a timed scope
     ("25006", "cannot execute FOR UPDATE in a read-only transaction", F.READ_ONLY),
 ]
 

@@ -24,7 +24,9 @@ PG_CASES = [
     ("55P03", False, Failure.LOCK_TIMEOUT, lockkit.LockTimeout),
     ("40P01", False, Failure.DEADLOCK_DETECTED, lockkit.DeadlockDetected),
     ("40001", False, Failure.SERIALIZATION_FAILURE, lockkit.SerializationFailure),
-    ("57014", False, Failure.STATEMENT_TIMEOUT, lockkit.StatementTimeout),
+    ("57014", False, Failure.QUERY_CANCELED, lockkit.QueryCanceled),  # no statement timeout set: a cancel
+    ("57P01", False, Failure.CONNECTION_LOST, lockkit.ConnectionLost),
+    ("08006", False, Failure.CONNECTION_LOST, lockkit.ConnectionLost),  # found through its class, 08
     ("25006", False, Failure.READ_ONLY, lockkit.ReadOnlyDatabase),
 ]
 

@@ -15,26 +15,25 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-PG_BIN = Path(os.environ.get("LOCKKIT_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+from sample_project.faults.cluster import (
+    PG_BIN,
+    PGBOUNCER,
+    as_postgres,
+    free_port,
+    owned_tempdir,
+)
+from sample_project.faults.cluster import run as _run
+from sample_project.faults.cluster import wait_for_port as _wait_for_port
+
 ALIASES = ("primary", "replica", "pgbouncer")
 # The test database pytest-django creates on the primary; the replica and PgBouncer aliases mirror it.
 PRIMARY_DB = "lockkit_topology"
-START_TIMEOUT = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def missing() -> str | None:
@@ -51,7 +50,7 @@ def missing() -> str | None:
     return f"missing {', '.join(absent)}" if absent else None
 
 
-PORTS: dict[str, int] = {alias: _free_port() for alias in ALIASES} if missing() is None else {}
+PORTS: dict[str, int] = {alias: free_port() for alias in ALIASES} if missing() is None else {}
 
 
 def database_settings() -> dict[str, dict[str, Any]]:
@@ -79,36 +78,11 @@ def database_settings() -> dict[str, dict[str, Any]]:
     }
 
 
-def _as_postgres() -> list[str]:
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
-def _run(args: Sequence[str]) -> None:
-    subprocess.run([*_as_postgres(), *args], check=True, capture_output=True, timeout=START_TIMEOUT)
-
-
-def _owned_tempdir(prefix: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    if os.geteuid() == 0:
-        entry = pwd.getpwnam("postgres")
-        os.chown(path, entry.pw_uid, entry.pw_gid)
-    return path
-
-
-def _wait_for_port(port: int, what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not accept connections on port {port} within {START_TIMEOUT}s")
-
-
 class Topology:
     """The running servers; ``stop()`` stops them and removes their directories."""
 
     def __init__(self) -> None:
-        self.root = _owned_tempdir("lockkit-topology-")
+        self.root = owned_tempdir("lockkit-topology-")
         self.primary = self.root / "primary"
         self.replica = self.root / "replica"
         self.started: list[Path] = []
@@ -168,7 +142,7 @@ class Topology:
             entry = pwd.getpwnam("postgres")
             os.chown(ini, entry.pw_uid, entry.pw_gid)
         self.bouncer = subprocess.Popen(
-            [*_as_postgres(), PGBOUNCER, str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*as_postgres(), PGBOUNCER, str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         _wait_for_port(PORTS["pgbouncer"], "PgBouncer")
 
@@ -187,7 +161,7 @@ class Topology:
     def stop(self) -> None:
         self.stop_pgbouncer()
         for data in reversed(self.started):
-            with contextlib.suppress(subprocess.SubprocessError):
+            with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
                 _run([str(PG_BIN / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate", "-w"])
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -1,4 +1,4 @@
-"""``python -m sample_project``: the command line (``demo``, ``serve``, ``manage``)."""
+"""``python -m sample_project``: the command line (``demo``, ``serve``, ``manage``, ``soak``)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ A scope calls four hooks, named after when they run::
     ... the scope's body ...
     restore_before_release  a nested scope ending without error, before RELEASE SAVEPOINT
     after_transaction_end   after COMMIT, ROLLBACK or RELEASE, with or without error (only with a token)
+
+and two about the connection itself: ``connection_unusable`` (before an outermost scope, only after Django saw
+an error) and ``commit_outcome`` (after a connection lost at COMMIT).
 """
 
 from __future__ import annotations
@@ -125,6 +128,29 @@ class Backend:
         For settings that live in the transaction (PostgreSQL's ``set_config(..., true)``): on error the savepoint
         rollback restores them by itself, and the end of the outermost transaction discards them.
         """
+
+    def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether an open connection on which Django saw an error can no longer be used.
+
+        Called before an outermost scope or a claims call, and only when Django recorded an error on the
+        connection (``errors_occurred``), so the healthy path never pays for it. Generic: Django's own
+        ``is_usable()`` (one round trip, as ``close_if_unusable_or_obsolete()`` does).
+        """
+        return not connection.is_usable()
+
+    def transaction_id(self, token: TimeoutToken | None) -> int | None:
+        """The id of the transaction an outermost scope opened, read by its opening statement; ``None`` here."""
+        return None
+
+    def commit_outcome(
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+    ) -> str | None:
+        """After the connection was lost while COMMIT was in flight: did transaction ``xid`` commit?
+
+        Returns:
+            ``"committed"``, ``"aborted"``, or ``None`` when it cannot be known (generic: never).
+        """
+        return None
 
     def after_transaction_end(
         self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool

@@ -6,7 +6,10 @@ https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIME
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.db import Error
 
 from lockkit.backends import postgresql_locks, psycopg_begin
 from lockkit.backends.base import Backend, TimeoutToken
@@ -56,14 +59,6 @@ class PostgreSQLBackend(Backend):
 
     #: Send ``BEGIN`` and an outermost scope's settings in one round trip on psycopg 3 (``psycopg_begin``).
     fold_begin: bool = True
-
-    def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
-        """Constant SQL expressions selected by the statement that opens an outermost scope, at no extra round trip.
-
-        Their values (as text, in order) are ``TimeoutToken.opened``. lockkit's own constant expressions only: on
-        psycopg 3 they are written into the text of the folded ``BEGIN; SELECT ...``. None by default.
-        """
-        return ()
 
     def apply_timeouts(
         self,
@@ -192,3 +187,63 @@ class PostgreSQLBackend(Backend):
             if not connection.in_atomic_block:
                 connection.close()
             raise
+
+    # -- the connection itself: discarding a dead one, resolving a lost COMMIT ------------------------------
+
+    def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
+        """Read the driver's state, no round trip: psycopg marks a connection broken when its socket fails.
+
+        psycopg 3 ``closed``/``broken``, psycopg2 ``closed``.
+        """
+        driver: Any = connection.connection
+        return driver is None or bool(driver.closed or getattr(driver, "broken", False))
+
+    def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
+        """The transaction id, read by the statement that opens an outermost scope (no extra round trip).
+
+        Taking it assigns one, which a locking transaction gets with its first row lock regardless. lockkit keeps
+        it to resolve a COMMIT whose reply was lost (``commit_outcome``).
+        """
+        return ("pg_current_xact_id()::text",)
+
+    def transaction_id(self, token: TimeoutToken | None) -> int | None:
+        """``pg_current_xact_id()``, read by the statement that opened an outermost scope (``opening_columns``)."""
+        if token is None or not token.opened or token.opened[0] is None:
+            return None
+        return int(token.opened[0])
+
+    def commit_outcome(
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+    ) -> str | None:
+        """Reconnect and ask ``pg_xact_status(xid)``, for up to ``within`` seconds.
+
+        "in progress" means the server has not yet noticed the lost connection (or the COMMIT is still running);
+        it is asked again until the answer is final or the time is up. See
+        https://www.postgresql.org/docs/current/functions-info.html#FUNCTIONS-PG-SNAPSHOT.
+        """
+        if xid is None:
+            return None
+        deadline = time.monotonic() + within
+        pause = _RESOLVE_PAUSE
+        while True:
+            try:
+                if self.connection_unusable(connection):
+                    connection.close()
+                connection.ensure_connection()
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_xact_status(%s::text::xid8)", [str(xid)])
+                    row = cursor.fetchone()
+                status = row[0] if row else None
+                if status in ("committed", "aborted"):
+                    return str(status)
+            except Error:
+                connection.close()  # unreachable for now (a restart): try again with a fresh connection
+            if time.monotonic() + pause > deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, _RESOLVE_PAUSE_MAX)
+
+
+# Pauses between two questions about a lost COMMIT's outcome, in seconds (doubling up to the maximum).
+_RESOLVE_PAUSE = 0.05
+_RESOLVE_PAUSE_MAX = 0.5

@@ -14,10 +14,11 @@ from django.db import connections, models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
-from lockkit.claims import inputs, loaded, sql
+from lockkit.claims import inputs, loaded, runner, sql
 from lockkit.claims.value import Claim, Claimed
-from lockkit.errors import StaleClaim
-from lockkit.scope import locked
+from lockkit.errors import CommitOutcomeUnknown, StaleClaim
+from lockkit.options import FROM_SETTINGS
+from lockkit.scope import current_scope
 from lockkit.validation import Duration, flag
 
 
@@ -29,6 +30,7 @@ def claim(
     when: Q | None = None,
     set: dict[str, Any] | None = None,
     using: str | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> Claim | None:
     """Claim one specific row if it is free and ``when`` holds, waiting for its lock within the lock timeout.
 
@@ -53,6 +55,8 @@ def claim(
             instance=target)``, as ``Model.save()`` resolves it (an instance read from a replica is claimed on
             the primary; without a router, the database it was read from); an explicit ``using`` must name
             that same alias. Default for a queryset: its bound database, else ``router.db_for_write(model)``.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
         The ``Claim``, or ``None`` when the row does not exist, is already claimed, or ``when`` does not hold.
@@ -88,15 +92,20 @@ def claim(
     statements = sql.for_table(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     candidates = inputs.condition(when, queryset.using(alias).filter(lease_expires_at__isnull=True))
-    with locked(alias, no_key=connections[alias].features.has_select_for_no_key_update) as scope:
-        rows = list(scope.lock(candidates).only("pk").order_by()[:2])
+
+    def work() -> Any:
+        rows = list(current_scope().lock(candidates).only("pk").order_by()[:2])
         if not rows:
             return None
         if len(rows) > 1:
             raise model.MultipleObjectsReturned(
                 f"target matches more than one claimable {model.__name__} row; claim one, or use claim_next()"
             )
-        row = statements.claim_row(rows[0].pk, values)
+        return statements.claim_row(rows[0].pk, values)
+
+    row = runner.in_transaction(alias, lock_timeout, work)
+    if row is None:
+        return None
     return Claim.from_row(row, model=model, alias=alias, lease=seconds)
 
 
@@ -110,6 +119,7 @@ def claim_next(
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
     fetch: Literal[False] = False,
 ) -> list[Claim]: ...
 @overload
@@ -122,6 +132,7 @@ def claim_next(
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
     fetch: Literal[True],
 ) -> list[Claimed[Any]]: ...
 def claim_next(
@@ -133,6 +144,7 @@ def claim_next(
     set: dict[str, Any] | None = None,
     order_by: Sequence[str | BaseExpression | F] | None = None,
     using: str | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
     fetch: bool = False,
 ) -> list[Claim] | list[Claimed[Any]]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
@@ -166,6 +178,8 @@ def claim_next(
         fetch: Also return the claimed rows as model instances, read by the claiming statement itself
             (``RETURNING`` on PostgreSQL and SQLite: no extra round trip; MariaDB reads them back in the same
             transaction).
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
         The claims, in ``order_by`` order; an empty list when no free row is available right now. With
@@ -203,7 +217,12 @@ def claim_next(
         (queryset, None if order_by is None else tuple(order_by)) if source is queryset and keyable else None
     )
     fields = model._meta.concrete_fields if flag(fetch, "fetch") else ()
-    rows = statements.claim_next(ordered, count, values, fields, reuse=reuse)
+    # The same (kept) SELECT the claim uses: compiled once per queryset object, not once more per call.
+    if statements.picked_pks(ordered, count, reuse) is None:
+        return []  # no row can match (.none(), pk__in=[]): no transaction either
+    rows = runner.in_transaction(
+        alias, lock_timeout, lambda: statements.claim_next(ordered, count, values, fields, reuse=reuse)
+    )
     claims = [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
     if not fields:
         return claims
@@ -211,7 +230,7 @@ def claim_next(
     return [Claimed(instance, c) for instance, c in zip(instances, claims, strict=True)]
 
 
-def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[Any, Any]:
+def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
     """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
 
     Live means the row still carries the claim's token and is claimed. Returns ``{pk: lease_expires_at}`` of
@@ -225,32 +244,86 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any]) -> dict[An
     inputs.alias_for(alias, model._base_manager.all())
     statements = sql.for_table(model, alias)
     pks = inputs.prepared_pks(claims, alias)
-    rows = statements.fenced_update(pks, [c.token for c in claims], [c.worker for c in claims], values)
+    tokens, workers = [c.token for c in claims], [c.worker for c in claims]
+    rows = runner.in_transaction(
+        alias, lock_timeout, lambda: statements.fenced_update(pks, tokens, workers, values)
+    )
     written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
     if len(written) != len(claims):
         # The statement writes all rows or none, so nothing was written here.
         live = {row["pk"] for row in rows}
         stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
-        listing = ", ".join(f"pk={c.pk!r} token={c.token} worker={c.worker!r}" for c in stale)
+        holders, already_done = _now_holding(stale, values)
+        listing = ", ".join(
+            f"pk={c.pk!r} token={c.token} worker={c.worker!r} (held by {holders.get(c.pk)})" for c in stale
+        )
+        done = " (already ended with these values)" if already_done else ""
         raise StaleClaim(
-            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row "
+            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done} "
             f"(reclaimed, completed or released; a newer claim may own it): {listing}; nothing was written",
             alias=alias,
             claims=stale,
+            holders=holders,
+            already_done=already_done,
         )
     return written
 
 
-def heartbeat(claim: Claim, *, lease: Duration | None = None) -> Claim:
+def _now_holding(
+    stale: tuple[Claim, ...], values: dict[str, Any]
+) -> tuple[dict[Any, tuple[str, int] | None], bool]:
+    """Who holds the stale claims' rows now, and whether each row already holds what ``values`` writes.
+
+    Read after the fenced statement found them stale (the error path only); plain values are compared, not
+    expressions.
+    """
+    first = stale[0]
+    plain = {
+        name: value
+        for name, value in values.items()
+        if name != "lease_expires_at" and not hasattr(value, "resolve_expression")
+    }
+    fields = ["pk", "claim_token", "claimed_by", "lease_expires_at", *plain]
+    found = first.model._base_manager.using(first.alias).filter(pk__in=[c.pk for c in stale]).values(*fields)
+    rows = {row["pk"]: row for row in found}
+    holders: dict[Any, tuple[str, int] | None] = {}
+    already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
+    for claim in stale:
+        row = rows.get(claim.pk)
+        if row is None or row["lease_expires_at"] is None:
+            holders[claim.pk] = None
+        else:
+            holders[claim.pk] = (str(row["claimed_by"]), int(row["claim_token"]))
+        already_done = already_done and (
+            row is not None
+            and row["lease_expires_at"] is None
+            and row["claim_token"] == claim.token
+            and row["claimed_by"] == claim.worker
+            and all(row[name] == value for name, value in plain.items())
+        )
+    return holders, already_done
+
+
+def heartbeat(
+    claim: Claim,
+    *,
+    lease: Duration | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+) -> Claim:
     """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
 
     Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A
     claim whose lease has lapsed but that no ``reclaim_expired`` has handed back is still live and is renewed:
     its token proves no one else was given the job.
 
+    Safe to repeat: renewing a live claim twice only moves its lease again. So a heartbeat whose connection was
+    lost, even at COMMIT with the outcome unknown, is sent again on a fresh connection: a worker keeps its job
+    through a server restart or a pooler dropping its idle connection.
+
     Args:
         claim: The claim to renew.
         lease: The new lease in seconds (``int``/``float``) or a ``timedelta``; default the claim's ``lease``.
+        lock_timeout: Seconds the row lock may be waited for; default ``settings.LOCKKIT["LOCK_TIMEOUT"]``.
 
     Returns:
         A new ``Claim`` with the new ``lease_expires_at`` (and ``lease``).
@@ -260,15 +333,24 @@ def heartbeat(claim: Claim, *, lease: Duration | None = None) -> Claim:
             ``claim.<field>``; a pk its column would not store unchanged included), or ``lease`` is not a
             positive duration.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
+        LockTimeout: another session held the row longer than the lock timeout (nothing was written).
+        ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
     """
     held = inputs.claim(claim)
     seconds = held.lease if lease is None else inputs.lease(lease)
-    end = sql.for_table(held.model, held.alias).lease_end(seconds)
-    written = _fenced_update((held,), {"lease_expires_at": end})
+    values = {"lease_expires_at": sql.for_table(held.model, held.alias).lease_end(seconds)}
+    try:
+        written = _fenced_update((held,), values, lock_timeout)
+    except CommitOutcomeUnknown:
+        written = _fenced_update(
+            (held,), values, lock_timeout
+        )  # idempotent: renew again, on a new connection
     return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
 
 
-def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
+def complete(
+    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: Duration | None = FROM_SETTINGS
+) -> None:
     """End a claim because the job is done, writing ``set`` (e.g. ``{"state": "done"}``) in one statement.
 
     Fenced: the write happens only if the row still carries the claim's token and is claimed. Call it inside
@@ -278,31 +360,42 @@ def complete(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
     Args:
         claim: The claim to end.
         set: Fields to write with the completion (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    complete_many([inputs.claim(claim)], set=set)
+    complete_many([inputs.claim(claim)], set=set, lock_timeout=lock_timeout)
 
 
-def complete_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
+def complete_many(
+    claims: Iterable[Claim],
+    *,
+    set: dict[str, Any] | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+) -> None:
     """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
     Args:
         claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
         set: Fields to write to every row (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError: not an iterable of ``Claim``, an invalid claim, claims of different
             models/aliases or repeated rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
-    _end(inputs.claims(claims), set)
+    _end(inputs.claims(claims), set, lock_timeout)
 
 
-def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
+def release(
+    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: Duration | None = FROM_SETTINGS
+) -> None:
     """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in one fenced statement.
 
     The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
@@ -311,16 +404,23 @@ def release(claim: Claim, *, set: dict[str, Any] | None = None) -> None:
     Args:
         claim: The claim to end.
         set: Fields to write with the release (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    release_many([inputs.claim(claim)], set=set)
+    release_many([inputs.claim(claim)], set=set, lock_timeout=lock_timeout)
 
 
-def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) -> None:
+def release_many(
+    claims: Iterable[Claim],
+    *,
+    set: dict[str, Any] | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+) -> None:
     """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
 
     The same statement as ``complete_many`` (both end the claims); the two names say what ``set`` means.
@@ -328,14 +428,16 @@ def release_many(claims: Iterable[Claim], *, set: dict[str, Any] | None = None) 
     Args:
         claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
         set: Fields to write to every row (values or expressions); ``None`` for none.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Raises:
         TypeError, ValueError, StaleClaim: as ``complete_many``.
     """
-    _end(inputs.claims(claims), set)
+    _end(inputs.claims(claims), set, lock_timeout)
 
 
-def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
+def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout: Any) -> None:
     """End claims: the one implementation of ``complete_many`` and ``release_many``.
 
     Completing and releasing write the same thing (the claim ends: ``lease_expires_at = NULL``, plus the
@@ -347,7 +449,9 @@ def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None) -> None:
         return  # no model to check the field names against, and nothing to write
     model = claims[0].model
     alias = claims[0].alias
-    _fenced_update(claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)})
+    _fenced_update(
+        claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)}, lock_timeout
+    )
 
 
 def reclaim_expired(
@@ -357,6 +461,7 @@ def reclaim_expired(
     max_attempts: int | None = None,
     exhausted_set: dict[str, Any] | None = None,
     using: str | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> int:
     """Hand back the rows of ``queryset`` whose lease has expired, by the database clock.
 
@@ -375,6 +480,8 @@ def reclaim_expired(
             ``exhausted_set``.
         exhausted_set: Fields to write on exhausted rows; required with ``max_attempts``.
         using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
+        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
+            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
         The number of rows changed (handed back plus exhausted).
@@ -428,7 +535,53 @@ def reclaim_expired_pks(
             )
     else:
         values.update(back)
-    return sql.for_table(model, alias).reclaim_expired(candidates.using(alias), values)
+    statements = sql.for_table(model, alias)
+    expired = candidates.using(alias)
+    if statements.select_pks(expired, limit=None, skip_locked=True) is None:
+        return 0  # no row can match: no transaction either
+    return runner.in_transaction(alias, lock_timeout, lambda: statements.reclaim_expired(expired, values))
+
+
+def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -> list[Claim]:
+    """Return the unexpired claims ``worker`` holds on rows of ``queryset``, as working ``Claim`` objects.
+
+    For a worker that lost track of its claims: a ``claim_next()`` whose reply was lost
+    (``CommitOutcomeUnknown``), or a process restarted under the same worker name. Each returned claim carries
+    the row's current token, so ``heartbeat()``/``complete()`` work with it, fenced as usual. Its ``lease`` is
+    the time from the claim (``claimed_at``) to the lease's end; pass ``lease=`` to ``heartbeat()`` to choose.
+
+    Args:
+        queryset: The rows to look at (a queryset, manager or model class of a ``Claimable`` model).
+        worker: The worker name the claims were made for.
+        using: The database alias; default the queryset's bound database, else ``router.db_for_write(model)``.
+
+    Returns:
+        The claims, in primary-key order; empty when the worker holds none.
+
+    Raises:
+        TypeError, ValueError: a wrong type, an empty worker name, a sliced or distinct queryset.
+        AliasMismatch: ``using`` differs from the database the queryset is bound to.
+        django.db.NotSupportedError: the database is not PostgreSQL.
+        ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
+    """
+    candidates = inputs.queryset(queryset)
+    model = inputs.claimable_model(candidates.model, "queryset")
+    name = inputs.worker(worker)
+    alias = inputs.alias_for(using, candidates)
+    now = sql.for_table(model, alias).now()
+    held = (
+        candidates.using(alias)
+        .filter(claimed_by=name, lease_expires_at__gt=now)
+        .order_by("pk")
+        .values("pk", "claim_token", "claimed_by", "lease_expires_at", "attempts", "claimed_at")
+    )
+    rows = runner.in_transaction(alias, FROM_SETTINGS, lambda: list(held))
+    return [
+        Claim.from_row(
+            row, model=model, alias=alias, lease=(row["lease_expires_at"] - row["claimed_at"]).total_seconds()
+        )
+        for row in rows
+    ]
 
 
 def _expression(value: Any, field: Any) -> Any:

@@ -13,6 +13,7 @@ from lockkit.claims.signalled import (
     complete,
     complete_many,
     heartbeat,
+    held_by,
     reclaim_expired,
     release,
     release_many,
@@ -26,6 +27,7 @@ acomplete_many = awaitable(complete_many)
 arelease = awaitable(release)
 arelease_many = awaitable(release_many)
 areclaim_expired = awaitable(reclaim_expired)
+aheld_by = awaitable(held_by)
 
 __all__ = [
     "aclaim",
@@ -33,6 +35,7 @@ __all__ = [
     "acomplete",
     "acomplete_many",
     "aheartbeat",
+    "aheld_by",
     "areclaim_expired",
     "arelease",
     "arelease_many",

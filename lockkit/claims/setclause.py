@@ -117,7 +117,9 @@ def _django(model: type[Any], alias: str, values: dict[str, Any]) -> Compiled:
 def _step(model: type[Any], alias: str, name: str, value: Any, kind: str | None) -> _Step:
     field = model._meta.get_field(name)
     if value is None:
-        return _no_params
+        # Django 5.2 writes NULL in the SQL text; Django 6 sends None as a parameter: learn which from Django.
+        null_params = _django(model, alias, {name: None})[1]
+        return lambda _value, _connection: list(null_params)
     if kind == "lease end":  # the clock plus the interval: one parameter, the interval
         duration = value.rhs.output_field
         return lambda value, connection: [duration.get_db_prep_save(value.rhs.value, connection=connection)]
@@ -127,10 +129,6 @@ def _step(model: type[Any], alias: str, name: str, value: Any, kind: str | None)
     if not isinstance(field, Field) or hasattr(field, "get_placeholder"):
         return _give_up
     return lambda value, connection: _prepared(field, value, connection)
-
-
-def _no_params(_value: Any, _connection: Any) -> list[Any]:
-    return []
 
 
 def _give_up(_value: Any, _connection: Any) -> None:

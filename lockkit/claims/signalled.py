@@ -76,6 +76,7 @@ complete_many = _fenced(api.complete_many, signals.claim_completed, many=True)
 release = _fenced(api.release, signals.claim_released)
 release_many = _fenced(api.release_many, signals.claim_released, many=True)
 reclaim_expired = _reclaimed(api.reclaim_expired)
+held_by = api.held_by  # a read: no signal
 
 __all__ = [
     "claim",
@@ -83,6 +84,7 @@ __all__ = [
     "complete",
     "complete_many",
     "heartbeat",
+    "held_by",
     "reclaim_expired",
     "release",
     "release_many",

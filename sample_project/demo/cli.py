@@ -1,8 +1,10 @@
-"""``python -m sample_project``: ``demo`` (the contention demo), ``serve`` (gunicorn), ``manage`` (Django).
+"""``python -m sample_project``: ``demo`` (the contention demo), ``serve`` (gunicorn), ``manage`` (Django),
+``soak`` (the services under faults, reconciled).
 
-Every command takes ``--database-url`` (a PostgreSQL URL; default ``$SAMPLE_DATABASE_URL``, else an embedded
-PostgreSQL started here, before Django reads the settings, and removed afterwards). The sample's tables are created
-with ``migrate``. This is the demo harness's entry point; the project a user would copy is ``manage.py`` with
+``demo``, ``serve`` and ``manage`` take ``--database-url`` (a PostgreSQL URL; default ``$SAMPLE_DATABASE_URL``,
+else an embedded PostgreSQL started here, before Django reads the settings, and removed afterwards). The sample's
+tables are created with ``migrate``. ``soak`` always starts a throwaway PostgreSQL cluster of its own, which it
+restarts on purpose. This is the demo harness's entry point; the project a user would copy is ``manage.py`` with
 ``sample_project/settings.py``, ``urls.py``, ``wsgi.py`` and the ``inventory`` and ``jobs`` apps.
 """
 
@@ -88,6 +90,20 @@ def _parser() -> argparse.ArgumentParser:
 
     manage = commands.add_parser("manage", parents=[common], help="run a Django management command")
     manage.add_argument("args", nargs=argparse.REMAINDER)
+
+    soak = commands.add_parser(
+        "soak", help="run the services under faults on a throwaway cluster and reconcile the outcomes"
+    )
+    soak.add_argument("--duration", type=_positive_float, default=120.0, help="seconds of load (default 120)")
+    soak.add_argument("--workers", type=_positive_int, default=8, help="worker processes (default 8)")
+    soak.add_argument(
+        "--proxied", type=int, default=3, help="workers reaching the server through the proxy (default 3)"
+    )
+    soak.add_argument(
+        "--fault-every", type=_positive_float, default=2.0, help="mean seconds between faults (default 2)"
+    )
+    soak.add_argument("--seed", type=int, default=11, help="random seed of the schedule (default 11)")
+    soak.add_argument("--log-dir", type=Path, help="where the per-worker logs go (default a temporary dir)")
     return parser
 
 
@@ -167,9 +183,41 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sample_project.faults.cluster import missing_binaries
+    from sample_project.soak.plan import SoakOptions
+    from sample_project.soak.runner import report, run_soak
+
+    if not 0 <= args.proxied <= args.workers:
+        parser.error("--proxied must be between 0 and --workers")
+    missing = missing_binaries()
+    if missing is not None:
+        parser.exit(1, f"python -m sample_project soak: cannot start a cluster: {missing}\n")
+    options = SoakOptions(
+        duration=args.duration,
+        workers=args.workers,
+        proxied=args.proxied,
+        fault_every=args.fault_every,
+        seed=args.seed,
+        log_dir=args.log_dir,
+    )
+    console = Console(width=max(Console().width, 110))  # the tables are read in CI logs and in the docs
+    outcome = run_soak(options, console)
+    report(outcome, console)
+    verdict = (
+        "[bold red]FAILED[/bold red]" if outcome.exit_code else "[bold green]invariants hold[/bold green]"
+    )
+    console.print(f"{verdict} ({outcome.seconds:.0f}s)")
+    return outcome.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "soak":
+        return _soak(parser, args)
     if args.command == "demo":
         _check_demo_args(parser, args)
     url = _setup(parser, args.database_url)

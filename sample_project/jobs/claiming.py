@@ -18,6 +18,7 @@ from typing import Any
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from lockkit import locked_operation
 from lockkit.claims import Claim, StaleClaim, fenced
 from lockkit.claims import claim as claim_row
 from lockkit.claims import claim_next as claim_rows
@@ -77,16 +78,23 @@ def complete(claim: Claim, result: Any = None) -> bool:
 
     ``fenced(claim)`` locks the job row and checks the claim (token, worker, lease by the database clock) first;
     the effect and the completion then commit together. A worker whose lease ran out mid-job (and whose job was
-    reclaimed and done by another) writes nothing: each job's effect is applied exactly once. Returns whether the
-    claim was current.
+    reclaimed and done by another) writes nothing: each job's effect is applied exactly once. The whole runs in a
+    locked operation: retried when the connection was lost before COMMIT, resolved (or ``CommitOutcomeUnknown``)
+    when it was lost at COMMIT; a completion repeated after an earlier one committed counts as done. Returns
+    whether the claim was current.
     """
     try:
-        with fenced(claim) as scope:
-            JobRun.objects.using(scope.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
-            complete_claim(claim, set={"state": Job.State.DONE, "result": result, "finished_at": Now()})
-    except StaleClaim:
-        return False
+        _complete_and_log(claim, result)
+    except StaleClaim as stale:
+        return stale.already_done
     return True
+
+
+@locked_operation(using=lambda claim, result: claim.alias)
+def _complete_and_log(claim: Claim, result: Any) -> None:
+    with fenced(claim) as scope:
+        JobRun.objects.using(scope.alias).create(job_id=claim.pk, worker=claim.worker, token=claim.token)
+        complete_claim(claim, set={"state": Job.State.DONE, "result": result, "finished_at": Now()})
 
 
 def fail(claim: Claim, error: str) -> bool:

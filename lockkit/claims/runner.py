@@ -1,0 +1,48 @@
+"""Running one claims call in a short transaction of its own, like a ``locked_operation``.
+
+The transaction is bounded by the lock timeout (``settings.LOCKKIT["LOCK_TIMEOUT"]`` or the call's
+``lock_timeout=``); a dead connection is discarded before it; a connection lost before COMMIT is retried (nothing
+was written) and one lost at COMMIT is resolved (``CommitOutcomeUnknown`` when it cannot be). Inside the caller's
+own ``atomic()`` it runs in a savepoint and makes one attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import connections
+
+from lockkit.errors import Failure
+from lockkit.operation import locked_operation
+from lockkit.retry import RetryPolicy
+
+T = TypeVar("T")
+
+# Only lost connections: a lock timeout is the caller's to decide on; a deadlock cannot happen (one statement).
+_RETRY_LOST = RetryPolicy(retry_on={Failure.CONNECTION_LOST})
+
+
+def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
+    """Run ``work()`` in a locked scope on ``alias``, retried when it lost its connection before COMMIT.
+
+    Locks are ``FOR NO KEY UPDATE``; the scope's lock timeout is ``lock_timeout``.
+
+    Args:
+        alias: The database alias.
+        lock_timeout: Seconds, ``None`` (the connection's own setting) or ``FROM_SETTINGS``.
+        work: The claims statement(s) to run in the scope.
+
+    Returns:
+        What ``work()`` returned.
+
+    Raises:
+        TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
+        LockTimeout: a lock was waited for longer than the lock timeout.
+        ConnectionLost: the connection was lost on every attempt for ``reconnect_within`` seconds.
+        CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
+    """
+    # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
+    no_key = connections[alias].features.has_select_for_no_key_update
+    operation = locked_operation(using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRY_LOST)
+    return operation(work)()

@@ -1,0 +1,51 @@
+"""Leaving Django's connection usable after it died, so that the next call reconnects.
+
+A dead connection is discarded before an outermost scope or a claims call, and after such a call lost it.
+
+Django itself discards a dead connection only at request boundaries (``close_old_connections()``) or when an
+``atomic()`` block fails; a worker loop is in neither place. This does what ``close_if_unusable_or_obsolete()``
+does, for one alias, never inside a transaction someone else began. See
+https://docs.djangoproject.com/en/stable/ref/databases/#persistent-connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from django.db import Error, connections
+
+from lockkit.backends import backend_for
+
+
+def _outside_transaction(alias: str) -> bool:
+    connection = connections[alias]
+    # Read the flags, not get_autocommit(): that would connect.
+    return not connection.in_atomic_block and bool(connection.autocommit)
+
+
+def discard_if_dead(alias: str) -> None:
+    """Close the alias's connection if Django saw it fail and it is no longer usable (outside transactions only).
+
+    Free on the healthy path: nothing is checked unless Django recorded an error on the connection; then the
+    backend reads the driver's state (PostgreSQL) or pings (``is_usable()``, other vendors).
+    """
+    connection = connections[alias]
+    if connection.connection is None or not connection.errors_occurred or not _outside_transaction(alias):
+        return
+    if backend_for(connection).connection_unusable(connection):
+        _close(alias)
+    else:
+        connection.errors_occurred = False
+
+
+def discard_after_loss(alias: str) -> None:
+    """Close the alias's connection after lockkit classified a ``ConnectionLost`` on it (outside transactions)."""
+    if _outside_transaction(alias):
+        _close(alias)
+
+
+def _close(alias: str) -> None:
+    # Closing a dead connection may itself report the failure; it is closed all the same (Django's close()
+    # drops the driver connection in a finally block).
+    with contextlib.suppress(Error):
+        connections[alias].close()
