@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal, overload
 
-from django.db import connections, models
+from django.db import models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
@@ -495,7 +495,12 @@ def reclaim_expired(
     """
     return len(
         reclaim_expired_pks(
-            queryset, set=set, max_attempts=max_attempts, exhausted_set=exhausted_set, using=using
+            queryset,
+            set=set,
+            max_attempts=max_attempts,
+            exhausted_set=exhausted_set,
+            using=using,
+            lock_timeout=lock_timeout,
         )
     )
 
@@ -507,6 +512,7 @@ def reclaim_expired_pks(
     max_attempts: int | None = None,
     exhausted_set: dict[str, Any] | None = None,
     using: str | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> list[Any]:
     """``reclaim_expired()``, returning the primary keys of the rows changed (for the reaper's log).
 
@@ -538,7 +544,7 @@ def reclaim_expired_pks(
     statements = sql.for_table(model, alias)
     expired = candidates.using(alias)
     if statements.select_pks(expired, limit=None, skip_locked=True) is None:
-        return 0  # no row can match: no transaction either
+        return []  # no row can match: no transaction either
     return runner.in_transaction(alias, lock_timeout, lambda: statements.reclaim_expired(expired, values))
 
 
