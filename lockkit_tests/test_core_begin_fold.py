@@ -49,6 +49,8 @@ def test_outermost_scope_begins_with_its_timeouts_in_one_statement(notices: list
     first = statements(queries)[0]
     assert first == (
         "BEGIN; SELECT set_config('lock_timeout', '2000ms', true), set_config('statement_timeout', '7000ms', true)"
+        # The transaction id rides on the same statement (it resolves a COMMIT whose reply was lost).
+        ", pg_current_xact_id()::text"
     )
     assert not [sql for sql in statements(queries)[1:] if "set_config" in sql]
     # psycopg sent no BEGIN of its own: the server would have warned about a transaction already in progress.
@@ -165,7 +167,9 @@ def test_the_literal_is_always_lockkits_int_of_milliseconds() -> None:
 def test_fractional_durations_become_whole_milliseconds_in_the_statement() -> None:
     with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=0.0015):
         assert show("lock_timeout") == "2ms"
-    assert statements(queries)[0] == "BEGIN; SELECT set_config('lock_timeout', '2ms', true)"
+    assert statements(queries)[0] == (
+        "BEGIN; SELECT set_config('lock_timeout', '2ms', true), pg_current_xact_id()::text"
+    )
 
 
 def test_opening_columns_ride_on_the_opening_statement(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ import lockkit.inspect
 from lockkit import signals
 from lockkit.claims import claim_next
 from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
+from lockkit_tests import vendors
 from lockkit_tests.models import Job, Stock
 
 
@@ -240,10 +241,11 @@ def test_a_killed_session_lock_holder_raises_advisory_lock_lost_at_exit() -> Non
     assert advisory_locks_held() == 0
 
 
+@pytest.mark.skipif(
+    not vendors.MYSQL_CONFIGURED, reason=vendors.MYSQL_SKIP_REASON
+)  # before django_db's setup
 @pytest.mark.django_db(transaction=True, databases=["default", "mariadb"])
 def test_a_killed_session_lock_holder_on_mariadb_raises_advisory_lock_lost() -> None:
-    if "mariadb" not in connections:  # pragma: no cover - without LOCKKIT_TEST_MYSQL_URL
-        pytest.skip("LOCKKIT_TEST_MYSQL_URL is not set")
     with pytest.raises(lockkit.AdvisoryLockLost):
         with lockkit.advisory_lock("hostile-killed", session=True, using="mariadb") as held:
             assert held.pid is not None
