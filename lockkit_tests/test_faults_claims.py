@@ -158,11 +158,14 @@ def bouncer_alias() -> Iterator[str]:
     if reason is not None:
         pytest.skip(f"no PgBouncer: {reason}")
     upstream = upstream_of("default")
-    if isinstance(upstream, str):  # a Unix socket: PgBouncer takes its directory and port
-        directory, port_text = upstream.rsplit("/.s.PGSQL.", 1)
-        host, port = directory, int(port_text)
-    else:
-        host, port = upstream
+    if isinstance(upstream, str):
+        # The embedded server (Quick start) listens on a Unix socket of its own system user, which PgBouncer
+        # (run as postgres) cannot reach: a client would queue in PgBouncer until the test timed out. The machine
+        # PostgreSQL (TCP) runs this test in CI.
+        pytest.skip(
+            "PgBouncer needs a TCP PostgreSQL here; the embedded server listens on a Unix socket only"
+        )
+    host, port = upstream
     with PgBouncer(host, port, {"client_idle_timeout": "1"}) as bouncer:
         options = {"prepare_threshold": None, "sslmode": "disable"}
         with extra_alias(
