@@ -1,8 +1,8 @@
 """Running one claims call in a short transaction of its own, like a ``locked_operation``.
 
 The transaction is bounded by the lock timeout (``settings.LOCKKIT["LOCK_TIMEOUT"]`` or the call's
-``lock_timeout=``); a dead connection is discarded before it; a connection lost before COMMIT is retried (nothing
-was written) and one lost at COMMIT is resolved (``CommitOutcomeUnknown`` when it cannot be). Inside the caller's
+``lock_timeout=``); a dead connection is discarded before it; a connection lost before COMMIT, a deadlock and a
+serialization failure are retried in a fresh transaction (nothing was written) and a loss at COMMIT is resolved (``CommitOutcomeUnknown`` when it cannot be). Inside the caller's
 own ``atomic()`` it runs in a savepoint and makes one attempt.
 """
 
@@ -19,14 +19,20 @@ from lockkit.retry import RetryPolicy
 
 T = TypeVar("T")
 
-# Only lost connections: a lock timeout is the caller's to decide on; a deadlock cannot happen (one statement).
-_RETRY_LOST = RetryPolicy(retry_on={Failure.CONNECTION_LOST})
+# Retried in a fresh transaction: a connection lost before COMMIT, and a deadlock or serialization failure (the
+# database rolled the whole transaction back: on MariaDB a claim is two statements and InnoDB's next-key locks can
+# deadlock it against a completion; under REPEATABLE READ a concurrent claim of the same row is a serialization
+# failure). A lock timeout is the caller's to decide on.
+_RETRIED = RetryPolicy(
+    retry_on={Failure.CONNECTION_LOST, Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE}
+)
 
 
 def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
-    """Run ``work()`` in a locked scope on ``alias``, retried when it lost its connection before COMMIT.
+    """Run ``work()`` in a locked scope on ``alias``, retried after a failure that rolled it back.
 
-    Locks are ``FOR NO KEY UPDATE``; the scope's lock timeout is ``lock_timeout``.
+    A connection lost before COMMIT, a deadlock and a serialization failure are retried; a lost COMMIT is resolved
+    first. Locks are ``FOR NO KEY UPDATE``; the scope's lock timeout is ``lock_timeout``.
 
     Args:
         alias: The database alias.
@@ -40,9 +46,10 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
         TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
         LockTimeout: a lock was waited for longer than the lock timeout.
         ConnectionLost: the connection was lost on every attempt for ``reconnect_within`` seconds.
+        DeadlockDetected, SerializationFailure: on each of the policy's 3 attempts.
         CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
     """
     # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
     no_key = connections[alias].features.has_select_for_no_key_update
-    operation = locked_operation(using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRY_LOST)
+    operation = locked_operation(using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRIED)
     return operation(work)()
