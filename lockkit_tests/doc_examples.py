@@ -15,7 +15,7 @@ from typing import Any
 # The documents whose examples run, relative to the repository root, and the aliases they may use.
 DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
 DATABASES = ("default", "other")
-_FAKE_MODULES = ("shop", "shop.models", "shop.warehouse", "myapp", "myapp.models", "myapp.jobs")
+_FAKE_MODULES = ("shop", "shop.models", "shop.services", "shop.warehouse", "myapp", "myapp.models", "myapp.jobs")
 
 
 class RetryableError(Exception):
@@ -55,7 +55,19 @@ def setup(namespace: dict[str, Any]) -> None:
         module = types.ModuleType(name, f"lockkit docs fixture standing in for a user's {name!r}")
         module.__dict__.update(attributes)
         sys.modules[name] = module
+    # shop.services is the document's own service code: a name imported from it is the one an earlier example of
+    # the same document defined (getting-started.md's reserve_stock, imported by its test).
+    services = types.ModuleType("shop.services", "lockkit docs fixture: the services the document defines")
+    services.__getattr__ = lambda attribute: _defined(namespace, attribute)  # type: ignore[method-assign]
+    sys.modules["shop.services"] = services
     namespace["__name__"] = "docs_example"
+
+
+def _defined(namespace: dict[str, Any], attribute: str) -> Any:
+    try:
+        return namespace[attribute]
+    except KeyError:
+        raise AttributeError(f"no earlier example of this document defines {attribute!r}") from None
 
 
 def flush() -> None:

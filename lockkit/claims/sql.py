@@ -14,10 +14,12 @@ from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
+import django
 from django.core.exceptions import EmptyResultSet
 from django.db import NotSupportedError, connections
 from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, QuerySet, Value
 from django.db.models.expressions import BaseExpression, CombinedExpression
+from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.datastructures import BaseTable
 
 from lockkit import relations
@@ -216,7 +218,7 @@ class ClaimsSQL(abc.ABC):
         except EmptyResultSet:
             return None
         locking = connections[self.alias].ops.for_update_sql(
-            skip_locked=skip_locked, of=(compiler.quote_name_unless_alias(base),), no_key=True
+            skip_locked=skip_locked, of=(_quote_as_from_clause(compiler, base),), no_key=True
         )
         return f"{sql} {locking}", list(params)
 
@@ -381,3 +383,14 @@ def for_table(model: type[Claimable], alias: str) -> ClaimsSQL:
 def _statements(kind: type[ClaimsSQL], model: type[Claimable], alias: str) -> ClaimsSQL:
     """One ``ClaimsSQL`` per vendor class, model and alias: it holds only quoted names, read once."""
     return kind(ClaimTable.of(model, alias))
+
+
+def _quote_as_from_clause(compiler: SQLCompiler, name: str) -> str:
+    """``name`` (the base table or its alias) quoted as the compiler wrote it in the ``FROM`` clause.
+
+    Django 6.1 quotes every name (``SQLCompiler.quote_name``) and deprecates ``quote_name_unless_alias``; before it,
+    ``quote_name_unless_alias`` is what the ``FROM`` clause used (an alias of Django's own, such as ``U0``, unquoted).
+    """
+    if django.VERSION >= (6, 1):
+        return str(compiler.quote_name(name))
+    return compiler.quote_name_unless_alias(name)
