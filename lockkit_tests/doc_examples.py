@@ -15,7 +15,15 @@ from typing import Any
 # The documents whose examples run, relative to the repository root, and the aliases they may use.
 DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
 DATABASES = ("default", "other")
-_FAKE_MODULES = ("shop", "shop.models", "shop.services", "shop.warehouse", "myapp", "myapp.models", "myapp.jobs")
+_FAKE_MODULES = (
+    "shop",
+    "shop.models",
+    "shop.services",
+    "shop.warehouse",
+    "myapp",
+    "myapp.models",
+    "myapp.jobs",
+)
 
 
 class RetryableError(Exception):

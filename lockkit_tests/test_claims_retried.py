@@ -53,4 +53,9 @@ def test_a_claim_that_lost_a_serialization_race_is_retried_in_a_fresh_transactio
     assert made is not None
     assert (made.pk, made.token, made.worker) == (job.pk, 1, "rr")
     row = Job.objects.get(pk=job.pk)
-    assert (row.name, row.state, row.claim_token, row.claimed_by) == ("changed while held", "running", 1, "rr")
+    assert (row.name, row.state, row.claim_token, row.claimed_by) == (
+        "changed while held",
+        "running",
+        1,
+        "rr",
+    )
