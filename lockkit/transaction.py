@@ -73,7 +73,6 @@ class ScopeTransaction:
         self.alias = alias
         self.nested = in_transaction(connection)
         self.committed = False
-        self.xid: int | None = None
         self.doomed: BaseException | None = None
         self.backend = backend_for(connection)
         self._lock_timeout = lock_timeout
@@ -123,7 +122,6 @@ class ScopeTransaction:
                     raise
                 self._raise_translated(exc)
             raise
-        self.xid = None if self.nested else self.backend.transaction_id(self._token)
         if not self.nested:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
@@ -132,8 +130,13 @@ class ScopeTransaction:
 
     @property
     def opened(self) -> tuple[str | None, ...]:
-        """The values of the backend's opening columns, read when an outermost scope began (``TimeoutToken``)."""
-        return self._token.opened if self._token is not None else ()
+        """The values of the backend's opening columns, read by the statement that opened an outermost scope."""
+        return self._token.opening if self._token is not None else ()
+
+    @property
+    def xid(self) -> int | None:
+        """The PostgreSQL transaction id of an outermost scope, once its opening statement ran; else ``None``."""
+        return None if self.nested else self.backend.transaction_id(self._token)
 
     def _mark_committed(self) -> None:
         self.committed = True
@@ -160,6 +163,8 @@ class ScopeTransaction:
             DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
         """
         connection = connections[self.alias]
+        if self._token is not None and self._token.pending is not None:
+            self._token.pending.cancel()  # a deferred opening no statement carried: nothing was sent
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
         if doomed is not None:

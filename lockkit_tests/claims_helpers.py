@@ -53,14 +53,21 @@ def snapshot(pk: Any) -> dict[str, Any]:
 def claims_statements(queries: CaptureQueriesContext, *, stale: bool = False) -> list[str]:
     """The claims statements among ``queries``.
 
-    Each call runs in a short transaction of its own: BEGIN, the scope's opening statement (its lock timeout),
-    the claims statement, COMMIT; a ``StaleClaim`` then reads who holds the stale rows (``stale``).
+    Each call runs in a short transaction of its own: BEGIN (Django's log line), the claims statement carrying the
+    scope's opening (``BEGIN; SELECT set_config(...), pg_current_xact_id()::text; <statement>``, one message), any
+    further statement, COMMIT; a ``StaleClaim`` then reads who holds the stale rows (``stale``).
     """
     sql = [query["sql"] for query in queries.captured_queries]
     assert sql[0] == "BEGIN"
-    assert "set_config" in sql[1]
+    opening, carried, first = sql[1].partition(CARRIED_AFTER)
+    assert opening.startswith("BEGIN; SELECT set_config('lock_timeout', '"), sql[1]
+    assert carried, sql[1]
     if stale:
         assert '"claimed_by"' in sql[-1]  # StaleClaim.holders, read after the transaction
         sql = sql[:-1]
     assert sql[-1] == "COMMIT"
-    return sql[2:-1]
+    return [first, *sql[2:-1]]
+
+
+#: What ends a claims call's opening in the statement that carries it.
+CARRIED_AFTER = "pg_current_xact_id()::text; "

@@ -82,10 +82,12 @@ def test_claim_next_fetch_returns_the_claimed_instances(alias: str) -> None:
         )
     if alias == "default":
         # The instances come from the claiming statement itself: it is the only statement that touches the table
-        # (the others are the claim's own transaction: the opening statement and COMMIT).
+        # (it carries the claim's transaction opening; the other statement is COMMIT).
         touching = [q["sql"] for q in queries.captured_queries if RankedJob._meta.db_table in q["sql"]]
         assert len(touching) == 1, touching
-        assert touching[0].lstrip().upper().startswith("WITH")
+        opening, _, claiming = touching[0].partition("pg_current_xact_id()::text; ")
+        assert opening.startswith("BEGIN; SELECT set_config(")
+        assert claiming.startswith("WITH")
     assert all(isinstance(item, Claimed) for item in claimed)
     assert [job.name for job, _ in claimed] == ["C", "b", "F"]
     for job, c in claimed:

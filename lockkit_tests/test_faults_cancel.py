@@ -19,7 +19,7 @@ from sample_project.faults.sessions import cancel, session_of
 JOIN = 30.0
 SLEEP = {"postgresql": "SELECT pg_sleep(30)", "mysql": "SELECT SLEEP(30)"}
 RUNNING = {
-    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND query LIKE 'SELECT pg_sleep%%'",
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND query LIKE '%%SELECT pg_sleep%%'",
     "mysql": "SELECT count(*) FROM information_schema.processlist WHERE id = %s AND info LIKE 'SELECT SLEEP%%'",
 }
 

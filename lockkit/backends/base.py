@@ -36,10 +36,18 @@ class TimeoutToken:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
         opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
             statement that applied the timeouts, at no extra round trip; empty otherwise.
+        pending: A deferred opening (a claims call's): ``opening`` reads its values once a statement carried it.
     """
 
     previous: Mapping[str, str | float | int]
     opened: tuple[str | None, ...] = ()
+    #: An outermost scope's opening not sent yet (``psycopg_begin.PendingOpening``): its ``opened`` fills in later.
+    pending: Any = None
+
+    @property
+    def opening(self) -> tuple[str | None, ...]:
+        """``opened``, or the deferred opening's values once its first statement carried it."""
+        return self.pending.opened if self.pending is not None else self.opened
 
 
 class Backend:

@@ -32,8 +32,9 @@ class PostgreSQLBackend(Backend):
     Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
     back when it ends; on error the savepoint rollback reverts them by itself.
 
-    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` in one round trip (see
-    ``lockkit.backends.psycopg_begin``); ``fold_begin = False`` sends them separately, as psycopg2 always does.
+    An outermost scope on psycopg 3 sends its ``BEGIN``, its ``set_config`` and its first statement in one round
+    trip (see ``lockkit.backends.psycopg_begin``); ``defer_opening = False`` sends the first two alone when the
+    scope begins, ``fold_begin = False`` sends all three separately, as psycopg2 always does.
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
@@ -59,6 +60,8 @@ class PostgreSQLBackend(Backend):
 
     #: Send ``BEGIN`` and an outermost scope's settings in one round trip on psycopg 3 (``psycopg_begin``).
     fold_begin: bool = True
+    #: ... and with the scope's first statement, in the same message (psycopg's client-side cursor, Django's default).
+    defer_opening: bool = True
 
     def apply_timeouts(
         self,
@@ -71,7 +74,8 @@ class PostgreSQLBackend(Backend):
         """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore.
 
         An outermost scope on psycopg 3 that is about to send its ``BEGIN`` sends ``BEGIN; SELECT set_config(...)``
-        in one message instead (``psycopg_begin``), with the milliseconds written as ``int`` literals; otherwise
+        in one message instead (``psycopg_begin``), with the milliseconds written as ``int`` literals, and defers
+        it to the scope's first statement, which carries it (nothing is sent here; ``defer_opening``); otherwise
         the values are parameters.
         """
         timeouts = {
@@ -83,6 +87,8 @@ class PostgreSQLBackend(Backend):
         if not timeouts and not columns:
             return None
         if not nested and self.fold_begin and psycopg_begin.foldable(connection):
+            if self.defer_opening and psycopg_begin.deferrable(connection):  # the first statement carries it
+                return TimeoutToken({}, pending=psycopg_begin.PendingOpening(connection, timeouts, columns))
             opened = psycopg_begin.begin_with_settings(connection, timeouts, columns)
             return TimeoutToken({}, opened) if columns else None
         values = {name: f"{ms}ms" for name, ms in timeouts.items()}
@@ -208,9 +214,10 @@ class PostgreSQLBackend(Backend):
 
     def transaction_id(self, token: TimeoutToken | None) -> int | None:
         """``pg_current_xact_id()``, read by the statement that opened an outermost scope (``opening_columns``)."""
-        if token is None or not token.opened or token.opened[0] is None:
+        opened = () if token is None else token.opening
+        if not opened or opened[0] is None:
             return None
-        return int(token.opened[0])
+        return int(opened[0])
 
     def commit_outcome(
         self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float

@@ -1,23 +1,35 @@
-"""Opening a transaction and applying its timeouts in one round trip, on psycopg 3.
+"""Opening a transaction, applying its timeouts and running its first statement in one round trip, on psycopg 3.
 
 psycopg starts a transaction by sending ``BEGIN`` on its own and waiting for the reply before the first statement,
-so a ``set_config`` right after it costs a second round trip (hand-written ``SET LOCAL`` pays it too). When a
-lockkit scope opens the transaction, it sends ``BEGIN; SELECT set_config(...)`` as one simple-query message instead
-(libpq's ``PQexec``); psycopg then sees a transaction in progress and sends no ``BEGIN`` of its own. The settings
-stay transaction-scoped (``is_local = true``). See
+so a ``set_config`` right after it costs a second round trip (hand-written ``SET LOCAL`` pays it too), and the first
+statement a third. An outermost lockkit scope sends nothing when it begins: its opening waits in an execute wrapper
+(``PendingOpening``, placed first among the connection's ``execute_wrappers``) for the scope's first statement,
+and goes with it as one simple-query message::
+
+    BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()::text; <first statement>
+
+The first statement's values stay parameters up to the driver: every execute wrapper sees them apart from the text,
+and psycopg's client-side cursor (Django's default psycopg cursor) binds them as it does for any statement. psycopg
+sends no ``BEGIN`` of its own for that message: its ``autocommit`` flag is set while the connection is idle, and
+stays set until the transaction ends (``commit()`` and ``rollback()`` end it all the same). The settings are
+transaction-scoped (``is_local = true``) and apply to the first statement, which the server runs after them; the
+transaction id arrives with the first statement's reply, long before COMMIT is sent, so a lost COMMIT is still
+resolved. A scope that runs no statement sends nothing at all. An ``executemany``, a connection with
+``server_side_binding`` (a server-binding cursor cannot carry two statements) and ``defer_opening = False`` send
+the opening on its own (``begin_with_settings``), still folded with ``BEGIN``. See
 https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT.
 
-The simple-query protocol that carries two statements in one message has no parameters, so this is the one place
-where lockkit writes values into SQL text, under a narrow rule: a value is an ``int`` number of milliseconds that
-lockkit computed itself from a validated duration, formatted with ``%d``; a name is one of lockkit's own setting
-names; an extra column is one of the backend's own constant expressions. Nothing that came from a user as text ever
-reaches this statement.
+The opening itself has no parameters (a message of several statements cannot bind them on the server), so this is
+the one place where lockkit writes values into SQL text, under a narrow rule: a value is an ``int`` number of
+milliseconds that lockkit computed itself from a validated duration, formatted with ``%d``; a name is one of
+lockkit's own setting names; an extra column is one of the backend's own constant expressions. Nothing that came
+from a user as text ever reaches it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -155,3 +167,87 @@ class _SimpleQueryCursor:
 
     def close(self) -> None:
         """Nothing to release: no server-side or client-side state is kept."""
+
+
+# -- the opening deferred to the scope's first statement -----------------------------------------------------------
+
+
+def deferrable(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection``'s opening can ride on the scope's first statement (call after ``foldable``).
+
+    Only where psycopg binds parameters on the client (Django's default cursor): the first statement's text can
+    then follow the opening in the same simple-query message, its values still passed as parameters.
+    """
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
+
+
+class PendingOpening:
+    """An outermost scope's opening, not sent yet: the scope's first statement carries it (an execute wrapper).
+
+    Attributes:
+        opened: The values of the opening columns (as text), once the opening ran; empty before.
+    """
+
+    def __init__(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int], columns: Sequence[str]):
+        """Defer the opening of ``connection``'s transaction until its first statement."""
+        self.connection = connection
+        self.timeouts = dict(timeouts)
+        self.columns = tuple(columns)
+        self.opened: tuple[str | None, ...] = ()
+        self._pending = False
+        self._guard: Callable[..., Any] = self.carry  # one bound method, removed by identity
+        self._arm()
+
+    def _arm(self) -> None:
+        self._pending = True
+        # Outermost, so that every other execute wrapper (the caller's, lockkit's own) sees the text as sent.
+        self.connection.execute_wrappers.insert(0, self._guard)
+
+    def carry(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        """A Django execute wrapper: send the opening with the first statement, in one message.
+
+        ``BEGIN; SELECT set_config(...), <opening columns>; <statement>`` goes as one simple query (psycopg's
+        client-side cursor binds the statement's parameters, as it does for any statement). psycopg sends no
+        ``BEGIN`` of its own for it: its ``autocommit`` flag is on while the connection is idle, and stays on
+        until the transaction ends (psycopg's ``commit()``/``rollback()`` end it all the same), since psycopg
+        refuses to change the flag inside a transaction. An ``executemany`` gets the opening on its own first.
+        """
+        if not self._take():
+            return execute(sql, params, many, context)
+        cursor = getattr(context.get("cursor"), "cursor", None)
+        raw = self.connection.connection
+        if many or not isinstance(cursor, psycopg.ClientCursor) or not foldable(self.connection):
+            self.opened = begin_with_settings(self.connection, self.timeouts, self.columns)
+            return execute(sql, params, many, context)
+        opening = _folded_sql(_begin_statement(raw), tuple(self.timeouts.items()), self.columns)
+        raw.autocommit = True  # idle: allowed, sends nothing
+        try:
+            result = execute(f"{opening}; {sql}", params, many, context)
+        finally:
+            if not raw.closed and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                # Nothing began: the statement failed before it was sent (psycopg could not adapt a value).
+                # The next statement carries the opening instead.
+                raw.autocommit = False
+                self._arm()
+        cursor.nextset()  # from BEGIN's result to the opening's row
+        row = cursor.fetchone()
+        self.opened = tuple(None if v is None else str(v) for v in (row or ())[len(self.timeouts) :])
+        cursor.nextset()  # to the statement's own result, where Django reads it
+        return result
+
+    def _take(self) -> bool:
+        """Stop guarding; return whether the opening was still pending (the caller now sends it)."""
+        if not self._pending:
+            return False
+        self._pending = False
+        wrappers = self.connection.execute_wrappers
+        for index, wrapper in enumerate(wrappers):
+            if wrapper is self._guard:
+                del wrappers[index]
+                break
+        return True
+
+    def cancel(self) -> None:
+        """The scope ended without a statement: nothing was sent, nothing to send."""
+        self._take()
