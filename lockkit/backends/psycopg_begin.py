@@ -1,26 +1,25 @@
-"""Opening a transaction, applying its timeouts and running its first statement in one round trip, on psycopg 3.
+"""Opening a transaction and applying its timeouts in one round trip, on psycopg 3.
 
 psycopg starts a transaction by sending ``BEGIN`` on its own and waiting for the reply before the first statement,
-so a ``set_config`` right after it costs a second round trip (hand-written ``SET LOCAL`` pays it too), and the first
-statement a third. An outermost lockkit scope sends nothing when it begins: its opening waits in an execute wrapper
-(``PendingOpening``, placed first among the connection's ``execute_wrappers``) for the scope's first statement,
-and goes with it as one simple-query message::
-
-    BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()::text; <first statement>
-
-The first statement's values stay parameters up to the driver: every execute wrapper sees them apart from the text,
-and psycopg's client-side cursor (Django's default psycopg cursor) binds them as it does for any statement. psycopg
-sends no ``BEGIN`` of its own for that message: its ``autocommit`` flag is set while the connection is idle, and
-stays set until the transaction ends (``commit()`` and ``rollback()`` end it all the same). The settings are
-transaction-scoped (``is_local = true``) and apply to the first statement, which the server runs after them; the
-transaction id arrives with the first statement's reply, long before COMMIT is sent, so a lost COMMIT is still
-resolved. A scope that runs no statement sends nothing at all. An ``executemany``, a connection with
-``server_side_binding`` (a server-binding cursor cannot carry two statements) and ``defer_opening = False`` send
-the opening on its own (``begin_with_settings``), still folded with ``BEGIN``. See
+so a ``set_config`` right after it costs a second round trip (hand-written ``SET LOCAL`` pays it too). When a
+lockkit scope opens the transaction, it sends ``BEGIN; SELECT set_config(...)`` as one simple-query message instead
+(libpq's ``PQexec``); psycopg then sees a transaction in progress and sends no ``BEGIN`` of its own. The settings
+stay transaction-scoped (``is_local = true``). See
 https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT.
 
-The opening itself has no parameters (a message of several statements cannot bind them on the server), so this is
-the one place where lockkit writes values into SQL text, under a narrow rule: a value is an ``int`` number of
+A claims call goes one step further (``opening_deferred``, set by the claims runner, whose transaction runs only
+lockkit's own statements): its scope sends nothing when it begins, and its first statement carries the opening in
+the same message, ``BEGIN; SELECT set_config(...), pg_current_xact_id()::text; <statement>``. The statement's
+values stay parameters up to the driver: psycopg's client-side cursor (Django's default) binds them as it does for
+any statement. psycopg sends no ``BEGIN`` of its own for that message: its ``autocommit`` flag is set while the
+connection is idle, right before the message is sent, and stays set until the claims call's short transaction ends.
+The transaction id arrives with the statement's reply, before COMMIT is sent, so a lost COMMIT is still resolved.
+This is not done for the scopes of user code: there, Django reads psycopg's ``autocommit`` flag (server-side
+cursors are then declared ``WITH HOLD``), and statements that bypass Django's execute wrappers (``cursor.copy()``,
+the raw driver connection) would run before the opening.
+
+The opening has no parameters (a message of several statements cannot bind them on the server), so this is the
+one place where lockkit writes values into SQL text, under a narrow rule: a value is an ``int`` number of
 milliseconds that lockkit computed itself from a validated duration, formatted with ``%d``; a name is one of
 lockkit's own setting names; an extra column is one of the backend's own constant expressions. Nothing that came
 from a user as text ever reaches it.
@@ -28,8 +27,10 @@ from a user as text ever reaches it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -169,21 +170,35 @@ class _SimpleQueryCursor:
         """Nothing to release: no server-side or client-side state is kept."""
 
 
-# -- the opening deferred to the scope's first statement -----------------------------------------------------------
+# -- the opening deferred to the first statement of a claims call --------------------------------------------------
+
+_DEFERRING: contextvars.ContextVar[bool] = contextvars.ContextVar("lockkit_opening_deferred", default=False)
+
+
+@contextlib.contextmanager
+def opening_deferred() -> Iterator[None]:
+    """In the block (a claims call), an outermost psycopg 3 scope defers its opening to its first statement."""
+    token = _DEFERRING.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRING.reset(token)
 
 
 def deferrable(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection``'s opening can ride on the scope's first statement (call after ``foldable``).
+    """Whether ``connection``'s opening can ride on the first statement: in a claims call, on a client-side cursor.
 
-    Only where psycopg binds parameters on the client (Django's default cursor): the first statement's text can
-    then follow the opening in the same simple-query message, its values still passed as parameters.
+    Call after ``foldable``. psycopg's client-side cursor (Django's default) sends a statement as a simple query,
+    so the opening can precede it in the same message.
     """
+    if not _DEFERRING.get():
+        return False
     factory = getattr(connection.connection, "cursor_factory", None)
     return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
 
 
 class PendingOpening:
-    """An outermost scope's opening, not sent yet: the scope's first statement carries it (an execute wrapper).
+    """A claims call's opening, not sent yet: the call's first statement carries it (an execute wrapper).
 
     Attributes:
         opened: The values of the opening columns (as text), once the opening ran; empty before.
@@ -201,8 +216,9 @@ class PendingOpening:
 
     def _arm(self) -> None:
         self._pending = True
-        # Outermost, so that every other execute wrapper (the caller's, lockkit's own) sees the text as sent.
-        self.connection.execute_wrappers.insert(0, self._guard)
+        # Innermost: a statement that another execute wrapper runs on its own is itself the first statement, and
+        # carries the opening; psycopg's autocommit flag is set only right before the message goes out.
+        self.connection.execute_wrappers.append(self._guard)
 
     def carry(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         """A Django execute wrapper: send the opening with the first statement, in one message.
@@ -242,8 +258,8 @@ class PendingOpening:
             return False
         self._pending = False
         wrappers = self.connection.execute_wrappers
-        for index, wrapper in enumerate(wrappers):
-            if wrapper is self._guard:
+        for index in range(len(wrappers) - 1, -1, -1):
+            if wrappers[index] is self._guard:
                 del wrappers[index]
                 break
         return True

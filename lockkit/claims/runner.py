@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
+from lockkit.backends import psycopg_begin
 from lockkit.errors import Failure
 from lockkit.operation import locked_operation
 from lockkit.retry import RetryPolicy
@@ -52,4 +53,6 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
     # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
     no_key = connections[alias].features.has_select_for_no_key_update
     operation = locked_operation(using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRIED)
-    return operation(work)()
+    # The call's own first statement carries its transaction's opening (psycopg 3): one round trip less per call.
+    with psycopg_begin.opening_deferred():
+        return operation(work)()

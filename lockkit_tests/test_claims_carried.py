@@ -1,9 +1,9 @@
-"""An outermost scope on psycopg 3 sends its transaction's opening with its first statement: one round trip less.
+"""A claims call on psycopg 3 sends its transaction's opening with its first statement: one round trip less.
 
 ``BEGIN; SELECT set_config('lock_timeout', ...), pg_current_xact_id()::text; <claims statement>`` travels as one
-message; the values stay parameters up to the driver's cursor; any other first statement gets the opening sent on
-its own before it; nothing is left behind (no execute wrapper, no transaction); the transaction id still arrives
-before COMMIT, so a lost COMMIT reply is resolved.
+message; the values stay parameters up to the driver's cursor; nothing is left behind (no execute wrapper, no
+transaction); the transaction id still arrives before COMMIT, so a lost COMMIT reply is resolved. The scopes of
+user code keep their opening at entry (``psycopg_begin.opening_deferred`` is the claims runner's alone).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
+from lockkit.backends.psycopg_begin import opening_deferred
 from lockkit.claims import StaleClaim, claim, claim_next, complete
 from lockkit.testing import hold_lock
 from lockkit_tests.faultkit import proxied
@@ -58,7 +59,7 @@ def test_claim_next_and_complete_carry_the_opening_in_their_statement() -> None:
     assert sent[4].startswith(OPENING + '; WITH "lockkit_given"')  # the fenced UPDATE
     # The execute wrappers see the values apart from the text, as for any Django statement.
     claiming, completing = seen
-    assert claiming[0].startswith(OPENING + '; WITH "lockkit_picked"')  # every wrapper sees the text as sent
+    assert claiming[0].startswith('WITH "lockkit_picked"')  # the caller's wrappers see the statement itself
     assert "w-carried" not in claiming[0]
     assert "w-carried" in claiming[1]
     assert "w-carried" in repr(completing[1])
@@ -88,7 +89,7 @@ def test_claim_carries_the_opening_in_its_locking_select() -> None:
 
 
 def test_an_executemany_first_gets_the_opening_on_its_own_before_it() -> None:
-    with CaptureQueriesContext(connection) as queries, lockkit.locked() as scope:
+    with CaptureQueriesContext(connection) as queries, opening_deferred(), lockkit.locked() as scope:
         with connection.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO lockkit_tests_item (name, value) VALUES (%s, %s)", [("a", 1), ("b", 2)]
@@ -104,7 +105,7 @@ def test_an_executemany_first_gets_the_opening_on_its_own_before_it() -> None:
 
 def test_a_first_statement_that_fails_before_it_is_sent_leaves_the_transaction_whole() -> None:
     """psycopg refuses the parameters before sending: nothing began; the scope's next statement still carries it."""
-    with lockkit.locked() as scope:
+    with opening_deferred(), lockkit.locked() as scope:
         with pytest.raises(Exception), connection.cursor() as cursor:  # noqa: B017, PT011 - any driver error
             cursor.execute("SELECT %s", [object()])  # type: ignore[list-item]  # psycopg cannot adapt an object(): raised before sending
         raw: Any = connection.connection
@@ -180,7 +181,7 @@ def test_defer_opening_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> N
     from lockkit.backends.postgresql import PostgreSQLBackend
 
     monkeypatch.setattr(PostgreSQLBackend, "defer_opening", False)
-    with CaptureQueriesContext(connection) as queries, lockkit.locked():
+    with CaptureQueriesContext(connection) as queries, opening_deferred(), lockkit.locked():
         assert connection.execute_wrappers == []  # nothing deferred: the opening went when the scope began
         Job.objects.create(name="a")
     sent = _statements(queries)
@@ -189,8 +190,12 @@ def test_defer_opening_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> N
     _left_clean()
 
 
-def test_the_carried_first_statement_runs_under_the_scopes_timeouts() -> None:
-    with pytest.raises(lockkit.StatementTimeout) as caught, lockkit.locked(statement_timeout=0.2):
+def test_a_carried_first_statement_runs_under_the_scopes_timeouts() -> None:
+    with (
+        pytest.raises(lockkit.StatementTimeout) as caught,
+        opening_deferred(),
+        lockkit.locked(statement_timeout=0.2),
+    ):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(5)")  # the scope's first statement: it carries the opening
     assert caught.value.sqlstate == "57014"
@@ -198,4 +203,44 @@ def test_the_carried_first_statement_runs_under_the_scopes_timeouts() -> None:
     with lockkit.locked(), connection.cursor() as cursor:  # the next scope carries its own opening again
         cursor.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
         assert cursor.fetchone() == ("0", "5s")
+    _left_clean()
+
+
+# -- the scopes of user code keep their opening at entry (defects a review found when every scope deferred it) ------
+
+
+def test_a_user_scope_sends_its_opening_when_it_begins() -> None:
+    with CaptureQueriesContext(connection) as queries, lockkit.locked():
+        assert connection.execute_wrappers == []
+        # The raw driver bypasses Django's execute wrappers: the timeouts are already set when it runs.
+        raw: Any = connection.connection
+        assert raw.execute("SELECT current_setting('lock_timeout')").fetchone() == ("5s",)
+    assert _statements(queries)[:2] == ["BEGIN", OPENING]
+    _left_clean()
+
+
+def test_select_for_update_iterator_works_after_another_statement_in_a_user_scope() -> None:
+    Item.objects.bulk_create([Item(name=f"i{i}", value=i) for i in range(3)])
+    with lockkit.locked():
+        assert Item.objects.count() == 3
+        # Django declares its server-side cursor WITH HOLD when psycopg says autocommit: FOR UPDATE refuses that.
+        rows = list(Item.objects.select_for_update().order_by("pk").iterator(chunk_size=2))
+    assert [r.name for r in rows] == ["i0", "i1", "i2"]
+    _left_clean()
+
+
+def test_a_statement_an_execute_wrapper_runs_during_a_claim_joins_the_claims_transaction() -> None:
+    Job.objects.create(name="a")
+
+    def audit(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "lockkit_picked" in sql:
+            with connection.cursor() as cursor:
+                cursor.execute("INSERT INTO lockkit_tests_item (name, value) VALUES (%s, %s)", ["audit", 1])
+            raise RuntimeError("the audit refuses the claim")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(audit), pytest.raises(RuntimeError):
+        claim_next(Job.objects.all(), worker="w1", lease=30)
+    assert Item.objects.filter(name="audit").count() == 0  # rolled back with the claim, never autocommitted
+    assert Job.objects.get().claim_token == 0  # not claimed
     _left_clean()
