@@ -55,11 +55,13 @@ def test_claim_next_and_complete_carry_the_opening_in_their_statement() -> None:
     sent = _statements(queries)
     # Django logs BEGIN and COMMIT itself; between them, one statement per call, carrying the opening.
     assert [s.split("; ")[0] for s in sent] == ["BEGIN", "BEGIN", "COMMIT", "BEGIN", "BEGIN", "COMMIT"]
-    assert sent[1].startswith(OPENING + "; WITH ")
-    assert sent[4].startswith(OPENING + '; WITH "lockkit_given"')  # the fenced UPDATE
+    # limit=1: UPDATE ... WHERE pk = (SELECT ... SKIP LOCKED)
+    assert sent[1].startswith(OPENING + "; UPDATE ")
+    assert sent[4].startswith(OPENING + "; UPDATE ")  # one claim: the guarded UPDATE
     # The execute wrappers see the values apart from the text, as for any Django statement.
     claiming, completing = seen
-    assert claiming[0].startswith('WITH "lockkit_picked"')  # the caller's wrappers see the statement itself
+    assert claiming[0].startswith("UPDATE ")  # the caller's wrappers see the statement itself
+    assert "SKIP LOCKED" in claiming[0]
     assert "w-carried" not in claiming[0]
     assert "w-carried" in claiming[1]
     assert "w-carried" in repr(completing[1])
@@ -153,7 +155,7 @@ def test_server_side_binding_keeps_the_opening_separate() -> None:
         connection.close()
     sent = _statements(queries)
     assert sent[:2] == ["BEGIN", OPENING]
-    assert sent[2].startswith("WITH ")
+    assert sent[2].startswith("UPDATE ")
     assert Job.objects.get(pk=made.pk).claimed_by == "w1"
 
 
@@ -233,7 +235,7 @@ def test_a_statement_an_execute_wrapper_runs_during_a_claim_joins_the_claims_tra
     Job.objects.create(name="a")
 
     def audit(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "lockkit_picked" in sql:
+        if "SKIP LOCKED" in sql:
             with connection.cursor() as cursor:
                 cursor.execute("INSERT INTO lockkit_tests_item (name, value) VALUES (%s, %s)", ["audit", 1])
             raise RuntimeError("the audit refuses the claim")

@@ -368,7 +368,7 @@ def complete(
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    complete_many([inputs.claim(claim)], set=set, lock_timeout=lock_timeout)
+    _end((inputs.claim(claim),), set, lock_timeout)  # validated once (complete_many would check it again)
 
 
 def complete_many(
@@ -412,7 +412,7 @@ def release(
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    release_many([inputs.claim(claim)], set=set, lock_timeout=lock_timeout)
+    _end((inputs.claim(claim),), set, lock_timeout)  # validated once (release_many would check it again)
 
 
 def release_many(

@@ -266,14 +266,13 @@ def claims(values: object, name: str = "claims") -> tuple[Claim, ...]:
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be an iterable of Claim objects, not {type(values).__name__}")
     result = tuple(values)
-    for item in result:
-        claim(item, f"{name} item")
+    # Compared as the field reads them: 1 and "1" are the same row of an integer primary key.
+    exact = [_checked(item, f"{name} item") for item in result]
     if result:
         first = result[0]
         if any(c.model is not first.model or c.alias != first.alias for c in result):
             raise ValueError(f"{name} must all be claims of one model on one database alias")
-        # Compared as the field reads them: 1 and "1" are the same row of an integer primary key.
-        if len({storable.exact_pk(c.model, c.pk, name) for c in result}) != len(result):
+        if len(set(exact)) != len(result):
             raise ValueError(f"{name} holds the same row more than once")
     return result
 
@@ -289,11 +288,18 @@ def claim(value: object, name: str = "claim") -> Claim:
         ValueError: a value out of range: an unknown alias, a pk its column would not store unchanged, a
             token outside 0..2**63-1, an empty or unstorable worker name, a negative attempt, a bad lease.
     """
+    _checked(value, name)
+    assert isinstance(value, Claim)
+    return value
+
+
+def _checked(value: object, name: str) -> Any:
+    """Check ``value`` as ``claim()`` does; return its primary key as the pk field reads it."""
     if not isinstance(value, Claim):
         raise TypeError(f"{name} must be a Claim (from claim() or claim_next()), not {type(value).__name__}")
     claimable_model(value.model, f"{name}.model")
     aliases.check_alias(value.alias, f"{name}.alias")
-    storable.exact_pk(value.model, value.pk, f"{name}.pk")
+    exact = storable.exact_pk(value.model, value.pk, f"{name}.pk")
     token = value.token
     if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= _MAX_BIGINT:
         raise ValueError(f"{name}.token must be an int between 0 and {_MAX_BIGINT}, got {token!r}")
@@ -305,7 +311,7 @@ def claim(value: object, name: str = "claim") -> Claim:
         raise ValueError(f"{name}.attempt must be between 0 and {_MAX_BIGINT}, got {attempt}")
     if value.lease is not None:
         lease(value.lease, f"{name}.lease")
-    return value
+    return exact
 
 
 def prepared_pks(claims: Sequence[Claim], alias: str) -> list[Any]:

@@ -8,8 +8,8 @@ own ``atomic()`` it runs in a savepoint and makes one attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
 
 from django.db import connections
 
@@ -27,6 +27,10 @@ T = TypeVar("T")
 _RETRIED = RetryPolicy(
     retry_on={Failure.CONNECTION_LOST, Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE}
 )
+
+#: Decorated operations by (alias, lock timeout type and value, call site); a few per process in practice.
+_OPERATIONS: dict[Hashable, Callable[[Callable[[], Any]], Any]] = {}
+_MAX_OPERATIONS = 256
 
 
 def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
@@ -50,9 +54,40 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
         DeadlockDetected, SerializationFailure: on each of the policy's 3 attempts.
         CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
     """
-    # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
-    no_key = connections[alias].features.has_select_for_no_key_update
-    operation = locked_operation(using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRIED)
+    operation = _operation(alias, lock_timeout, work)
     # The call's own first statement carries its transaction's opening (psycopg 3): one round trip less per call.
     with psycopg_begin.opening_deferred():
-        return operation(work)()
+        return cast(T, operation(work))
+
+
+def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callable[[Callable[[], Any]], Any]:
+    """The locked operation that runs a ``work`` callable, decorated once per alias, lock timeout and call site.
+
+    Decorating per call cost more than the scope itself (options validated, a wrapper and its awaitable form
+    built). The operation is named after ``work`` (the call site), as the signals report it. Settings are still
+    read per call by the operation itself. A ``lock_timeout`` that cannot be a key (unhashable) is validated
+    without being kept, so it raises as always.
+    """
+    name = getattr(work, "__qualname__", "claims")
+    # Keyed by the type too: ``True == 1``, and a bool must still be refused.
+    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, name)
+    try:
+        return _OPERATIONS[key]
+    except KeyError:
+        pass
+    except TypeError:
+        key = None
+
+    def run(work: Callable[[], Any]) -> Any:
+        return work()
+
+    run.__qualname__ = name
+    run.__module__ = getattr(work, "__module__", __name__)
+    # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
+    no_key = connections[alias].features.has_select_for_no_key_update
+    operation: Callable[[Callable[[], Any]], Any] = locked_operation(
+        using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRIED
+    )(run)
+    if key is not None and len(_OPERATIONS) < _MAX_OPERATIONS:
+        _OPERATIONS[key] = operation
+    return operation

@@ -1,0 +1,133 @@
+"""One job at a time, in the cheaper statements: ``claim_next(limit=1)`` and the fence of a single claim.
+
+``claim_next(limit=1)`` sends ``UPDATE ... WHERE pk = (SELECT ... LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED)`` (an
+uncorrelated scalar subquery: PostgreSQL runs it once), and ending or renewing one claim sends a guarded
+``UPDATE ... WHERE pk = %s AND claim_token = %s AND claimed_by = %s AND lease_expires_at IS NOT NULL``. Both must
+keep the semantics of the general statements: exactly one row per claim under contention, the candidates' order,
+nothing written for a stale claim. The claims runner decorates its operation once per alias, lock timeout and call
+site; settings and argument checks must still apply per call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from lockkit.claims import StaleClaim, claim_next, complete, heartbeat, release
+from lockkit.testing import hold_lock
+from lockkit_tests.models import Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _claiming(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if "claimed_by" in q["sql"]]
+
+
+def test_limit_one_claims_the_first_free_row_in_order_with_one_scalar_subquery() -> None:
+    Job.objects.bulk_create([Job(name=name) for name in ("a-low", "c-high", "b-mid")])
+    with CaptureQueriesContext(connection) as queries:
+        (made,) = claim_next(Job.objects.order_by("-name"), worker="w", lease=30)
+    (statement,) = _claiming(queries)
+    assert "WHERE" in statement and "= (SELECT" in statement and "SKIP LOCKED" in statement
+    assert "MATERIALIZED" not in statement
+    assert Job.objects.get(pk=made.pk).name == "c-high"
+    assert (made.token, made.worker, made.attempt) == (1, "w", 1)
+    # The next call skips the claimed row (lease_expires_at is set) and takes the next in order.
+    (second,) = claim_next(Job.objects.order_by("-name"), worker="w", lease=30)
+    assert Job.objects.get(pk=second.pk).name == "b-mid"
+
+
+def test_limit_one_skips_a_locked_row_and_claims_nothing_when_all_are_held() -> None:
+    first, second = Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    with hold_lock(Job.objects.filter(pk=first.pk), timeout=10):
+        (made,) = claim_next(Job.objects.order_by("pk"), worker="w", lease=30)
+        assert made.pk == second.pk
+        assert claim_next(Job.objects.order_by("pk"), worker="w2", lease=30) == []
+    assert Job.objects.get(pk=first.pk).claim_token == 0
+
+
+def test_limit_one_under_contention_claims_each_row_exactly_once() -> None:
+    Job.objects.bulk_create([Job(name=f"j{i}") for i in range(60)])
+    barrier = threading.Barrier(4, timeout=30)
+    taken: list[list[Any]] = [[] for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait()
+            while True:
+                made = claim_next(Job.objects.all(), worker=f"w{index}", lease=30)
+                if not made:
+                    return
+                taken[index].append(made[0].pk)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    every = [pk for worker_taken in taken for pk in worker_taken]
+    assert sorted(every) == sorted(Job.objects.values_list("pk", flat=True))  # each row once, none missed
+    assert set(Job.objects.values_list("claim_token", flat=True)) == {1}
+
+
+def test_one_claim_is_ended_by_a_guarded_update_and_a_stale_one_writes_nothing() -> None:
+    Job.objects.create(name="a")
+    (made,) = claim_next(Job.objects.all(), worker="w", lease=30)
+    # Another worker took the row over (a reclaim and a new claim): the old claim is stale.
+    Job.objects.filter(pk=made.pk).update(claim_token=made.token + 1, claimed_by="other")
+    with CaptureQueriesContext(connection) as queries, pytest.raises(StaleClaim):
+        complete(made, set={"state": "done"})
+    fence = [q["sql"] for q in queries.captured_queries if '"state" = ' in q["sql"]]
+    assert fence and all(sql.split("; ")[-1].startswith("UPDATE ") for sql in fence)
+    row = Job.objects.get(pk=made.pk)
+    assert (row.state, row.claimed_by, row.lease_expires_at is not None) == ("pending", "other", True)
+
+
+def test_one_claim_renewed_then_released_through_the_guarded_update() -> None:
+    Job.objects.create(name="a")
+    (made,) = claim_next(Job.objects.all(), worker="w", lease=30)
+    renewed = heartbeat(made, lease=120)
+    row = Job.objects.get(pk=made.pk)
+    assert renewed.lease_expires_at == row.lease_expires_at
+    assert renewed.lease_expires_at is not None and made.lease_expires_at is not None
+    assert (renewed.lease_expires_at - made.lease_expires_at).total_seconds() > 80
+    release(renewed, set={"state": "pending"})
+    row = Job.objects.get(pk=made.pk)
+    assert (row.lease_expires_at, row.claim_token) == (None, 1)
+    with pytest.raises(StaleClaim):  # ended: the fence no longer matches
+        complete(renewed)
+
+
+def test_the_claims_operation_is_decorated_once_but_checks_every_call() -> None:
+    Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    claim_next(Job.objects.all(), worker="w", lease=30, lock_timeout=1)
+    # True == 1 and hashes alike: a kept operation for lock_timeout=1 must not let a bool through.
+    with pytest.raises(TypeError, match="lock_timeout"):
+        claim_next(Job.objects.all(), worker="w", lease=30, lock_timeout=True)
+    with pytest.raises(TypeError, match="lock_timeout"):
+        claim_next(Job.objects.all(), worker="w", lease=30, lock_timeout=[1])  # unhashable: still refused
+    assert Job.objects.filter(claim_token=1).count() == 1
+
+
+def test_the_kept_claims_operation_reads_the_lock_timeout_setting_per_call() -> None:
+    Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    sent = []
+    for seconds in (2, 3):
+        with override_settings(LOCKKIT={"LOCK_TIMEOUT": seconds}), CaptureQueriesContext(connection) as queries:
+            claim_next(Job.objects.all(), worker="w", lease=30)
+        sent.append(_claiming(queries)[0])
+    assert "set_config('lock_timeout', '2000ms', true)" in sent[0]
+    assert "set_config('lock_timeout', '3000ms', true)" in sent[1]
