@@ -44,6 +44,20 @@ FROM unnest(:ids::bigint[], :tokens::bigint[]) AS c (id, token)
 WHERE lkbench_job.id = c.id AND lkbench_job.claim_token = c.token AND lkbench_job.lease_expires_at IS NOT NULL;
 """
 
+# limit=1, as claim_next(limit=1) sends it: the pick is a scalar subquery; one claim is completed by a guarded UPDATE.
+_CLAIM_ONE = f"""\
+WITH claimed AS (
+  UPDATE lkbench_job SET claimed_by = 'pgbench', claim_token = claim_token + 1, claimed_at = statement_timestamp(),
+    lease_expires_at = statement_timestamp() + interval '{LEASE:g} seconds', attempts = attempts + 1,
+    state = 'running'
+  WHERE id = (SELECT id FROM lkbench_job WHERE state = 'pending' AND lease_expires_at IS NULL ORDER BY id LIMIT 1
+    FOR NO KEY UPDATE OF lkbench_job SKIP LOCKED) AND lease_expires_at IS NULL
+  RETURNING id, claim_token)
+SELECT coalesce(max(id), 0) AS id, coalesce(max(claim_token), 0) AS token FROM claimed \\gset
+UPDATE lkbench_job SET state = 'done', lease_expires_at = NULL
+WHERE id = :id AND claim_token = :token AND lease_expires_at IS NOT NULL;
+"""
+
 SCRIPTS: dict[str, str] = {
     "reserve": f"\\set id random(1, {ROWS})\n{_RESERVE}",
     "hot": f"\\set id {HOT}\n{_RESERVE}",
@@ -67,7 +81,7 @@ UPDATE lkbench_item SET available = available - 1, reserved = reserved + 1 WHERE
 UPDATE lkbench_item SET available = available - 1, reserved = reserved + 1 WHERE id = :c;
 END;
 """,
-    "claim_one": _CLAIM.format(limit=1),
+    "claim_one": _CLAIM_ONE,
     "claim_batch": _CLAIM.format(limit=BATCH),
 }
 

@@ -14,13 +14,14 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import ProgrammingError, connection, connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims import StaleClaim, claim_next, complete, heartbeat, release
 from lockkit.testing import hold_lock
-from lockkit_tests.models import Job
+from lockkit_tests.models import Job, QueuedJob
+from lockkit_tests.test_claims_hardening import queue_schema  # noqa: F401  # the fixture, used by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +35,9 @@ def test_limit_one_claims_the_first_free_row_in_order_with_one_scalar_subquery()
     with CaptureQueriesContext(connection) as queries:
         (made,) = claim_next(Job.objects.order_by("-name"), worker="w", lease=30)
     (statement,) = _claiming(queries)
-    assert "WHERE" in statement and "= (SELECT" in statement and "SKIP LOCKED" in statement
+    assert "WHERE" in statement
+    assert "= (SELECT" in statement
+    assert "SKIP LOCKED" in statement
     assert "MATERIALIZED" not in statement
     assert Job.objects.get(pk=made.pk).name == "c-high"
     assert (made.token, made.worker, made.attempt) == (1, "w", 1)
@@ -91,7 +94,8 @@ def test_one_claim_is_ended_by_a_guarded_update_and_a_stale_one_writes_nothing()
     with CaptureQueriesContext(connection) as queries, pytest.raises(StaleClaim):
         complete(made, set={"state": "done"})
     fence = [q["sql"] for q in queries.captured_queries if '"state" = ' in q["sql"]]
-    assert fence and all(sql.split("; ")[-1].startswith("UPDATE ") for sql in fence)
+    assert fence
+    assert all(sql.split("; ")[-1].startswith("UPDATE ") for sql in fence)
     row = Job.objects.get(pk=made.pk)
     assert (row.state, row.claimed_by, row.lease_expires_at is not None) == ("pending", "other", True)
 
@@ -102,7 +106,8 @@ def test_one_claim_renewed_then_released_through_the_guarded_update() -> None:
     renewed = heartbeat(made, lease=120)
     row = Job.objects.get(pk=made.pk)
     assert renewed.lease_expires_at == row.lease_expires_at
-    assert renewed.lease_expires_at is not None and made.lease_expires_at is not None
+    assert renewed.lease_expires_at is not None
+    assert made.lease_expires_at is not None
     assert (renewed.lease_expires_at - made.lease_expires_at).total_seconds() > 80
     release(renewed, set={"state": "pending"})
     row = Job.objects.get(pk=made.pk)
@@ -118,7 +123,7 @@ def test_the_claims_operation_is_decorated_once_but_checks_every_call() -> None:
     with pytest.raises(TypeError, match="lock_timeout"):
         claim_next(Job.objects.all(), worker="w", lease=30, lock_timeout=True)
     with pytest.raises(TypeError, match="lock_timeout"):
-        claim_next(Job.objects.all(), worker="w", lease=30, lock_timeout=[1])  # unhashable: still refused
+        claim_next(Job.objects.all(), worker="w", lease=30, lock_timeout=[1])  # type: ignore[call-overload]  # unhashable: still refused
     assert Job.objects.filter(claim_token=1).count() == 1
 
 
@@ -126,8 +131,41 @@ def test_the_kept_claims_operation_reads_the_lock_timeout_setting_per_call() -> 
     Job.objects.bulk_create([Job(name="a"), Job(name="b")])
     sent = []
     for seconds in (2, 3):
-        with override_settings(LOCKKIT={"LOCK_TIMEOUT": seconds}), CaptureQueriesContext(connection) as queries:
+        with (
+            override_settings(LOCKKIT={"LOCK_TIMEOUT": seconds}),
+            CaptureQueriesContext(connection) as queries,
+        ):
             claim_next(Job.objects.all(), worker="w", lease=30)
         sent.append(_claiming(queries)[0])
     assert "set_config('lock_timeout', '2000ms', true)" in sent[0]
     assert "set_config('lock_timeout', '3000ms', true)" in sent[1]
+
+
+@pytest.mark.parametrize("pk", [-(2**63), -1, 2**63 - 1])
+def test_one_claim_with_an_extreme_primary_key_is_ended_renewed_and_released(pk: int) -> None:
+    # Bound client-side, a negative key is written `-9223372036854775808`; `::bigint` must not bind before the minus.
+    Job.objects.create(pk=pk, name="edge")
+    (made,) = claim_next(Job.objects.filter(pk=pk), worker="w", lease=30)
+    renewed = heartbeat(made, lease=60)
+    release(renewed)
+    (again,) = claim_next(Job.objects.filter(pk=pk), worker="w", lease=30)
+    complete(again, set={"state": "done"})
+    row = Job.objects.get(pk=pk)
+    assert (row.state, row.claim_token, row.lease_expires_at) == ("done", 2, None)
+
+
+@pytest.mark.usefixtures("queue_schema")
+def test_limit_one_on_a_schema_qualified_table_never_claims_more_than_one_row() -> None:
+    # There the SELECT names the table by an alias; SQL naming the table itself must not correlate a scalar
+    # subquery with the outer UPDATE (which claimed every matching row): the CTE form refuses it instead.
+    for _ in range(4):
+        QueuedJob.objects.create(state="x")
+    table = connection.ops.quote_name(QueuedJob._meta.db_table)
+    candidates = QueuedJob.objects.extra(where=[f'{table}."state" = %s'], params=["x"]).order_by("pk")
+    with pytest.raises(ProgrammingError):
+        claim_next(candidates, worker="w", lease=30)
+    assert QueuedJob.objects.filter(claim_token__gt=0).count() == 0
+    # Plain filters claim one row at a time there.
+    (made,) = claim_next(QueuedJob.objects.filter(state="x").order_by("pk"), worker="w", lease=30)
+    assert QueuedJob.objects.filter(claim_token__gt=0).count() == 1
+    assert made.pk == QueuedJob.objects.order_by("pk").values_list("pk", flat=True)[0]

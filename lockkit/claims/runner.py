@@ -82,6 +82,7 @@ def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callab
         return work()
 
     run.__qualname__ = name
+    run.__name__ = getattr(work, "__name__", "claims")
     run.__module__ = getattr(work, "__module__", __name__)
     # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
     no_key = connections[alias].features.has_select_for_no_key_update

@@ -299,7 +299,10 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         select, select_params = picked
         update, set_params = self.update(values)
         table = self.table
-        if limit == 1:
+        if limit == 1 and not relations.is_qualified(table.model, self.alias):
+            # Not for a schema-qualified table: its SELECT names the table by an alias (``FOR UPDATE OF`` refuses
+            # a qualified name), so SQL of the caller's naming the table itself (``.extra()``, ``RawSQL``) would
+            # bind to the outer UPDATE and correlate the subquery, run once per row. The CTE form refuses it.
             statement = (
                 f"{update} WHERE {table.pk_of()} = ({select}) "
                 f"AND {table.column('lease_expires_at')} IS NULL RETURNING {self.returning(fields)}"
@@ -326,17 +329,19 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         Live: the row carries the claim's token and worker name and is claimed. The update runs only when as
         many distinct rows are live as claims were given.
 
-        The primary keys travel as an array of the column's type without modifiers, so each is compared
-        exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would round). One
+        The primary keys travel as an array (one claim: a value) of the column's type without modifiers, so each
+        is compared exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would round). One
         claim is written by a guarded ``UPDATE ... WHERE pk = %s AND <token, worker, claimed> RETURNING``: for
         one row, live and written are the same, and the plain statement is cheaper to parse and plan.
         """
         table = self.table
         update, set_params = self.update(values)
         if len(pks) == 1:
+            # Parenthesised: a client-side bound negative number is written `-9223372036854775808`, and without
+            # them `::` would bind before the minus and cast the out-of-range 9223372036854775808.
             statement = (
-                f"{update} WHERE {table.pk_of()} = %s::{table.pk_type} "
-                f"AND {table.column('claim_token')} = %s::bigint AND {table.column('claimed_by')} = %s::text "
+                f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
+                f"AND {table.column('claim_token')} = (%s)::bigint AND {table.column('claimed_by')} = (%s)::text "
                 f"AND {table.column('lease_expires_at')} IS NOT NULL "
                 f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
                 f'{table.column("lease_expires_at")} AS "lease_expires_at"'
