@@ -11,6 +11,7 @@ site; settings and argument checks must still apply per call.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,9 +20,11 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims import StaleClaim, claim_next, complete, heartbeat, release
-from lockkit.testing import hold_lock
+from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from lockkit_tests.faultkit import proxied
 from lockkit_tests.models import Job, QueuedJob
 from lockkit_tests.test_claims_hardening import queue_schema  # noqa: F401  # the fixture, used by name
+from sample_project.faults.proxy import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -169,3 +172,48 @@ def test_limit_one_on_a_schema_qualified_table_never_claims_more_than_one_row() 
     (made,) = claim_next(QueuedJob.objects.filter(state="x").order_by("pk"), worker="w", lease=30)
     assert QueuedJob.objects.filter(claim_token__gt=0).count() == 1
     assert made.pk == QueuedJob.objects.order_by("pk").values_list("pk", flat=True)[0]
+
+
+# -- faults on the one-claim statements: the next call in the same process must work --------------------------
+
+
+@pytest.fixture
+def through_proxy() -> Iterator[tuple[str, FaultProxy]]:
+    with proxied("default") as pair:
+        yield pair
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_a_lost_commit_reply_of_a_one_claim_completion_is_resolved_and_the_next_call_works(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    (made,) = claim_next(Job.objects.using(alias).order_by("pk"), worker="w", lease=30)
+    proxy.arm("deliver")  # the server commits the guarded UPDATE; its reply to COMMIT is cut
+    complete(made, set={"state": "done"})  # resolved as committed: no error, no second write
+    assert proxy.cuts["deliver"] == 1
+    row = Job.objects.get(pk=made.pk)
+    assert (row.state, row.lease_expires_at, row.claim_token) == ("done", None, 1)
+    # The next call, on a new connection (a completed job is free again: pick the pending one).
+    (second,) = claim_next(Job.objects.using(alias).filter(state="pending"), worker="w", lease=30)
+    complete(second, set={"state": "done"})
+    assert list(Job.objects.order_by("pk").values_list("state", flat=True)) == ["done", "done"]
+
+
+def test_a_session_terminated_while_a_completion_waits_is_retried_and_the_next_call_works() -> None:
+    Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    (made,) = claim_next(Job.objects.order_by("pk"), worker="w", lease=30)
+    with hold_lock(Job.objects.filter(pk=made.pk), timeout=20) as holder:
+        worker = in_thread(complete, made, set={"state": "done"})
+        (waiting,) = wait_until_blocked(holder, contenders=worker)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [waiting])
+        holder.release()
+        # ConnectionLost before COMMIT: nothing was written, the call is retried on a new connection.
+        assert worker.result(timeout=20) is None
+    row = Job.objects.get(pk=made.pk)
+    assert (row.state, row.lease_expires_at) == ("done", None)
+    (second,) = claim_next(Job.objects.filter(state="pending"), worker="w", lease=30)
+    release(second)
+    assert Job.objects.get(pk=second.pk).lease_expires_at is None
