@@ -153,8 +153,8 @@ def claim_next(
     ``FOR NO KEY UPDATE ... SKIP LOCKED`` (evaluated exactly once), and an ``UPDATE`` joined to it on the
     primary key writes the claims and returns them. The update is never ``WHERE pk IN (subquery with LIMIT)``,
     which a plan may re-evaluate and so claim more than ``limit`` rows. With ``limit=1`` the pick is a scalar
-    subquery, ``UPDATE ... WHERE pk = (SELECT ... LIMIT 1 ... SKIP LOCKED)``, which PostgreSQL runs once. Outside a transaction the statement
-    commits on its own before this returns. ``FOR NO KEY UPDATE`` leaves inserts of rows referencing the job
+    subquery, ``UPDATE ... WHERE pk = (SELECT ... LIMIT 1 ... SKIP LOCKED)``, which PostgreSQL runs once.
+    Outside a transaction the statement commits on its own before this returns. ``FOR NO KEY UPDATE`` leaves inserts of rows referencing the job
     unblocked. See https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE. On
     MariaDB/MySQL, one short transaction: ``SELECT ... LIMIT n FOR UPDATE SKIP LOCKED``, then an ``UPDATE`` of
     those primary keys and a ``SELECT`` of the claims (no ``UPDATE ... RETURNING`` there). On SQLite, a

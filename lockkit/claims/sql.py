@@ -97,6 +97,8 @@ class ClaimsSQL(abc.ABC):
         """Build the statements of ``table`` (names already quoted for its alias)."""
         self.table = table
         self.alias = table.alias
+        #: Whether the table is schema-qualified (then named by an alias in the locking clause); fixed per alias.
+        self.qualified = relations.is_qualified(table.model, table.alias)
 
     # -- the database clock and the values every claim writes ------------------------------------------------
 
@@ -210,7 +212,7 @@ class ClaimsSQL(abc.ABC):
         base = query.get_initial_alias()
         if not isinstance(query.alias_map[base], BaseTable):  # pragma: no cover - Django invariant
             raise AssertionError(f"cannot find the base table of {query}")
-        if relations.is_qualified(self.table.model, self.alias):
+        if self.qualified:
             base = relations.alias_base_table(query)
         compiler = query.get_compiler(self.alias)
         try:
@@ -299,7 +301,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         select, select_params = picked
         update, set_params = self.update(values)
         table = self.table
-        if limit == 1 and not relations.is_qualified(table.model, self.alias):
+        if limit == 1 and not self.qualified:
             # Not for a schema-qualified table: its SELECT names the table by an alias (``FOR UPDATE OF`` refuses
             # a qualified name), so SQL of the caller's naming the table itself (``.extra()``, ``RawSQL``) would
             # bind to the outer UPDATE and correlate the subquery, run once per row. The CTE form refuses it.
@@ -329,10 +331,11 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         Live: the row carries the claim's token and worker name and is claimed. The update runs only when as
         many distinct rows are live as claims were given.
 
-        The primary keys travel as an array (one claim: a value) of the column's type without modifiers, so each
-        is compared exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would round). One
-        claim is written by a guarded ``UPDATE ... WHERE pk = %s AND <token, worker, claimed> RETURNING``: for
-        one row, live and written are the same, and the plain statement is cheaper to parse and plan.
+        The primary keys travel as an array (one claim: a value) of the column's type without modifiers, so
+        each is compared exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would
+        round). One claim is written by a guarded ``UPDATE ... WHERE pk = %s AND <token, worker, claimed>
+        RETURNING``: for one row, live and written are the same, and the plain statement is cheaper to parse and
+        plan.
         """
         table = self.table
         update, set_params = self.update(values)
