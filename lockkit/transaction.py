@@ -164,7 +164,7 @@ class ScopeTransaction:
         """
         connection = connections[self.alias]
         if self._token is not None and self._token.pending is not None:
-            self._token.pending.cancel()  # a deferred opening no statement carried: nothing was sent
+            self._token.pending.cancel()  # the deferred opening stops waiting; its execute wrapper goes
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
         if doomed is not None:
@@ -178,6 +178,11 @@ class ScopeTransaction:
                 # Typically 25P02: the body swallowed a database error, so the savepoint cannot be released.
                 # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
                 exc = restore_error = restore_exc
+        if exc is None and self._token is not None and self._token.pending is not None:
+            try:
+                self._token.pending.settle()  # the transaction id, if the way the opening went did not read it
+            except BaseException as settle_exc:
+                exc = restore_error = settle_exc  # before COMMIT: roll back and raise, nothing committed
         committing = exc is None and not self.nested and not connection.needs_rollback
         # Django forgets the callbacks when the COMMIT fails; kept here in case it turns out to have committed.
         pending: list[Any] = list(connection.run_on_commit) if committing else []

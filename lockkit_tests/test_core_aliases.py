@@ -26,12 +26,15 @@ def bump_remote(pk: int) -> int:
 def test_model_operation_runs_entirely_on_the_routers_write_alias() -> None:
     item = RemoteItem.objects.create(name="r", value=1)
     assert RemoteItem.objects.db == "other"
-    with assert_single_alias("other") as log:
+    with CaptureQueriesContext(connections["other"]) as sent, assert_single_alias("other") as log:
         assert bump_remote(item.pk) == 2
     statements = " ".join(log.on("other")).upper()
-    assert "SET_CONFIG" in statements  # the timeout went to the same alias...
-    assert "FOR UPDATE" in statements  # ...as the lock...
-    assert "UPDATE " in statements  # ...and the write
+    assert "FOR UPDATE" in statements  # the lock...
+    assert "UPDATE " in statements  # ...and the write ran on the router's alias...
+    # ...and so did the timeout: it rides on the locking statement, in the same message.
+    assert next(q["sql"] for q in sent.captured_queries if "FOR UPDATE" in q["sql"]).startswith(
+        "BEGIN; SELECT set_config('lock_timeout', '5000ms', true)"
+    )
     assert log.on("default") == []
     assert RemoteItem.objects.using("other").get(pk=item.pk).value == 2
     assert not RemoteItem.objects.using("default").exists()

@@ -1,4 +1,7 @@
-"""An outermost scope on psycopg 3 sends BEGIN and its timeouts in one round trip; every other case keeps two."""
+"""An outermost scope on psycopg 3 sends BEGIN and its timeouts with its first statement, in one round trip.
+
+Every other case (a nested scope, an open transaction, the fold switched off) sends them as a statement of their own.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ def test_outermost_scope_begins_with_its_timeouts_in_one_statement(notices: list
         "BEGIN; SELECT set_config('lock_timeout', '2000ms', true), set_config('statement_timeout', '7000ms', true)"
         # The transaction id rides on the same statement (it resolves a COMMIT whose reply was lost).
         ", pg_current_xact_id()::text"
+        # ... and so does the scope's first statement: one message, one round trip.
+        "; SELECT current_setting('lock_timeout')"
     )
     assert not [sql for sql in statements(queries)[1:] if "set_config" in sql]
     # psycopg sent no BEGIN of its own: the server would have warned about a transaction already in progress.
@@ -110,9 +115,26 @@ def test_fold_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_folded_statement_goes_through_execute_wrappers_on_the_scope_alias() -> None:
-    with assert_single_alias("other") as log, lockkit.locked("other"):
+    with (
+        CaptureQueriesContext(connections["other"]) as queries,
+        assert_single_alias("other") as log,
+        lockkit.locked("other"),
+    ):
+        assert show("lock_timeout", using="other") == "5s"
+    # The opening's wrapper is the innermost: a wrapper installed before the scope sees the statement as written,
+    # its values still parameters, and the statement sent carries the opening on the scope's alias.
+    assert log.on("other") == ["SELECT current_setting(%s)"]
+    assert statements(queries)[0] == (
+        "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()::text"
+        "; SELECT current_setting('lock_timeout')"
+    )
+
+
+def test_a_scope_that_runs_no_statement_sends_nothing() -> None:
+    with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=2):
         pass
-    assert log.on("other")[0].startswith("BEGIN; SELECT set_config('lock_timeout'")
+    assert statements(queries) == []
+    assert connection.execute_wrappers == []
 
 
 def test_no_timeout_sends_no_statement() -> None:
@@ -133,8 +155,9 @@ def test_broken_connection_during_folded_begin_is_a_django_error() -> None:
     finally:
         other.close()
     with pytest.raises(OperationalError), lockkit.locked():
-        pass  # pragma: no cover - the BEGIN fails
-    connection.close()
+        show("lock_timeout")  # carries the BEGIN: the dead session fails it
+    with lockkit.locked():  # the dead connection was discarded: the next scope reconnects
+        assert show("lock_timeout") == "5s"
 
 
 def test_nested_scope_inside_a_folded_one_restores_the_folded_values() -> None:
@@ -169,6 +192,7 @@ def test_fractional_durations_become_whole_milliseconds_in_the_statement() -> No
         assert show("lock_timeout") == "2ms"
     assert statements(queries)[0] == (
         "BEGIN; SELECT set_config('lock_timeout', '2ms', true), pg_current_xact_id()::text"
+        "; SELECT current_setting('lock_timeout')"
     )
 
 
@@ -185,6 +209,7 @@ def test_opening_columns_ride_on_the_opening_statement(monkeypatch: pytest.Monke
             assert inner._transaction.opened == ()
     assert statements(queries)[0] == (
         "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()"
+        "; SELECT pg_current_xact_id()::text"
     )
     monkeypatch.setattr(PostgreSQLBackend, "fold_begin", False)
     with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=None) as scope:

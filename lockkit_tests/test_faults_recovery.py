@@ -124,8 +124,11 @@ def test_the_healthy_path_runs_no_extra_query() -> None:
         query["sql"] for query in queries.captured_queries if query["sql"] not in ("BEGIN", "COMMIT")
     ]
     assert not any(sql.strip().upper() == "SELECT 1" for sql in statements)
-    assert len(statements) == 2  # the scope's opening statement (timeouts and xid) and the locking SELECT
-    assert "pg_current_xact_id()" in statements[0]
+    assert len(statements) == 1  # the locking SELECT, carrying the scope's opening (timeouts and xid)
+    assert statements[0].startswith(
+        "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()"
+    )
+    assert statements[0].endswith('FOR UPDATE OF "lockkit_tests_stock"')
 
 
 @pytest.mark.skipif(not MYSQL_CONFIGURED, reason=MYSQL_SKIP_REASON)

@@ -84,10 +84,12 @@ def test_scope_on_the_replica_fails_fast_with_read_only_database_never_retried()
         # Bound explicitly: the router sends Stock's writes to "primary", so the bare model is refused up front.
         lockkit.current_scope().get(Stock.objects.using("replica"), pk="widget")
 
-    # The scope itself fails at entry now: its opening statement reads pg_current_xact_id() (to resolve a lost
-    # COMMIT), which a hot standby refuses with 25006. Nothing is left open.
+    # The scope's first statement fails: it carries the opening, which reads pg_current_xact_id() (to resolve a
+    # lost COMMIT), and a hot standby refuses that with 25006 before the statement runs. Nothing is left open.
     with pytest.raises(lockkit.ReadOnlyDatabase), lockkit.locked("replica"):
-        pytest.fail("a scope on the standby must not open")  # pragma: no cover
+        with connections["replica"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        pytest.fail("a scope on the standby must not run a statement")  # pragma: no cover
     assert not connections["replica"].in_atomic_block
     started = time.monotonic()
     with pytest.raises(lockkit.ReadOnlyDatabase) as caught:

@@ -32,9 +32,9 @@ class PostgreSQLBackend(Backend):
     Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
     back when it ends; on error the savepoint rollback reverts them by itself.
 
-    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` in one round trip, and a claims
-    call sends them with its first statement (see ``lockkit.backends.psycopg_begin``); ``defer_opening = False``
-    keeps a claims call's opening at scope entry, ``fold_begin = False`` sends them separately, as psycopg2 does.
+    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` with its first statement, in one
+    message (see ``lockkit.backends.psycopg_begin``); ``defer_opening = False`` sends them at scope entry, still in
+    one round trip, and ``fold_begin = False`` sends them separately, as psycopg2 does.
     """
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
@@ -60,7 +60,7 @@ class PostgreSQLBackend(Backend):
 
     #: Send ``BEGIN`` and an outermost scope's settings in one round trip on psycopg 3 (``psycopg_begin``).
     fold_begin: bool = True
-    #: ... and, for a claims call, with its first statement in the same message (``psycopg_begin.opening_deferred``).
+    #: ... and with the scope's first statement, in the same message (``psycopg_begin.PendingOpening``).
     defer_opening: bool = True
 
     def apply_timeouts(
@@ -73,10 +73,10 @@ class PostgreSQLBackend(Backend):
     ) -> TimeoutToken | None:
         """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore.
 
-        An outermost scope on psycopg 3 that is about to send its ``BEGIN`` sends ``BEGIN; SELECT set_config(...)``
-        in one message instead (``psycopg_begin``), with the milliseconds written as ``int`` literals; a claims
-        call defers it to its first statement, which carries it (nothing is sent here; ``defer_opening``);
-        otherwise the values are parameters.
+        An outermost scope on psycopg 3 that is about to send its ``BEGIN`` defers ``BEGIN; SELECT set_config(...)``
+        to its first statement, which carries it in the same message (nothing is sent here; ``defer_opening``),
+        or sends it at once on a server-binding cursor (``psycopg_begin``), with the milliseconds written as
+        ``int`` literals; otherwise the values are parameters.
         """
         timeouts = {
             name: milliseconds(value)
@@ -87,9 +87,7 @@ class PostgreSQLBackend(Backend):
         if not timeouts and not columns:
             return None
         if not nested and self.fold_begin and psycopg_begin.foldable(connection):
-            if self.defer_opening and psycopg_begin.deferrable(
-                connection
-            ):  # a claims call's statement carries it
+            if self.defer_opening and psycopg_begin.deferrable(connection):  # the first statement carries it
                 return TimeoutToken({}, pending=psycopg_begin.PendingOpening(connection, timeouts, columns))
             opened = psycopg_begin.begin_with_settings(connection, timeouts, columns)
             return TimeoutToken({}, opened) if columns else None

@@ -1,4 +1,4 @@
-"""Opening a transaction and applying its timeouts in one round trip, on psycopg 3.
+"""Opening a transaction, applying its timeouts and running its first statement in one round trip, on psycopg 3.
 
 psycopg starts a transaction by sending ``BEGIN`` on its own and waiting for the reply before the first statement,
 so a ``set_config`` right after it costs a second round trip (hand-written ``SET LOCAL`` pays it too). When a
@@ -7,16 +7,17 @@ lockkit scope opens the transaction, it sends ``BEGIN; SELECT set_config(...)`` 
 stay transaction-scoped (``is_local = true``). See
 https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT.
 
-A claims call goes one step further (``opening_deferred``, set by the claims runner, whose transaction runs only
-lockkit's own statements): its scope sends nothing when it begins, and its first statement carries the opening in
-the same message, ``BEGIN; SELECT set_config(...), pg_current_xact_id()::text; <statement>``. The statement's
-values stay parameters up to the driver: psycopg's client-side cursor (Django's default) binds them as it does for
-any statement. psycopg sends no ``BEGIN`` of its own for that message: its ``autocommit`` flag is set while the
-connection is idle, right before the message is sent, and stays set until the claims call's short transaction ends.
-The transaction id arrives with the statement's reply, before COMMIT is sent, so a lost COMMIT is still resolved.
-This is not done for the scopes of user code: there, Django reads psycopg's ``autocommit`` flag (server-side
-cursors are then declared ``WITH HOLD``), and statements that bypass Django's execute wrappers (``cursor.copy()``,
-the raw driver connection) would run before the opening.
+An outermost scope on a client-side cursor (Django's default) goes one step further (``PendingOpening``): it sends
+nothing when it begins, and its first statement carries the opening in the same message, ``BEGIN; SELECT
+set_config(...), pg_current_xact_id()::text; <statement>``. The statement's values stay parameters up to the
+driver: psycopg's client-side cursor binds them as it does for any statement. psycopg sends no ``BEGIN`` of its own
+for that message: its ``autocommit`` flag is set while the connection is idle, right before the message is sent,
+and cleared as soon as the reply is in, so Django and psycopg see an ordinary transaction for the rest of the scope
+(Django declares server-side cursors ``WITH HOLD`` when the flag says autocommit). The transaction id arrives with
+the statement's reply, before COMMIT is sent, so a lost COMMIT is still resolved. A statement that bypasses
+Django's execute wrappers (``cursor.copy()``, the raw driver connection) goes through psycopg's ``_start_query``
+step, which lockkit replaces on that connection object while the opening is pending: psycopg's own ``BEGIN``, then
+the opening, before the statement runs.
 
 The opening has no parameters (a message of several statements cannot bind them on the server), so this is the
 one place where lockkit writes values into SQL text, under a narrow rule: a value is an ``int`` number of
@@ -27,10 +28,8 @@ from a user as text ever reaches it.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +134,7 @@ class _SimpleQueryCursor:
 
     def __init__(self, raw: psycopg.Connection[Any], first_column: int = 0) -> None:
         self._raw = raw
+        self.connection = raw  # as a psycopg cursor has: an execute wrapper may read it
         self._first_column = first_column  # the columns before it (set_config's results) are not read
         self.rowcount = -1
         self.row: tuple[Any, ...] = ()
@@ -170,39 +170,54 @@ class _SimpleQueryCursor:
         """Nothing to release: no server-side or client-side state is kept."""
 
 
-# -- the opening deferred to the first statement of a claims call --------------------------------------------------
-
-_DEFERRING: contextvars.ContextVar[bool] = contextvars.ContextVar("lockkit_opening_deferred", default=False)
-
-
-@contextlib.contextmanager
-def opening_deferred() -> Iterator[None]:
-    """In the block (a claims call), an outermost psycopg 3 scope defers its opening to its first statement."""
-    token = _DEFERRING.set(True)
-    try:
-        yield
-    finally:
-        _DEFERRING.reset(token)
+# -- the opening deferred to the scope's first statement -----------------------------------------------------------
 
 
 def deferrable(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection``'s opening can ride on the first statement: in a claims call, on a client-side cursor.
+    """Whether ``connection``'s opening can ride on the scope's first statement (call after ``foldable``).
 
-    Call after ``foldable``. psycopg's client-side cursor (Django's default) sends a statement as a simple query,
-    so the opening can precede it in the same message.
+    Only where psycopg binds parameters on the client (Django's default cursor), so the statement's text can follow
+    the opening in the same simple-query message, and on a psycopg with the two internals ``PendingOpening`` relies
+    on (the ``_autocommit`` attribute, the ``_start_query`` step every statement goes through); otherwise the
+    opening is sent at scope entry.
     """
-    if not _DEFERRING.get():
-        return False
-    factory = getattr(connection.connection, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
+    raw = connection.connection
+    factory = getattr(raw, "cursor_factory", None)
+    return (
+        isinstance(factory, type)
+        and issubclass(factory, psycopg.ClientCursor)
+        and isinstance(getattr(raw, "_autocommit", None), bool)
+        and hasattr(raw, "__dict__")
+        and callable(getattr(type(raw), "_start_query", None))
+    )
 
 
 class PendingOpening:
-    """A claims call's opening, not sent yet: the call's first statement carries it (an execute wrapper).
+    """An outermost scope's opening, not sent yet: the scope's first statement carries it.
+
+    Every way a statement can reach the server sends the opening first, or with it:
+
+    - Through Django's cursor (the ORM, ``connection.cursor()``): ``carry``, an execute wrapper, sends
+      ``BEGIN; SELECT set_config(...), <opening columns>; <statement>`` as one message when it is the innermost
+      wrapper, the statement a ``str`` and the cursor psycopg's client-side one; otherwise it sends the opening
+      on its own first (``begin_with_settings``), so that a wrapper installed inside the scope sees the statement
+      as written, and runs its own statements in the transaction.
+    - Around Django's execute wrappers: every statement of a psycopg connection goes through its
+      ``_start_query`` step (``cursor.copy()``, the raw driver's ``execute()``, server-side cursors). While the
+      opening is pending, that step is ``_net`` (an instance attribute of that connection object): psycopg's own
+      ``BEGIN``, then ``SELECT set_config(...), <opening columns>``, before the statement (two round trips, on this
+      path only). The driver's ``transaction()`` and ``pipeline()`` send the opening before they start (as the
+      scope would have at its entry), so a ``transaction()`` block is a savepoint in the scope's transaction.
+
+    The execute wrapper stays in place until the scope ends (removed by identity), so the wrappers installed
+    inside the scope are removed by Django in the order it expects.
 
     Attributes:
         opened: The values of the opening columns (as text), once the opening ran; empty before.
     """
+
+    #: The driver connection's methods that stand in for psycopg's own while the opening is pending.
+    _STAND_INS = ("_start_query", "transaction", "pipeline")
 
     def __init__(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int], columns: Sequence[str]):
         """Defer the opening of ``connection``'s transaction until its first statement."""
@@ -210,60 +225,150 @@ class PendingOpening:
         self.timeouts = dict(timeouts)
         self.columns = tuple(columns)
         self.opened: tuple[str | None, ...] = ()
+        self._raw: Any = connection.connection
+        self._opening = _folded_sql(_begin_statement(self._raw), tuple(self.timeouts.items()), self.columns)
+        selected = [set_config_literal(name, ms) for name, ms in self.timeouts.items()] + list(self.columns)
+        self._settings = f"SELECT {', '.join(selected)}".encode(self._raw.info.encoding)
         self._pending = False
         self._guard: Callable[..., Any] = self.carry  # one bound method, removed by identity
+        connection.execute_wrappers.append(self._guard)
         self._arm()
 
     def _arm(self) -> None:
         self._pending = True
-        # Innermost: a statement that another execute wrapper runs on its own is itself the first statement, and
-        # carries the opening; psycopg's autocommit flag is set only right before the message goes out.
-        self.connection.execute_wrappers.append(self._guard)
+        vars(self._raw).update(_start_query=self._net, transaction=self._transaction, pipeline=self._pipeline)
 
-    def carry(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+    def _take(self) -> bool:
+        """Stop waiting; return whether the opening was still pending (the caller now sends it)."""
+        if not self._pending:
+            return False
+        self._pending = False
+        for name in self._STAND_INS:
+            vars(self._raw).pop(name, None)  # psycopg's own methods again
+        return True
+
+    def cancel(self) -> None:
+        """The scope ends: remove the execute wrapper; if no statement ran, nothing was sent, nothing to send."""
+        self._take()
+        wrappers = self.connection.execute_wrappers
+        for index in range(len(wrappers) - 1, -1, -1):
+            if wrappers[index] is self._guard:
+                del wrappers[index]
+                break
+
+    def settle(self) -> None:
+        """Before COMMIT: read the opening columns if the opening went without them (the driver's pipeline mode).
+
+        One statement, only then, and only in a transaction in progress (an aborted one cannot commit anyway), so
+        that a COMMIT whose reply is lost can still be resolved.
+
+        Raises:
+            django.db.DatabaseError: as for any statement; the scope then rolls back and raises it.
+        """
+        raw = self._raw
+        if (
+            self.opened
+            or not self.columns
+            or self._pending
+            or raw is not self.connection.connection
+            or raw.closed
+            or raw.pgconn.transaction_status != pq.TransactionStatus.INTRANS
+        ):
+            return
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT {', '.join(self.columns)}")
+            row = cursor.fetchone()
+        self.opened = tuple(None if v is None else str(v) for v in (row or ()))
+
+    def carry(self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
         """A Django execute wrapper: send the opening with the first statement, in one message.
 
         ``BEGIN; SELECT set_config(...), <opening columns>; <statement>`` goes as one simple query (psycopg's
         client-side cursor binds the statement's parameters, as it does for any statement). psycopg sends no
-        ``BEGIN`` of its own for it: its ``autocommit`` flag is on while the connection is idle, and stays on
-        until the transaction ends (psycopg's ``commit()``/``rollback()`` end it all the same), since psycopg
-        refuses to change the flag inside a transaction. An ``executemany`` gets the opening on its own first.
+        ``BEGIN`` of its own for it: its ``autocommit`` flag is set while the connection is idle, right before the
+        message goes out, and cleared again as soon as the reply is in (psycopg refuses to change the flag inside
+        a transaction, so the attribute is written directly), so Django and psycopg see an ordinary transaction
+        for the rest of the scope. Otherwise (another wrapper inside this one, an ``executemany``, a server-side
+        cursor, a statement that is not a ``str``) the opening goes on its own first.
         """
-        if not self._take():
+        if not self._pending:
             return execute(sql, params, many, context)
-        cursor = getattr(context.get("cursor"), "cursor", None)
-        raw = self.connection.connection
-        if many or not isinstance(cursor, psycopg.ClientCursor) or not foldable(self.connection):
-            self.opened = begin_with_settings(self.connection, self.timeouts, self.columns)
+        raw = self._raw
+        if raw is not self.connection.connection or raw.closed:
+            self._take()  # the connection was replaced: nothing of ours is open there
             return execute(sql, params, many, context)
-        opening = _folded_sql(_begin_statement(raw), tuple(self.timeouts.items()), self.columns)
-        raw.autocommit = True  # idle: allowed, sends nothing
+        wrappers = self.connection.execute_wrappers
+        cursor: Any = getattr(context.get("cursor"), "cursor", None)
+        carried = (
+            not many
+            and type(sql) is str
+            and isinstance(cursor, psycopg.ClientCursor)
+            and wrappers[-1] is self._guard
+            and foldable(self.connection)
+        )
+        if not carried:
+            self._open_now()
+            return execute(sql, params, many, context)
+        self._take()
+        # The attribute behind psycopg's autocommit setter, written directly: the connection is idle (foldable()
+        # checked it), where the setter would only check that and write it, and inside the transaction, after the
+        # reply, where the setter refuses to.
+        raw._autocommit = True
         try:
-            result = execute(f"{opening}; {sql}", params, many, context)
+            result = execute(f"{self._opening}; {sql}", params, many, context)
         finally:
-            if not raw.closed and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-                # Nothing began: the statement failed before it was sent (psycopg could not adapt a value).
-                # The next statement carries the opening instead.
-                raw.autocommit = False
+            raw._autocommit = False
+            began = raw.closed or raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
+            if not began:
+                # Nothing began: the statement failed before it was sent (psycopg could not adapt a value) or
+                # the server refused the message as a whole (a syntax error). The next statement carries it.
                 self._arm()
+        if not began:  # pragma: no cover - Django's own execute always sends or raises
+            return result
         cursor.nextset()  # from BEGIN's result to the opening's row
         row = cursor.fetchone()
         self.opened = tuple(None if v is None else str(v) for v in (row or ())[len(self.timeouts) :])
         cursor.nextset()  # to the statement's own result, where Django reads it
         return result
 
-    def _take(self) -> bool:
-        """Stop guarding; return whether the opening was still pending (the caller now sends it)."""
-        if not self._pending:
-            return False
-        self._pending = False
-        wrappers = self.connection.execute_wrappers
-        for index in range(len(wrappers) - 1, -1, -1):
-            if wrappers[index] is self._guard:
-                del wrappers[index]
-                break
-        return True
+    def _open_now(self) -> None:
+        """Send the opening on its own (folded with ``BEGIN``, one round trip), if it is still pending."""
+        if not self._take():
+            return
+        self._refuse_autocommit()
+        if foldable(self.connection):
+            self.opened = begin_with_settings(self.connection, self.timeouts, self.columns)
 
-    def cancel(self) -> None:
-        """The scope ended without a statement: nothing was sent, nothing to send."""
-        self._take()
+    def _refuse_autocommit(self) -> None:
+        """The driver connection was put in autocommit inside the scope: its statements would escape the scope."""
+        if self._raw._autocommit:
+            raise psycopg.ProgrammingError(
+                "the driver connection was switched to autocommit inside a lockkit scope: its statements would "
+                "run outside the scope's transaction and timeouts"
+            )
+
+    def _net(self) -> Any:
+        """Stand in for psycopg's ``_start_query`` while the opening is pending: its ``BEGIN``, then the settings.
+
+        A generator, as psycopg's is, run by psycopg under the connection's lock before each statement.
+        """
+        raw = self._raw
+        self._refuse_autocommit()
+        begins = raw.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        yield from type(raw)._start_query(raw)
+        if begins and self._take():
+            result = yield from raw._exec_command(self._settings)
+            if result is not None:  # None only in pipeline mode, which sends the opening before it starts
+                encoding = raw.info.encoding
+                values = (result.get_value(0, column) for column in range(len(self.timeouts), result.nfields))
+                self.opened = tuple(None if v is None else v.decode(encoding) for v in values)
+
+    def _transaction(self, *args: Any, **kwargs: Any) -> Any:
+        """Stand in for the driver's ``transaction()``: the scope's transaction first, so the block is a savepoint."""
+        self._open_now()
+        return type(self._raw).transaction(self._raw, *args, **kwargs)
+
+    def _pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        """Stand in for the driver's ``pipeline()`` (its ``executemany`` enters one): the opening goes first."""
+        self._open_now()
+        return type(self._raw).pipeline(self._raw, *args, **kwargs)

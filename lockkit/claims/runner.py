@@ -13,7 +13,6 @@ from typing import Any, TypeVar, cast
 
 from django.db import connections
 
-from lockkit.backends import psycopg_begin
 from lockkit.errors import Failure
 from lockkit.operation import locked_operation
 from lockkit.retry import RetryPolicy
@@ -55,9 +54,7 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
         CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
     """
     operation = _operation(alias, lock_timeout, work)
-    # The call's own first statement carries its transaction's opening (psycopg 3): one round trip less per call.
-    with psycopg_begin.opening_deferred():
-        return cast(T, operation(work))
+    return cast(T, operation(work))
 
 
 def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callable[[Callable[[], Any]], Any]:

@@ -44,7 +44,9 @@ def assert_single_alias(alias: str) -> Iterator[AliasLog]:
 
     Every configured alias is watched, in the calling thread (Django's connections are per thread; queries
     made by other threads are not seen). Transaction statements that go through a cursor (``SAVEPOINT``,
-    ``set_config``) count as queries. The check runs when the block exits without an exception.
+    ``set_config``) count as queries; on PostgreSQL with psycopg 3 an outermost scope's opening (``BEGIN`` and its
+    ``set_config``) rides on the scope's first statement, in the same message, and is seen as that statement. The
+    check runs when the block exits without an exception.
 
     Args:
         alias: The one alias queries may run on.
