@@ -140,7 +140,10 @@ class LockScope:
         self.nested = self._transaction.nested
         # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
         self._sfu_kwargs = self._transaction.backend.select_for_update_kwargs(
-            connections[alias], nowait=self.nowait, skip_locked=self.skip_locked, no_key=self.no_key
+            self._transaction._connection,
+            nowait=self.nowait,
+            skip_locked=self.skip_locked,
+            no_key=self.no_key,
         )
         self._active = False
         self._committed_elsewhere: tuple[str, ...] = ()

@@ -69,7 +69,9 @@ class ScopeTransaction:
         attempt: int,
     ) -> None:
         """Prepare the transaction (no SQL yet); ``nested`` is decided now, from the connection."""
-        connection = connections[alias]
+        # Django's wrapper for the alias in this thread: the same object for the thread's life (the driver
+        # connection inside it is what changes when Django reconnects).
+        self._connection = connection = connections[alias]
         self.alias = alias
         self.nested = in_transaction(connection)
         self.committed = False
@@ -93,9 +95,9 @@ class ScopeTransaction:
         Raises:
             LockError: the database reported a classified failure (SQLite's BEGIN IMMEDIATE may wait for a lock).
         """
-        if not self.nested:
+        connection = self._connection
+        if not self.nested and connection.errors_occurred:
             discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
-        connection = connections[self.alias]
         with self._lost_connection_discarded(), self.translating:
             self.backend.open_transaction(
                 connection,
@@ -145,7 +147,7 @@ class ScopeTransaction:
             # settings (MySQL), as they do on PostgreSQL where the scope's values ended with the transaction.
             self._restored = True
             try:
-                self.backend.after_transaction_end(connections[self.alias], self._token, nested=False)
+                self.backend.after_transaction_end(self._connection, self._token, nested=False)
             except Exception as exc:  # raised after the callbacks, by _after_end: they must still run
                 self._restore_error = exc
 
@@ -162,7 +164,7 @@ class ScopeTransaction:
                 raised in the block when the body swallowed it.
             DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
         """
-        connection = connections[self.alias]
+        connection = self._connection
         if self._token is not None and self._token.pending is not None:
             self._token.pending.cancel()  # the deferred opening stops waiting; its execute wrapper goes
         restore_error: BaseException | None = None
@@ -178,7 +180,12 @@ class ScopeTransaction:
                 # Typically 25P02: the body swallowed a database error, so the savepoint cannot be released.
                 # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
                 exc = restore_error = restore_exc
-        if exc is None and self._token is not None and self._token.pending is not None:
+        if (
+            exc is None
+            and not connection.needs_rollback
+            and self._token is not None
+            and self._token.pending is not None
+        ):
             try:
                 self._token.pending.settle()  # the transaction id, if the way the opening went did not read it
             except BaseException as settle_exc:
@@ -298,7 +305,7 @@ class ScopeTransaction:
                 raise self._restore_error
             return
         try:
-            self.backend.after_transaction_end(connections[self.alias], self._token, nested=self.nested)
+            self.backend.after_transaction_end(self._connection, self._token, nested=self.nested)
         except BaseException:
             if not pending:
                 raise

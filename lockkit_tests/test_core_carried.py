@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from psycopg import sql as psql
 
@@ -469,3 +469,50 @@ def test_the_driver_switched_to_autocommit_inside_a_scope_is_refused() -> None:
     with lockkit.locked():  # the next scope works
         Item.objects.create(name="next", value=1)
     assert _names() == ["next"]
+
+
+# -- a third review ------------------------------------------------------------------------------------------------
+
+
+def test_a_rollback_asked_for_after_a_raw_executemany_is_quiet() -> None:
+    """The transaction id is read before COMMIT only: a scope that rolls back sends nothing more."""
+    with lockkit.locked():
+        raw: Any = connection.connection
+        with raw.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO lockkit_tests_item (name, value) VALUES (%s, %s)", [("a", 1), ("b", 2)]
+            )
+        transaction.set_rollback(True)
+    assert _names() == []
+    _left_clean()
+
+
+def test_an_empty_first_statement_shows_an_empty_result_not_the_openings_row() -> None:
+    with lockkit.locked() as scope, connection.cursor() as cursor:
+        cursor.execute("-- nothing to do")
+        assert cursor.description is None
+        assert isinstance(scope._transaction.xid, int)
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        assert cursor.fetchone() == ("5s",)
+    _left_clean()
+
+
+def test_the_drivers_tpc_begin_first_is_refused_as_inside_a_transaction() -> None:
+    with pytest.raises(psycopg.ProgrammingError, match="INTRANS"), lockkit.locked(lock_timeout=0.5):
+        raw: Any = connection.connection
+        raw.tpc_begin(raw.xid(1, "g", "b"))
+    _left_clean()
+
+
+def test_an_isolation_level_set_inside_the_scope_before_any_statement_is_used() -> None:
+    connection.ensure_connection()
+    raw: Any = connection.connection
+    try:
+        with lockkit.locked():
+            raw.isolation_level = psycopg.IsolationLevel.SERIALIZABLE  # idle still: psycopg accepts it
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW transaction_isolation")
+                assert cursor.fetchone() == ("serializable",)
+    finally:
+        raw.isolation_level = None
+    _left_clean()

@@ -117,6 +117,13 @@ def _folded_sql(begin: str, timeouts: tuple[tuple[str, int], ...], columns: tupl
     return f"{begin}; SELECT {', '.join(selected)}"
 
 
+@functools.lru_cache(maxsize=256)
+def _settings_text(timeouts: tuple[tuple[str, int], ...], columns: tuple[str, ...], encoding: str) -> bytes:
+    """``SELECT set_config(...), <columns>`` (as the connection's encoding), built once per set of values."""
+    selected = [set_config_literal(name, ms) for name, ms in timeouts] + list(columns)
+    return f"SELECT {', '.join(selected)}".encode(encoding)
+
+
 def _begin_statement(raw: psycopg.Connection[Any]) -> str:
     """The ``BEGIN`` psycopg would send, with the connection's isolation level and access mode."""
     parts = ["BEGIN"]
@@ -217,7 +224,7 @@ class PendingOpening:
     """
 
     #: The driver connection's methods that stand in for psycopg's own while the opening is pending.
-    _STAND_INS = ("_start_query", "transaction", "pipeline")
+    _STAND_INS = ("_start_query", "transaction", "pipeline", "tpc_begin")
 
     def __init__(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int], columns: Sequence[str]):
         """Defer the opening of ``connection``'s transaction until its first statement."""
@@ -226,9 +233,8 @@ class PendingOpening:
         self.columns = tuple(columns)
         self.opened: tuple[str | None, ...] = ()
         self._raw: Any = connection.connection
-        self._opening = _folded_sql(_begin_statement(self._raw), tuple(self.timeouts.items()), self.columns)
-        selected = [set_config_literal(name, ms) for name, ms in self.timeouts.items()] + list(self.columns)
-        self._settings = f"SELECT {', '.join(selected)}".encode(self._raw.info.encoding)
+        self._encoding = self._raw.info.encoding
+        self._settings = _settings_text(tuple(self.timeouts.items()), self.columns, self._encoding)
         self._pending = False
         self._guard: Callable[..., Any] = self.carry  # one bound method, removed by identity
         connection.execute_wrappers.append(self._guard)
@@ -236,7 +242,12 @@ class PendingOpening:
 
     def _arm(self) -> None:
         self._pending = True
-        vars(self._raw).update(_start_query=self._net, transaction=self._transaction, pipeline=self._pipeline)
+        vars(self._raw).update(
+            _start_query=self._net,
+            transaction=self._transaction,
+            pipeline=self._pipeline,
+            tpc_begin=self._tpc_begin,
+        )
 
     def _take(self) -> bool:
         """Stop waiting; return whether the opening was still pending (the caller now sends it)."""
@@ -310,12 +321,14 @@ class PendingOpening:
             self._open_now()
             return execute(sql, params, many, context)
         self._take()
+        # Read now, not at scope entry: the isolation level and access mode can still change until something is sent.
+        opening = _folded_sql(_begin_statement(raw), tuple(self.timeouts.items()), self.columns)
         # The attribute behind psycopg's autocommit setter, written directly: the connection is idle (foldable()
         # checked it), where the setter would only check that and write it, and inside the transaction, after the
         # reply, where the setter refuses to.
         raw._autocommit = True
         try:
-            result = execute(f"{self._opening}; {sql}", params, many, context)
+            result = execute(f"{opening}; {sql}", params, many, context)
         finally:
             raw._autocommit = False
             began = raw.closed or raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
@@ -328,7 +341,10 @@ class PendingOpening:
         cursor.nextset()  # from BEGIN's result to the opening's row
         row = cursor.fetchone()
         self.opened = tuple(None if v is None else str(v) for v in (row or ())[len(self.timeouts) :])
-        cursor.nextset()  # to the statement's own result, where Django reads it
+        if not cursor.nextset():  # to the statement's own result, where Django reads it
+            # The statement had none (empty, or only a comment): run it again on its own, so the cursor shows
+            # its empty result rather than the opening's row.
+            return execute(sql, params, many, context)
         return result
 
     def _open_now(self) -> None:
@@ -338,6 +354,12 @@ class PendingOpening:
         self._refuse_autocommit()
         if foldable(self.connection):
             self.opened = begin_with_settings(self.connection, self.timeouts, self.columns)
+        elif not self._raw.closed and self._raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
+            # Begun by a way lockkit does not stand in for: the settings still apply, in a statement of their own.
+            with self.connection.cursor() as cursor:
+                cursor.execute(self._settings.decode(self._encoding))
+                row = cursor.fetchone()
+            self.opened = tuple(None if v is None else str(v) for v in (row or ())[len(self.timeouts) :])
 
     def _refuse_autocommit(self) -> None:
         """The driver connection was put in autocommit inside the scope: its statements would escape the scope."""
@@ -367,6 +389,11 @@ class PendingOpening:
         """Stand in for the driver's ``transaction()``: the scope's transaction first, so the block is a savepoint."""
         self._open_now()
         return type(self._raw).transaction(self._raw, *args, **kwargs)
+
+    def _tpc_begin(self, *args: Any, **kwargs: Any) -> Any:
+        """Stand in for the driver's ``tpc_begin()``: the scope's transaction first (which psycopg then refuses)."""
+        self._open_now()
+        return type(self._raw).tpc_begin(self._raw, *args, **kwargs)
 
     def _pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """Stand in for the driver's ``pipeline()`` (its ``executemany`` enters one): the opening goes first."""

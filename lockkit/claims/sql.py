@@ -99,6 +99,19 @@ class ClaimsSQL(abc.ABC):
         self.alias = table.alias
         #: Whether the table is schema-qualified (then named by an alias in the locking clause); fixed per alias.
         self.qualified = relations.is_qualified(table.model, table.alias)
+        #: Statement texts built from already compiled parts, by those parts (a few shapes per worker).
+        self._texts: dict[Hashable, str] = {}
+
+    def text(self, key: Hashable, build: Callable[[], str]) -> str:
+        """The statement ``build()`` makes for ``key`` (the compiled parts it joins), built once per key."""
+        try:
+            return self._texts[key]
+        except KeyError:
+            pass
+        statement = build()
+        if len(self._texts) < _MAX_TEXTS:
+            self._texts[key] = statement
+        return statement
 
     # -- the database clock and the values every claim writes ------------------------------------------------
 
@@ -241,7 +254,8 @@ class ClaimsSQL(abc.ABC):
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
         """Execute one statement; return its rows keyed by column name, and its row count."""
-        with translating(self.alias, nowait=False), connections[self.alias].cursor() as cursor:
+        connection = connections[self.alias]
+        with translating(self.alias, nowait=False), connection.cursor() as cursor:
             cursor.execute(sql, params)
             return _rows(cursor.cursor)
 
@@ -305,19 +319,25 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
             # Not for a schema-qualified table: its SELECT names the table by an alias (``FOR UPDATE OF`` refuses
             # a qualified name), so SQL of the caller's naming the table itself (``.extra()``, ``RawSQL``) would
             # bind to the outer UPDATE and correlate the subquery, run once per row. The CTE form refuses it.
-            statement = (
-                f"{update} WHERE {table.pk_of()} = ({select}) "
-                f"AND {table.column('lease_expires_at')} IS NULL RETURNING {self.returning(fields)}"
+            statement = self.text(
+                ("claim_one", update, select, tuple(fields)),
+                lambda: (
+                    f"{update} WHERE {table.pk_of()} = ({select}) "
+                    f"AND {table.column('lease_expires_at')} IS NULL RETURNING {self.returning(fields)}"
+                ),
             )
             rows, _ = self.run(statement, [*set_params, *select_params])
             return rows
-        statement = (
-            f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
-            f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
-            f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
-            f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
-            f"AND {table.column('lease_expires_at')} IS NULL "
-            f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
+        statement = self.text(
+            ("claim_many", update, select, tuple(fields)),
+            lambda: (
+                f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
+                f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
+                f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
+                f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
+                f"AND {table.column('lease_expires_at')} IS NULL "
+                f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
+            ),
         )
         rows, _ = self.run(statement, [*select_params, *set_params])
         rows.sort(key=lambda row: int(row["position"]))
@@ -342,12 +362,16 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         if len(pks) == 1:
             # Parenthesised: a client-side bound negative number is written `-9223372036854775808`, and without
             # them `::` would bind before the minus and cast the out-of-range 9223372036854775808.
-            statement = (
-                f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
-                f"AND {table.column('claim_token')} = (%s)::bigint AND {table.column('claimed_by')} = (%s)::text "
-                f"AND {table.column('lease_expires_at')} IS NOT NULL "
-                f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
-                f'{table.column("lease_expires_at")} AS "lease_expires_at"'
+            statement = self.text(
+                ("fence_one", update),
+                lambda: (
+                    f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
+                    f"AND {table.column('claim_token')} = (%s)::bigint "
+                    f"AND {table.column('claimed_by')} = (%s)::text "
+                    f"AND {table.column('lease_expires_at')} IS NOT NULL "
+                    f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
+                    f'{table.column("lease_expires_at")} AS "lease_expires_at"'
+                ),
             )
             rows, _ = self.run(statement, [*set_params, pks[0], tokens[0], workers[0]])
             return rows
@@ -390,6 +414,10 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         )
         rows, _ = self.run(statement, [*select_params, *set_params])
         return [row["pk"] for row in rows]
+
+
+#: The most statement texts a ``ClaimsSQL`` keeps (a worker uses a few shapes; more are built per call).
+_MAX_TEXTS = 256
 
 
 @functools.lru_cache(maxsize=64)
