@@ -11,7 +11,6 @@ site; settings and argument checks must still apply per call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims import StaleClaim, claim_next, complete, heartbeat, release
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
-from lockkit_tests.faultkit import proxied
 from lockkit_tests.models import Job, QueuedJob
 from lockkit_tests.test_claims_hardening import queue_schema  # noqa: F401  # the fixture, used by name
 from sample_project.faults.proxy import FaultProxy
@@ -175,12 +173,6 @@ def test_limit_one_on_a_schema_qualified_table_never_claims_more_than_one_row() 
 
 
 # -- faults on the one-claim statements: the next call in the same process must work --------------------------
-
-
-@pytest.fixture
-def through_proxy() -> Iterator[tuple[str, FaultProxy]]:
-    with proxied("default") as pair:
-        yield pair
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "proxied"])

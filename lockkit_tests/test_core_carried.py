@@ -9,7 +9,6 @@ the scope's transaction under its timeouts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -21,7 +20,6 @@ from psycopg import sql as psql
 import lockkit
 from lockkit.claims import StaleClaim, claim, claim_next, complete
 from lockkit.testing import hold_lock
-from lockkit_tests.faultkit import proxied
 from lockkit_tests.models import Item, Job
 from sample_project.faults.proxy import FaultProxy
 
@@ -158,12 +156,6 @@ def test_server_side_binding_keeps_the_opening_separate() -> None:
     assert sent[:2] == ["BEGIN", OPENING]
     assert sent[2].startswith("UPDATE ")
     assert Job.objects.get(pk=made.pk).claimed_by == "w1"
-
-
-@pytest.fixture
-def through_proxy() -> Iterator[tuple[str, FaultProxy]]:
-    with proxied("default") as pair:
-        yield pair
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "proxied"])

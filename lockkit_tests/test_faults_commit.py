@@ -9,7 +9,6 @@ the outcome.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from django.db import connections
@@ -21,12 +20,6 @@ from lockkit_tests.faultkit import proxied
 from lockkit_tests.models import Item, Job, Stock
 from lockkit_tests.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 from sample_project.faults.proxy import FaultProxy
-
-
-@pytest.fixture
-def through_proxy() -> Iterator[tuple[str, FaultProxy]]:
-    with proxied("default") as pair:
-        yield pair
 
 
 def _sale(alias: str, proxy: FaultProxy, action: str | None, *, on_attempt: int = 1):  # type: ignore[no-untyped-def]
