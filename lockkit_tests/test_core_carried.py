@@ -508,3 +508,14 @@ def test_an_isolation_level_set_inside_the_scope_before_any_statement_is_used() 
     finally:
         raw.isolation_level = None
     _left_clean()
+
+
+def test_the_drivers_tpc_recover_first_keeps_the_scopes_transaction_and_timeouts() -> None:
+    """psycopg rolls back a transaction its own recover query began: the scope's must already be open."""
+    with lockkit.locked(lock_timeout=0.5) as scope:
+        raw: Any = connection.connection
+        assert raw.tpc_recover() == []
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout'), pg_current_xact_id()::text::bigint")
+            assert cursor.fetchone() == ("500ms", scope._transaction.xid)
+    _left_clean()

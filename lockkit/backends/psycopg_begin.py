@@ -213,8 +213,10 @@ class PendingOpening:
       ``_start_query`` step (``cursor.copy()``, the raw driver's ``execute()``, server-side cursors). While the
       opening is pending, that step is ``_net`` (an instance attribute of that connection object): psycopg's own
       ``BEGIN``, then ``SELECT set_config(...), <opening columns>``, before the statement (two round trips, on this
-      path only). The driver's ``transaction()`` and ``pipeline()`` send the opening before they start (as the
-      scope would have at its entry), so a ``transaction()`` block is a savepoint in the scope's transaction.
+      path only). The driver's ``transaction()``, ``pipeline()``, ``tpc_begin()`` and ``tpc_recover()`` send the
+      opening before they start (as the scope would have at its entry), so a ``transaction()`` block is a
+      savepoint in the scope's transaction, ``tpc_begin()`` is refused as inside any transaction, and
+      ``tpc_recover()`` does not roll back the scope's transaction as one its own query began.
 
     The execute wrapper stays in place until the scope ends (removed by identity), so the wrappers installed
     inside the scope are removed by Django in the order it expects.
@@ -224,7 +226,7 @@ class PendingOpening:
     """
 
     #: The driver connection's methods that stand in for psycopg's own while the opening is pending.
-    _STAND_INS = ("_start_query", "transaction", "pipeline", "tpc_begin")
+    _STAND_INS = ("_start_query", "transaction", "pipeline", "tpc_begin", "tpc_recover")
 
     def __init__(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int], columns: Sequence[str]):
         """Defer the opening of ``connection``'s transaction until its first statement."""
@@ -247,6 +249,7 @@ class PendingOpening:
             transaction=self._transaction,
             pipeline=self._pipeline,
             tpc_begin=self._tpc_begin,
+            tpc_recover=self._tpc_recover,
         )
 
     def _take(self) -> bool:
@@ -394,6 +397,14 @@ class PendingOpening:
         """Stand in for the driver's ``tpc_begin()``: the scope's transaction first (which psycopg then refuses)."""
         self._open_now()
         return type(self._raw).tpc_begin(self._raw, *args, **kwargs)
+
+    def _tpc_recover(self, *args: Any, **kwargs: Any) -> Any:
+        """Stand in for the driver's ``tpc_recover()``: the scope's transaction first.
+
+        psycopg rolls back a transaction its own query began; with the scope's transaction open first, it does not.
+        """
+        self._open_now()
+        return type(self._raw).tpc_recover(self._raw, *args, **kwargs)
 
     def _pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """Stand in for the driver's ``pipeline()`` (its ``executemany`` enters one): the opening goes first."""
