@@ -199,6 +199,11 @@ def deferrable(connection: BaseDatabaseWrapper) -> bool:
     )
 
 
+def _texts(row: Sequence[Any] | None, *, skip: int) -> tuple[str | None, ...]:
+    """The values of ``row`` after the first ``skip``, as text (``None`` kept)."""
+    return tuple(None if value is None else str(value) for value in (row or ())[skip:])
+
+
 class PendingOpening:
     """An outermost scope's opening, not sent yet: the scope's first statement carries it.
 
@@ -225,8 +230,8 @@ class PendingOpening:
         opened: The values of the opening columns (as text), once the opening ran; empty before.
     """
 
-    #: The driver connection's methods that stand in for psycopg's own while the opening is pending.
-    _STAND_INS = ("_start_query", "transaction", "pipeline", "tpc_begin", "tpc_recover")
+    #: The driver connection's methods that send the opening first while it is pending (``_opened_first``).
+    _OPENED_FIRST = ("transaction", "pipeline", "tpc_begin", "tpc_recover")
 
     def __init__(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int], columns: Sequence[str]):
         """Defer the opening of ``connection``'s transaction until its first statement."""
@@ -236,7 +241,8 @@ class PendingOpening:
         self.opened: tuple[str | None, ...] = ()
         self._raw: Any = connection.connection
         self._encoding = self._raw.info.encoding
-        self._settings = _settings_text(tuple(self.timeouts.items()), self.columns, self._encoding)
+        self._items = tuple(self.timeouts.items())
+        self._settings = _settings_text(self._items, self.columns, self._encoding)
         self._pending = False
         self._guard: Callable[..., Any] = self.carry  # one bound method, removed by identity
         connection.execute_wrappers.append(self._guard)
@@ -244,21 +250,19 @@ class PendingOpening:
 
     def _arm(self) -> None:
         self._pending = True
-        vars(self._raw).update(
-            _start_query=self._net,
-            transaction=self._transaction,
-            pipeline=self._pipeline,
-            tpc_begin=self._tpc_begin,
-            tpc_recover=self._tpc_recover,
-        )
+        stand_ins = vars(self._raw)  # instance attributes: this connection object only
+        stand_ins["_start_query"] = self._net
+        for name in self._OPENED_FIRST:
+            stand_ins[name] = functools.partial(self._opened_first, name)
 
     def _take(self) -> bool:
         """Stop waiting; return whether the opening was still pending (the caller now sends it)."""
         if not self._pending:
             return False
         self._pending = False
-        for name in self._STAND_INS:
-            vars(self._raw).pop(name, None)  # psycopg's own methods again
+        stand_ins = vars(self._raw)
+        for name in ("_start_query", *self._OPENED_FIRST):
+            stand_ins.pop(name, None)  # psycopg's own methods again
         return True
 
     def cancel(self) -> None:
@@ -289,10 +293,7 @@ class PendingOpening:
             or raw.pgconn.transaction_status != pq.TransactionStatus.INTRANS
         ):
             return
-        with self.connection.cursor() as cursor:
-            cursor.execute(f"SELECT {', '.join(self.columns)}")
-            row = cursor.fetchone()
-        self.opened = tuple(None if v is None else str(v) for v in (row or ()))
+        self._read(f"SELECT {', '.join(self.columns)}", skip=0)
 
     def carry(self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
         """A Django execute wrapper: send the opening with the first statement, in one message.
@@ -325,7 +326,7 @@ class PendingOpening:
             return execute(sql, params, many, context)
         self._take()
         # Read now, not at scope entry: the isolation level and access mode can still change until something is sent.
-        opening = _folded_sql(_begin_statement(raw), tuple(self.timeouts.items()), self.columns)
+        opening = _folded_sql(_begin_statement(raw), self._items, self.columns)
         # The attribute behind psycopg's autocommit setter, written directly: the connection is idle (foldable()
         # checked it), where the setter would only check that and write it, and inside the transaction, after the
         # reply, where the setter refuses to.
@@ -342,8 +343,7 @@ class PendingOpening:
         if not began:  # pragma: no cover - Django's own execute always sends or raises
             return result
         cursor.nextset()  # from BEGIN's result to the opening's row
-        row = cursor.fetchone()
-        self.opened = tuple(None if v is None else str(v) for v in (row or ())[len(self.timeouts) :])
+        self.opened = _texts(cursor.fetchone(), skip=len(self._items))
         if not cursor.nextset():  # to the statement's own result, where Django reads it
             # The statement had none (empty, or only a comment): run it again on its own, so the cursor shows
             # its empty result rather than the opening's row.
@@ -359,10 +359,13 @@ class PendingOpening:
             self.opened = begin_with_settings(self.connection, self.timeouts, self.columns)
         elif not self._raw.closed and self._raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
             # Begun by a way lockkit does not stand in for: the settings still apply, in a statement of their own.
-            with self.connection.cursor() as cursor:
-                cursor.execute(self._settings.decode(self._encoding))
-                row = cursor.fetchone()
-            self.opened = tuple(None if v is None else str(v) for v in (row or ())[len(self.timeouts) :])
+            self._read(self._settings.decode(self._encoding), skip=len(self._items))
+
+    def _read(self, sql: str, *, skip: int) -> None:
+        """Run ``sql`` (lockkit's own, no parameters) through Django's cursor; keep its row's columns after ``skip``."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql)
+            self.opened = _texts(cursor.fetchone(), skip=skip)
 
     def _refuse_autocommit(self) -> None:
         """The driver connection was put in autocommit inside the scope: its statements would escape the scope."""
@@ -384,29 +387,16 @@ class PendingOpening:
         if begins and self._take():
             result = yield from raw._exec_command(self._settings)
             if result is not None:  # None only in pipeline mode, which sends the opening before it starts
-                encoding = raw.info.encoding
-                values = (result.get_value(0, column) for column in range(len(self.timeouts), result.nfields))
-                self.opened = tuple(None if v is None else v.decode(encoding) for v in values)
+                values = (result.get_value(0, column) for column in range(len(self._items), result.nfields))
+                self.opened = tuple(None if v is None else v.decode(self._encoding) for v in values)
 
-    def _transaction(self, *args: Any, **kwargs: Any) -> Any:
-        """Stand in for the driver's ``transaction()``: the scope's transaction first, so the block is a savepoint."""
-        self._open_now()
-        return type(self._raw).transaction(self._raw, *args, **kwargs)
+    def _opened_first(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Stand in for the driver's method ``name``: send the scope's opening first, then call it.
 
-    def _tpc_begin(self, *args: Any, **kwargs: Any) -> Any:
-        """Stand in for the driver's ``tpc_begin()``: the scope's transaction first (which psycopg then refuses)."""
-        self._open_now()
-        return type(self._raw).tpc_begin(self._raw, *args, **kwargs)
-
-    def _tpc_recover(self, *args: Any, **kwargs: Any) -> Any:
-        """Stand in for the driver's ``tpc_recover()``: the scope's transaction first.
-
-        psycopg rolls back a transaction its own query began; with the scope's transaction open first, it does not.
+        ``transaction()``: its block is then a savepoint of the scope's transaction (psycopg would otherwise begin
+        and commit one of its own). ``pipeline()`` (which ``executemany()`` enters): ``PQexec`` is refused once in
+        pipeline mode. ``tpc_begin()``: psycopg refuses it inside a transaction, as before. ``tpc_recover()``:
+        psycopg rolls back a transaction its own query began, which would be the scope's.
         """
         self._open_now()
-        return type(self._raw).tpc_recover(self._raw, *args, **kwargs)
-
-    def _pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        """Stand in for the driver's ``pipeline()`` (its ``executemany`` enters one): the opening goes first."""
-        self._open_now()
-        return type(self._raw).pipeline(self._raw, *args, **kwargs)
+        return getattr(type(self._raw), name)(self._raw, *args, **kwargs)
