@@ -519,3 +519,26 @@ def test_the_drivers_tpc_recover_first_keeps_the_scopes_transaction_and_timeouts
             cursor.execute("SELECT current_setting('lock_timeout'), pg_current_xact_id()::text::bigint")
             assert cursor.fetchone() == ("500ms", scope._transaction.xid)
     _left_clean()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_scopes_on_two_aliases_in_one_operation_each_carry_their_own_opening() -> None:
+    with (
+        CaptureQueriesContext(connections["other"]) as other_sent,
+        lockkit.locked("default", lock_timeout=2) as first,
+        lockkit.locked("other", lock_timeout=3) as second,
+    ):
+        with connections["other"].cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout'), pg_current_xact_id()::text::bigint")
+            assert cursor.fetchone() == ("3s", second._transaction.xid)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout'), pg_current_xact_id()::text::bigint")
+            assert cursor.fetchone() == ("2s", first._transaction.xid)
+    assert next(q["sql"] for q in other_sent.captured_queries if q["sql"] != "BEGIN").startswith(
+        "BEGIN; SELECT set_config('lock_timeout', '3000ms', true)"
+    )
+    for alias in ("default", "other"):
+        assert connections[alias].execute_wrappers == []
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone() == ("0",)
