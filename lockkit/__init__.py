@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lockkit import inspect as inspect  # ``lockkit.inspect.blocking()`` after a bare ``import lockkit``
-from lockkit.advisory import advisory_lock
+from lockkit import (
+    inspection as inspection,  # ``lockkit.inspection.blocking()`` after a bare ``import lockkit``
+)
+from lockkit.advisory.api import advisory_lock
 from lockkit.errors import (
     AdvisoryLockLost,
     AliasMismatch,
@@ -29,9 +31,9 @@ from lockkit.errors import (
     StatementTimeout,
     TransientLockError,
 )
-from lockkit.operation import locked_operation
-from lockkit.retry import RetryEvent, RetryPolicy
-from lockkit.scope import LockScope, classify, current_scope, lock, locked
+from lockkit.operations.operation import locked_operation
+from lockkit.operations.retry import RetryEvent, RetryPolicy
+from lockkit.scopes.scope import LockScope, classify, current_scope, lock, locked
 
 __version__ = "0.1.0.dev0"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from django.db import connections
 
-from lockkit.aliases import check_alias
 from lockkit.backends import backend_for, has_backend
+from lockkit.scopes.aliases import check_alias
 
 # Default ports of common connection poolers: PgBouncer, Pgpool-II, ProxySQL, MaxScale (readwritesplit).
 _POOLER_PORTS = {6432: "PgBouncer", 9999: "Pgpool-II", 6033: "ProxySQL", 4006: "MaxScale"}

@@ -17,9 +17,9 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.operations.base import Operation
 from django.db.migrations.state import ProjectState
 
-from lockkit.aliases import check_alias
 from lockkit.backends import backend_for
-from lockkit.translate import translating
+from lockkit.errorcodes.translate import translating
+from lockkit.scopes.aliases import check_alias
 from lockkit.validation import duration
 
 

@@ -2,7 +2,7 @@
 
 Each error class that stands for a database-reported failure declares its kind once (``failure = Failure.X``);
 defining the class registers it, and ``error_class()`` finds it. Adding a kind touches two places: the enum and the
-class here, plus its rows in ``lockkit.codes``. This module imports nothing else from lockkit.
+class here, plus its rows in ``lockkit.errorcodes.table``. This module imports nothing else from lockkit.
 
 Database-reported failures subclass both :class:`LockError` and Django's ``OperationalError``, so existing
 ``except OperationalError`` blocks keep working; misuse errors subclass ``TransactionManagementError``.

@@ -19,7 +19,7 @@ from django.db import connections
 from lockkit import conf
 from lockkit.capabilities import capabilities, configuration_warnings, memory_database_warnings
 from lockkit.links import docs_url
-from lockkit.retry import check_retry
+from lockkit.operations.retry import check_retry
 from lockkit.validation import optional_duration
 
 _DURATION_KEYS = ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT")

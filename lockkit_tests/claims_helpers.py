@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from lockkit.claims.sql import StatementTimestamp
+from lockkit.backends.sql.claims import StatementTimestamp
 from lockkit_tests.models import Job
 
 
@@ -51,23 +51,27 @@ def snapshot(pk: Any) -> dict[str, Any]:
 
 
 def claims_statements(queries: CaptureQueriesContext, *, stale: bool = False) -> list[str]:
-    """The claims statements among ``queries``.
+    """The claims statements among ``queries`` (one claims call).
 
-    Each call runs in a short transaction of its own: BEGIN (Django's log line), the claims statement carrying the
-    scope's opening (``BEGIN; SELECT set_config(...), pg_current_xact_id()::text; <statement>``, one message), any
-    further statement, COMMIT; a ``StaleClaim`` then reads who holds the stale rows (``stale``).
+    Outside a transaction a PostgreSQL claims call of one statement is one message,
+    ``BEGIN; SELECT set_config('lock_timeout', ...); <statement>; COMMIT``; a call of several statements
+    (``claim()``) runs in a scope of its own: BEGIN (Django's log line), the scope's opening, the statements,
+    COMMIT. A ``StaleClaim`` then reads who holds the stale rows (``stale``).
     """
     sql = [query["sql"] for query in queries.captured_queries]
-    assert sql[0] == "BEGIN"
-    opening, carried, first = sql[1].partition(CARRIED_AFTER)
-    assert opening.startswith("BEGIN; SELECT set_config('lock_timeout', '"), sql[1]
-    assert carried, sql[1]
     if stale:
         assert '"claimed_by"' in sql[-1]  # StaleClaim.holders, read after the transaction
         sql = sql[:-1]
-    assert sql[-1] == "COMMIT"
-    return [first, *sql[2:-1]]
+    if sql[0] == "BEGIN":
+        assert sql[1].startswith("BEGIN; SELECT set_config('lock_timeout', '"), sql[1]
+        assert sql[-1] == "COMMIT"
+        return sql[2:-1]
+    (message,) = sql
+    opening, sent, statement = message.partition(MESSAGE_AFTER)
+    assert opening.startswith("BEGIN; SELECT set_config('lock_timeout', '"), message
+    assert sent and statement.endswith("; COMMIT"), message
+    return [statement.removesuffix("; COMMIT")]
 
 
-#: What ends a claims call's opening in the statement that carries it.
-CARRIED_AFTER = "pg_current_xact_id()::text; "
+#: What ends a claims message's opening (the last ``set_config(..., true)``), before its statement.
+MESSAGE_AFTER = "true); "

@@ -12,7 +12,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from lockkit.claims import sql
+from lockkit.backends.sql import claims as sql
 from lockkit_tests.models import Job
 from lockkit_tests.vendors import vendor_params
 

@@ -12,9 +12,9 @@ from django.db import NotSupportedError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
-import lockkit.inspect
+import lockkit.inspection
 from lockkit import AdvisoryLockLost, LockNotAvailable, locked
-from lockkit.advisory_keys import advisory_key
+from lockkit.advisory.keys import advisory_key
 from lockkit.testing import in_thread, wait_until_blocked
 from lockkit_tests.vendors import vendor_params
 
@@ -100,7 +100,7 @@ def test_advisory_waits_show_in_lock_inspection(alias: str) -> None:
     try:
         waiter = in_thread(wait)
         wait_until_blocked(holder["pid"], using=alias, contenders=waiter)
-        (found,) = lockkit.inspect.blocking(alias)
+        (found,) = lockkit.inspection.blocking(alias)
         assert found.blocking_pids == (holder["pid"],)
         key = advisory_key(("inspect", "me"))
         if alias == "default":

@@ -15,9 +15,9 @@ import pytest
 from django.db import OperationalError, connections
 
 import lockkit
-import lockkit.inspect
+import lockkit.inspection
 from lockkit import LockNotAvailable, LockTimeout, RetryPolicy, locked, locked_operation
-from lockkit.advisory_keys import advisory_key
+from lockkit.advisory.keys import advisory_key
 from lockkit.testing import backend_pid, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.advisory_worker import hold_session_lock
 from lockkit_tests.models import Item
@@ -276,7 +276,7 @@ def test_a_killed_session_leaves_no_get_lock_behind(alias: str) -> None:
     with pytest.raises(OperationalError), locked(alias) as scope:
         held = scope.advisory_lock("killed")
         assert held.pid is not None
-        lockkit.inspect.terminate(held.pid, using=alias)
+        lockkit.inspection.terminate(held.pid, using=alias)
         Item.objects.using(alias).count()  # the killed session fails here
     # The server dropped the lock with the session; this thread's next scope works on a new connection.
     assert _free_here(alias, "killed")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from lockkit.advisory_keys import MAX_LOCK_NAME, advisory_key, hash_text
+from lockkit.advisory.keys import MAX_LOCK_NAME, advisory_key, hash_text
 
 # Values computed once and pinned: a change here means two versions of an application would hold "the same"
 # lock at once. Never update them to make a test pass.

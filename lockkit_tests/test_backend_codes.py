@@ -15,7 +15,7 @@ from django.db.utils import DatabaseErrorWrapper
 from oracledb import errors as oracle_errors
 
 from lockkit import Failure, classify
-from lockkit.codes import CODES, code_of
+from lockkit.errorcodes.table import CODES, code_of
 
 F = Failure
 
@@ -154,7 +154,9 @@ def test_code_less_driver_errors_of_a_closed_connection_are_connection_lost() ->
     assert classify(closed) is F.CONNECTION_LOST
     assert code_of(closed) is None
     client_side = django_wrapped(psycopg, psycopg.OperationalError("consuming input failed"))
-    assert classify(client_side) is None  # no code: only the connection's state tells (lockkit.translate)
+    assert (
+        classify(client_side) is None
+    )  # no code: only the connection's state tells (lockkit.errorcodes.translate)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 import lockkit
 from lockkit import RetryEvent, RetryPolicy
-from lockkit.backends.mysql import lock_wait_seconds
+from lockkit.backends.mysql.backend import lock_wait_seconds
 from lockkit.testing import backend_pid, hold_lock
 from lockkit_tests.models import Item, Owner, Stock
 

@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
+from lockkit.errorcodes.translate import translating
 from lockkit.testing import backend_pid, blocked_by, hold_lock, run_concurrently
-from lockkit.translate import translating
 from lockkit_tests.models import Item
 
 ALIAS = "sqlite"

@@ -10,8 +10,9 @@ import pytest
 from django.db import connection
 from django.db.models import F, Value
 
-from lockkit.claims import claim_next, complete, heartbeat, release, setclause
-from lockkit.claims.sql import PostgreSQLClaimsSQL
+from lockkit.backends.sql import setclause
+from lockkit.backends.postgresql.claims import PostgreSQLClaimsSQL
+from lockkit.claims import claim_next, complete, heartbeat, release
 from lockkit_tests.models import Job
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

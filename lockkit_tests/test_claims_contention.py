@@ -18,6 +18,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from lockkit import RetryPolicy, current_scope, locked_operation
+from lockkit.backends.sql.claims import StatementTimestamp
 from lockkit.claims import (
     Claim,
     StaleClaim,
@@ -28,7 +29,6 @@ from lockkit.claims import (
     heartbeat,
     reclaim_expired,
 )
-from lockkit.claims.sql import StatementTimestamp
 from lockkit.testing import (
     LockWaitMonitor,
     backend_pid,

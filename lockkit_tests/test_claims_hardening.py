@@ -31,8 +31,8 @@ from lockkit.claims import (
     reclaim_expired,
     release,
     release_many,
-    sql,
 )
+from lockkit.backends import claims_sql_for
 from lockkit.testing import assert_single_alias
 from lockkit_tests.models import QUEUE_SCHEMA, CodeJob, DottedJob, Job, NotClaimable, PricedJob, QueuedJob
 
@@ -118,7 +118,7 @@ def test_the_batch_statement_writes_nothing_when_the_database_sees_one_row_twice
     # Defence in depth below the Python checks: two keys the database compares as one row (1.00 and 1.0) are
     # "two live claims" to a count(*), so the statement requires as many distinct live rows as claims.
     row, held = _claimed(PricedJob, price=Decimal("1.00"))
-    statements = sql.for_table(PricedJob, "default")
+    statements = claims_sql_for(PricedJob, "default")
     rows = statements.fenced_update(
         [Decimal("1.00"), Decimal("1.0")], [held.token] * 2, [held.worker] * 2, {"lease_expires_at": None}
     )

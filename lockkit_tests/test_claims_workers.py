@@ -159,7 +159,7 @@ def test_without_a_router_an_instance_is_claimed_where_it_was_read_and_nowhere_e
 def test_a_vendor_without_claims_statements_is_refused_before_any_sql(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from lockkit.claims import sql
+    from lockkit.backends.sql import claims as sql
 
     sql.for_table(Job, "sqlite")  # registers every vendor
     monkeypatch.delitem(sql.VENDORS, "sqlite")  # as if SQLite had no claims statements

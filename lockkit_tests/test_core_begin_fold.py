@@ -1,6 +1,6 @@
-"""An outermost scope on psycopg 3 sends BEGIN and its timeouts with its first statement, in one round trip.
+"""An outermost scope on psycopg 3 sends BEGIN and its timeouts at entry, as one message: one round trip.
 
-Every other case (a nested scope, an open transaction, the fold switched off) sends them as a statement of their own.
+Every other case (a nested scope, an open transaction, psycopg2) sends them as a statement of their own.
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ def test_outermost_scope_begins_with_its_timeouts_in_one_statement(notices: list
         "BEGIN; SELECT set_config('lock_timeout', '2000ms', true), set_config('statement_timeout', '7000ms', true)"
         # The transaction id rides on the same statement (it resolves a COMMIT whose reply was lost).
         ", pg_current_xact_id()::text"
-        # ... and so does the scope's first statement: one message, one round trip.
-        "; SELECT current_setting('lock_timeout')"
     )
     assert not [sql for sql in statements(queries)[1:] if "set_config" in sql]
     # psycopg sent no BEGIN of its own: the server would have warned about a transaction already in progress.
@@ -106,13 +104,6 @@ def test_nested_scope_and_open_transaction_keep_the_separate_statement() -> None
     assert any("set_config" in sql for sql in sqls)
 
 
-def test_fold_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(PostgreSQLBackend, "fold_begin", False)
-    with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=3):
-        assert show("lock_timeout") == "3s"
-    assert statements(queries)[0].startswith("SELECT set_config(")
-
-
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_folded_statement_goes_through_execute_wrappers_on_the_scope_alias() -> None:
     with (
@@ -121,19 +112,18 @@ def test_folded_statement_goes_through_execute_wrappers_on_the_scope_alias() -> 
         lockkit.locked("other"),
     ):
         assert show("lock_timeout", using="other") == "5s"
-    # The opening's wrapper is the innermost: a wrapper installed before the scope sees the statement as written,
-    # its values still parameters, and the statement sent carries the opening on the scope's alias.
-    assert log.on("other") == ["SELECT current_setting(%s)"]
-    assert statements(queries)[0] == (
-        "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()::text"
-        "; SELECT current_setting('lock_timeout')"
-    )
+    # A wrapper installed before the scope sees the opening (on the scope's alias) and then the body's statement.
+    opening = "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()::text"
+    assert log.on("other") == [opening, "SELECT current_setting(%s)"]
+    assert statements(queries)[0] == opening
 
 
-def test_a_scope_that_runs_no_statement_sends_nothing() -> None:
+def test_a_scope_that_runs_no_statement_sends_only_its_opening() -> None:
     with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=2):
         pass
-    assert statements(queries) == []
+    assert statements(queries) == [
+        "BEGIN; SELECT set_config('lock_timeout', '2000ms', true), pg_current_xact_id()::text"
+    ]
     assert connection.execute_wrappers == []
 
 
@@ -174,7 +164,7 @@ def test_nested_scope_inside_a_folded_one_restores_the_folded_values() -> None:
 
 
 def test_the_literal_is_always_lockkits_int_of_milliseconds() -> None:
-    from lockkit.backends.psycopg_begin import set_config_literal
+    from lockkit.backends.postgresql.opening import set_config_literal
 
     assert set_config_literal("lock_timeout", 1500) == "set_config('lock_timeout', '1500ms', true)"
     for bad in ("5000", 5000.0, True, None, b"5000"):
@@ -192,7 +182,6 @@ def test_fractional_durations_become_whole_milliseconds_in_the_statement() -> No
         assert show("lock_timeout") == "2ms"
     assert statements(queries)[0] == (
         "BEGIN; SELECT set_config('lock_timeout', '2ms', true), pg_current_xact_id()::text"
-        "; SELECT current_setting('lock_timeout')"
     )
 
 
@@ -209,11 +198,9 @@ def test_opening_columns_ride_on_the_opening_statement(monkeypatch: pytest.Monke
             assert inner._transaction.opened == ()
     assert statements(queries)[0] == (
         "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()"
-        "; SELECT pg_current_xact_id()::text"
     )
-    monkeypatch.setattr(PostgreSQLBackend, "fold_begin", False)
     with CaptureQueriesContext(connection) as queries, lockkit.locked(lock_timeout=None) as scope:
-        (later,) = scope._transaction.opened
+        (later,) = scope._transaction.opened  # no timeout to set: the opening still reads the column
         assert later is not None
         assert int(later) > int(xid)
-    assert statements(queries)[0] == "SELECT pg_current_xact_id()"
+    assert statements(queries)[0] == "BEGIN; SELECT pg_current_xact_id()"

@@ -12,10 +12,11 @@ from django.db import DatabaseError, connection
 from django.db.transaction import TransactionManagementError
 
 import lockkit
-from lockkit import Failure, codes
-from lockkit.codes import code_of, lookup
+from lockkit import Failure
+from lockkit.errorcodes import table as codes
+from lockkit.errorcodes.table import code_of, lookup
+from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import error_class
-from lockkit.translate import translate, translating
 from lockkit_tests.util import raise_sqlstate
 
 PG_CASES = [

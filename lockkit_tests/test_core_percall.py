@@ -12,7 +12,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
-from lockkit import Failure, RetryEvent, RetryPolicy, conf, retry
+from lockkit import Failure, RetryEvent, RetryPolicy, conf
+from lockkit.operations import retry
 from lockkit_tests.models import Stock
 from lockkit_tests.util import raise_sqlstate, show
 
@@ -179,7 +180,7 @@ def test_lock_clones_the_callers_queryset_once_and_leaves_it_alone(monkeypatch: 
 
 
 def test_scope_options_are_validated_once_per_distinct_arguments() -> None:
-    from lockkit.options import ScopeOptions
+    from lockkit.scopes.options import ScopeOptions
 
     first = ScopeOptions.build("default", lock_timeout=2, nowait=True)
     assert ScopeOptions.build("default", lock_timeout=2, nowait=True) is first

@@ -12,7 +12,7 @@ from django.db import connections, migrations, models
 from django.db.migrations.state import ProjectState
 from django.db.migrations.writer import MigrationWriter
 
-import lockkit.inspect
+import lockkit.inspection
 from lockkit import LockTimeout
 from lockkit.ddl import Bounded, bounded_lock_waits
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
@@ -167,7 +167,7 @@ def test_a_waiting_alter_table_shows_in_lock_inspection(alias: str) -> None:
         with hold_lock(item, using=alias) as holder:
             migrating = in_thread(migrate)
             wait_until_blocked(holder, contenders=migrating)
-            (found,) = lockkit.inspect.blocking(alias)
+            (found,) = lockkit.inspection.blocking(alias)
             assert holder.pid in found.blocking_pids
             assert "ALTER TABLE" in (found.waiting.query or "").upper()
             assert Item._meta.db_table in (found.target or "")

@@ -24,10 +24,10 @@ PUBLIC_MODULES = (
     "lockkit",
     "lockkit.claims",
     "lockkit.testing",
-    "lockkit.advisory",
-    "lockkit.inspect",
+    "lockkit.advisory.api",
+    "lockkit.inspection",
     "lockkit.ddl",
-    "lockkit.aio",
+    "lockkit.operations.aio",
     "lockkit.signals",
 )
 # Checked when they import: they need their extra (opentelemetry-api, prometheus-client).

@@ -16,7 +16,7 @@ from django.dispatch import Signal
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
-import lockkit.inspect
+import lockkit.inspection
 from lockkit import signals
 from lockkit.claims import claim_next
 from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
@@ -235,7 +235,7 @@ def test_a_killed_session_lock_holder_raises_advisory_lock_lost_at_exit() -> Non
     with pytest.raises(lockkit.AdvisoryLockLost):
         with lockkit.advisory_lock("hostile-killed", session=True) as held:
             assert held.pid is not None
-            signalled = in_thread(lockkit.inspect.terminate, held.pid).result(timeout=30)
+            signalled = in_thread(lockkit.inspection.terminate, held.pid).result(timeout=30)
             assert signalled.sent
     # The dead connection was discarded: the thread's next query runs on a new session holding nothing.
     assert advisory_locks_held() == 0
@@ -249,7 +249,7 @@ def test_a_killed_session_lock_holder_on_mariadb_raises_advisory_lock_lost() -> 
     with pytest.raises(lockkit.AdvisoryLockLost):
         with lockkit.advisory_lock("hostile-killed", session=True, using="mariadb") as held:
             assert held.pid is not None
-            assert in_thread(lockkit.inspect.terminate, held.pid, using="mariadb").result(timeout=30).sent
+            assert in_thread(lockkit.inspection.terminate, held.pid, using="mariadb").result(timeout=30).sent
     name = held.key.lock_name(connections["mariadb"].settings_dict["NAME"])
     with connections["mariadb"].cursor() as cursor:
         cursor.execute("SELECT IS_USED_LOCK(%s)", [name])

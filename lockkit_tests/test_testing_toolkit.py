@@ -10,6 +10,7 @@ import pytest
 from django.db import OperationalError, connections, transaction
 
 from lockkit import LockNotAvailable, LockTimeout
+from lockkit.backends import backend_for
 from lockkit.testing import (
     ContentionTimeout,
     Holder,
@@ -23,7 +24,6 @@ from lockkit.testing import (
     run_concurrently,
     wait_until_blocked,
 )
-from lockkit.testing.dialects import dialect_of
 from lockkit_tests.models import Item, RemoteItem
 from lockkit_tests.vendors import vendor_params
 
@@ -45,7 +45,9 @@ def _locked_value(alias: str, pk: int) -> int:
 
 def _session_gone(alias: str, pid: int) -> bool:
     with connections[alias].cursor() as cursor:
-        cursor.execute(dialect_of(connections[alias]).session_exists, [pid])
+        cursor.execute(
+            backend_for(connections[alias]).contention_sql(connections[alias]).session_exists, [pid]
+        )
         (count,) = cursor.fetchone()
     return int(count) == 0
 

@@ -14,9 +14,10 @@ an error) and ``commit_outcome`` (after a connection lost at COMMIT).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import NotSupportedError
 
@@ -24,8 +25,33 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.transaction import Atomic
 
-    from lockkit.advisory_keys import AdvisoryKey
-    from lockkit.waits import LockWait
+    from lockkit.advisory.keys import AdvisoryKey
+    from lockkit.backends.sql.claims import ClaimsSQL
+    from lockkit.backends.waits import LockWait
+
+
+@dataclass(frozen=True)
+class ContentionSQL:
+    """The SQL the testing toolkit runs on one vendor (``lockkit.testing``): session ids, cancels, lock waits.
+
+    Attributes:
+        name: ``"postgresql"``, ``"mariadb"`` or ``"mysql"``.
+        session_id: Returns this connection's session id (one row, one column).
+        session_exists: Counts the sessions with the id given as the one parameter.
+        cancel: Cancels the statement of the session given as the one parameter (the session stays open).
+        blocking_edges: Returns ``(waiting session, blocking session)`` rows, one per direct lock wait.
+        lock_waits: Returns ``(waiting session, lock kind, holding session or NULL)`` rows for the current
+            database's sessions, leaving out the asking session itself.
+        min_poll: The shortest useful pause between two reads of the lock-wait views, in seconds.
+    """
+
+    name: str
+    session_id: str
+    session_exists: str
+    cancel: str
+    blocking_edges: str
+    lock_waits: str
+    min_poll: float
 
 
 @dataclass(frozen=True)
@@ -36,18 +62,10 @@ class TimeoutToken:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
         opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
             statement that applied the timeouts, at no extra round trip; empty otherwise.
-        pending: A deferred opening (a claims call's): ``opening`` reads its values once a statement carried it.
     """
 
     previous: Mapping[str, str | float | int]
     opened: tuple[str | None, ...] = ()
-    #: An outermost scope's opening not sent yet (``psycopg_begin.PendingOpening``): its ``opened`` fills in later.
-    pending: Any = None
-
-    @property
-    def opening(self) -> tuple[str | None, ...]:
-        """``opened``, or the deferred opening's values once its first statement carried it."""
-        return self.pending.opened if self.pending is not None else self.opened
 
 
 class Backend:
@@ -55,6 +73,15 @@ class Backend:
 
     A backend says which ``select_for_update`` options the database honours and applies a scope's timeouts.
     """
+
+    #: The vendor's claims statements (a ``lockkit.backends.sql.claims.ClaimsSQL`` subclass); ``None``: no claims.
+    claims_sql: ClassVar[type[ClaimsSQL] | None] = None
+    #: How messages name the database versions the claims support (``"PostgreSQL"``).
+    claims_name: ClassVar[str] = ""
+
+    def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether this server's version has what ``claims_sql`` needs (with ``claims_sql`` set)."""
+        return True
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
         """Say how a scope's ``lock_timeout`` and ``statement_timeout`` are applied here (``None``: they are not)."""
@@ -271,3 +298,41 @@ class Backend:
         If that fails outside a transaction, close the connection (so the altered value cannot reach the next user
         of it) and raise.
         """
+
+    # -- lockkit's own claims statements in one message -----------------------------------------------------
+
+    def claims_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether a claims call may send its one statement with its opening and ``COMMIT`` (no round trip)."""
+        return False
+
+    def claims_message(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int]) -> Any:
+        """The message a claims call outside any transaction sends its one statement in, or ``None``.
+
+        ``timeouts`` are lockkit's setting names in whole milliseconds. Generic: ``None`` (the call runs in a
+        scope of its own, with ``BEGIN`` and ``COMMIT`` as statements of their own). May connect.
+        """
+        return None
+
+    def sending_claims(self, message: Any) -> contextlib.AbstractContextManager[Any]:
+        """A block in which the claims statements run are sent in ``message`` (from ``claims_message``)."""
+        return contextlib.nullcontext(message)
+
+    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
+        """Whether server session ``pid`` is gone or idle (its transaction over), asked on ``connection``.
+
+        For resolving a claims call whose reply was lost. Generic: ``False`` (it cannot be known).
+        """
+        return False
+
+    # -- the testing toolkit ---------------------------------------------------------------------------------
+
+    def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
+        """The SQL ``lockkit.testing`` runs here: session ids, cancels, who waits for whom.
+
+        Raises:
+            NotImplementedError: the toolkit cannot observe sessions on this database.
+        """
+        raise NotImplementedError(
+            f"the contention toolkit does not support {connection.vendor} ({connection.alias!r}): it needs "
+            "PostgreSQL or MariaDB/MySQL, whose sessions can wait for each other's row locks"
+        )

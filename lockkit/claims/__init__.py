@@ -7,9 +7,7 @@ awaitable twin named as Django's (``aclaim_next``, ``acomplete``...). See docs/c
 
 from __future__ import annotations
 
-# Registers the MariaDB/MySQL and SQLite claims statements in lockkit.claims.sql.VENDORS.
-from lockkit.claims import serial as _serial  # noqa: F401
-from lockkit.claims.asynchronous import (
+from lockkit.claims.api import (
     aclaim,
     aclaim_next,
     acomplete,
@@ -19,11 +17,6 @@ from lockkit.claims.asynchronous import (
     areclaim_expired,
     arelease,
     arelease_many,
-)
-from lockkit.claims.beat import heartbeat_every
-from lockkit.claims.fencing import fenced
-from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
-from lockkit.claims.signalled import (
     claim,
     claim_next,
     complete,
@@ -34,6 +27,9 @@ from lockkit.claims.signalled import (
     release,
     release_many,
 )
+from lockkit.claims.beat import heartbeat_every
+from lockkit.claims.fencing import fenced
+from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
 from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import StaleClaim
 

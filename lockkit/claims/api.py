@@ -1,24 +1,32 @@
 """Claiming jobs and everything a worker does with a claim afterwards (PostgreSQL, MariaDB/MySQL, SQLite).
 
 Claims are made in short transactions that commit before the caller works on the job; every later write by the
-worker is fenced by the claim's token. See docs/claims.md.
+worker is fenced by the claim's token. Each function sends its ``lockkit.signals`` claim signal where the work is
+done (only when the signal has receivers), and has its awaitable twin right after it (``aclaim_next``...), run
+whole on one thread by ``lockkit.operations.aio.awaitable``. See docs/claims.md.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any, Literal, overload
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
-from lockkit.claims import inputs, loaded, runner, sql
-from lockkit.claims.value import Claim, Claimed
-from lockkit.errors import CommitOutcomeUnknown, StaleClaim
-from lockkit.options import FROM_SETTINGS
-from lockkit.scope import current_scope
+from lockkit import events, signals
+from lockkit.backends import claims_sql_for
+from lockkit.backends.sql.claims import CLAIM_COLUMNS
+from lockkit.claims import inputs, runner
+from lockkit.claims.value import Claim, Claimed, instances
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, StaleClaim
+from lockkit.operations.aio import awaitable
+from lockkit.scopes.options import FROM_SETTINGS
+from lockkit.scopes.scope import current_scope
 from lockkit.validation import Duration, flag
 
 
@@ -89,7 +97,7 @@ def claim(
     name = inputs.worker(worker)
     seconds = inputs.lease(lease)
     alias = inputs.alias_for(using, queryset, hint)
-    statements = sql.for_table(model, alias)
+    statements = claims_sql_for(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     candidates = inputs.condition(when, queryset.using(alias).filter(lease_expires_at__isnull=True))
 
@@ -106,7 +114,18 @@ def claim(
     row = runner.in_transaction(alias, lock_timeout, work)
     if row is None:
         return None
-    return Claim.from_row(row, model=model, alias=alias, lease=seconds)
+    made = Claim.from_row(row, model=model, alias=alias, lease=seconds)
+    _made([made])
+    return made
+
+
+aclaim = awaitable(claim)
+
+
+def _made(claims: list[Claim]) -> None:
+    """Send ``claim_made`` for the claims one call made (none: nothing to say)."""
+    if claims and signals.claim_made.receivers:
+        events.claims_event(signals.claim_made, Claim, claims, worker=claims[0].worker)
 
 
 @overload
@@ -204,7 +223,7 @@ def claim_next(
     seconds = inputs.lease(lease)
     count = inputs.positive_int(limit, "limit")
     alias = inputs.alias_for(using, candidates)
-    statements = sql.for_table(model, alias)
+    statements = claims_sql_for(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     source = candidates
 
@@ -221,14 +240,61 @@ def claim_next(
     # The same (kept) SELECT the claim uses: compiled once per queryset object, not once more per call.
     if statements.picked_pks(ordered, count, reuse) is None:
         return []  # no row can match (.none(), pk__in=[]): no transaction either
-    rows = runner.in_transaction(
-        alias, lock_timeout, lambda: statements.claim_next(ordered, count, values, fields, reuse=reuse)
+    resolved: list[bool] = []
+
+    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+        resolved.append(True)
+        return _claimed_by_lost_call(model, alias, name, count, message, lost)
+
+    rows = runner.in_one_message(
+        alias,
+        lock_timeout,
+        lambda: statements.claim_next(ordered, count, values, fields, reuse=reuse),
+        resolve,
     )
     claims = [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
+    _made(claims)
     if not fields:
         return claims
-    instances = loaded.instances(model, alias, fields, rows)
-    return [Claimed(instance, c) for instance, c in zip(instances, claims, strict=True)]
+    if resolved:  # read back by primary key: the claiming statement's own columns were lost with its reply
+        by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
+        return [Claimed(by_pk[c.pk], c) for c in claims]
+    loaded = instances(model, alias, fields, rows)
+    return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
+
+
+aclaim_next = awaitable(claim_next)
+
+
+def _claimed_by_lost_call(
+    model: type[Any], alias: str, worker: str, limit: int, message: Any, lost: ConnectionLost
+) -> list[Any]:
+    """The claims a ``claim_next`` whose reply was lost made, read from the rows once its session ended.
+
+    A claim's ``claimed_at`` is the database clock when the server received the claiming message, so the call's
+    claims are the rows claimed by ``worker`` (still claimed) since the server's time when the message was sent,
+    bounded from below by the server's clock now less the time since sending (measured here). A row claimed under
+    the same worker name by another caller in that moment would be counted too: more than ``limit`` found, the
+    outcome is unknown.
+
+    Raises:
+        CommitOutcomeUnknown: the session did not end in time, or more claims than ``limit`` were found.
+    """
+    runner.await_session_end(alias, message, lost)
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        (server_now,) = cursor.fetchone()
+    since = server_now - timedelta(seconds=time.monotonic() - message.sent_at)
+    rows = list(
+        model._base_manager.using(alias)
+        .filter(claimed_by=worker, lease_expires_at__isnull=False, claimed_at__gte=since)
+        .order_by("pk")
+        .values(*CLAIM_COLUMNS)
+    )
+    if len(rows) > limit:
+        raise runner.unknown(alias, lost) from lost
+    return rows
 
 
 def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
@@ -243,23 +309,37 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeo
     first = claims[0]
     model, alias = first.model, first.alias
     inputs.alias_for(alias, model._base_manager.all())
-    statements = sql.for_table(model, alias)
+    statements = claims_sql_for(model, alias)
     pks = inputs.prepared_pks(claims, alias)
     tokens, workers = [c.token for c in claims], [c.worker for c in claims]
-    rows = runner.in_transaction(
-        alias, lock_timeout, lambda: statements.fenced_update(pks, tokens, workers, values)
-    )
+    resolving: list[ConnectionLost] = []
+
+    def work() -> list[Any]:
+        return statements.fenced_update(pks, tokens, workers, values)
+
+    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+        # The reply was lost: once the session that sent it has ended, the same fenced statement says what
+        # happened (written now: the first did not commit; stale with the row already ended as asked: it did).
+        runner.await_session_end(alias, message, lost)
+        resolving.append(lost)
+        return runner.in_one_message(alias, lock_timeout, work)
+
+    rows = runner.in_one_message(alias, lock_timeout, work, resolve)
     written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
     if len(written) != len(claims):
         # The statement writes all rows or none, so nothing was written here.
         live = {row["pk"] for row in rows}
         stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
         holders, already_done = _now_holding(stale, values)
+        if resolving:
+            if already_done and len(stale) == len(claims):
+                return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
+            raise runner.unknown(alias, resolving[0]) from resolving[0]
         listing = ", ".join(
             f"pk={c.pk!r} token={c.token} worker={c.worker!r} (held by {holders.get(c.pk)})" for c in stale
         )
         done = " (already ended with these values)" if already_done else ""
-        raise StaleClaim(
+        error = StaleClaim(
             f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done} "
             f"(reclaimed, completed or released; a newer claim may own it): {listing}; nothing was written",
             alias=alias,
@@ -267,6 +347,8 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeo
             holders=holders,
             already_done=already_done,
         )
+        events.claims_event(signals.claim_stale, Claim, stale, error=error)
+        raise error
     return written
 
 
@@ -339,7 +421,7 @@ def heartbeat(
     """
     held = inputs.claim(claim)
     seconds = held.lease if lease is None else inputs.lease(lease)
-    values = {"lease_expires_at": sql.for_table(held.model, held.alias).lease_end(seconds)}
+    values = {"lease_expires_at": claims_sql_for(held.model, held.alias).lease_end(seconds)}
     try:
         written = _fenced_update((held,), values, lock_timeout)
     except CommitOutcomeUnknown:
@@ -347,6 +429,9 @@ def heartbeat(
             (held,), values, lock_timeout
         )  # idempotent: renew again, on a new connection
     return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
+
+
+aheartbeat = awaitable(heartbeat)
 
 
 def complete(
@@ -369,7 +454,11 @@ def complete(
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    _end((inputs.claim(claim),), set, lock_timeout)  # validated once (complete_many would check it again)
+    # Validated once (complete_many would check it again).
+    _end((inputs.claim(claim),), set, lock_timeout, signals.claim_completed)
+
+
+acomplete = awaitable(complete)
 
 
 def complete_many(
@@ -391,7 +480,10 @@ def complete_many(
             models/aliases or repeated rows, a bad ``set``.
         StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
     """
-    _end(inputs.claims(claims), set, lock_timeout)
+    _end(inputs.claims(claims), set, lock_timeout, signals.claim_completed)
+
+
+acomplete_many = awaitable(complete_many)
 
 
 def release(
@@ -413,7 +505,11 @@ def release(
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
-    _end((inputs.claim(claim),), set, lock_timeout)  # validated once (release_many would check it again)
+    # Validated once (release_many would check it again).
+    _end((inputs.claim(claim),), set, lock_timeout, signals.claim_released)
+
+
+arelease = awaitable(release)
 
 
 def release_many(
@@ -435,10 +531,13 @@ def release_many(
     Raises:
         TypeError, ValueError, StaleClaim: as ``complete_many``.
     """
-    _end(inputs.claims(claims), set, lock_timeout)
+    _end(inputs.claims(claims), set, lock_timeout, signals.claim_released)
 
 
-def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout: Any) -> None:
+arelease_many = awaitable(release_many)
+
+
+def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout: Any, signal: Any) -> None:
     """End claims: the one implementation of ``complete_many`` and ``release_many``.
 
     Completing and releasing write the same thing (the claim ends: ``lease_expires_at = NULL``, plus the
@@ -453,6 +552,7 @@ def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout:
     _fenced_update(
         claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)}, lock_timeout
     )
+    events.claims_event(signal, Claim, claims)
 
 
 def reclaim_expired(
@@ -494,16 +594,13 @@ def reclaim_expired(
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
     """
-    return len(
-        reclaim_expired_pks(
-            queryset,
-            set=set,
-            max_attempts=max_attempts,
-            exhausted_set=exhausted_set,
-            using=using,
-            lock_timeout=lock_timeout,
-        )
-    )
+    model, alias, pks = _reclaim(queryset, set, max_attempts, exhausted_set, using, lock_timeout)
+    if pks and signals.claim_reclaimed.receivers:
+        events.send(signals.claim_reclaimed, Claim, model=model, alias=alias, count=len(pks))
+    return len(pks)
+
+
+areclaim_expired = awaitable(reclaim_expired)
 
 
 def reclaim_expired_pks(
@@ -520,6 +617,18 @@ def reclaim_expired_pks(
     Raises:
         As ``reclaim_expired()``.
     """
+    return _reclaim(queryset, set, max_attempts, exhausted_set, using, lock_timeout)[2]
+
+
+def _reclaim(
+    queryset: QuerySet[Any],
+    set: dict[str, Any] | None,
+    max_attempts: int | None,
+    exhausted_set: dict[str, Any] | None,
+    using: str | None,
+    lock_timeout: Duration | None,
+) -> tuple[type[Any], str, list[Any]]:
+    """The one implementation of ``reclaim_expired``: the model, the alias and the primary keys changed."""
     candidates = inputs.queryset(queryset)
     model = inputs.claimable_model(candidates.model, "queryset")
     alias = inputs.alias_for(using, candidates)
@@ -542,11 +651,20 @@ def reclaim_expired_pks(
             )
     else:
         values.update(back)
-    statements = sql.for_table(model, alias)
+    statements = claims_sql_for(model, alias)
     expired = candidates.using(alias)
     if statements.select_pks(expired, limit=None, skip_locked=True) is None:
-        return []  # no row can match: no transaction either
-    return runner.in_transaction(alias, lock_timeout, lambda: statements.reclaim_expired(expired, values))
+        return model, alias, []  # no row can match: no transaction either
+
+    def work() -> list[Any]:
+        return statements.reclaim_expired(expired, values)
+
+    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+        # Handing back expired rows again is harmless: what the lost statement handed back is not counted.
+        runner.await_session_end(alias, message, lost)
+        return runner.in_one_message(alias, lock_timeout, work)
+
+    return model, alias, runner.in_one_message(alias, lock_timeout, work, resolve)
 
 
 def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -> list[Claim]:
@@ -575,7 +693,7 @@ def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -
     model = inputs.claimable_model(candidates.model, "queryset")
     name = inputs.worker(worker)
     alias = inputs.alias_for(using, candidates)
-    now = sql.for_table(model, alias).now()
+    now = claims_sql_for(model, alias).now()
     held = (
         candidates.using(alias)
         .filter(claimed_by=name, lease_expires_at__gt=now)
@@ -589,6 +707,9 @@ def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -
         )
         for row in rows
     ]
+
+
+aheld_by = awaitable(held_by)
 
 
 def _expression(value: Any, field: Any) -> Any:

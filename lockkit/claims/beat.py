@@ -10,7 +10,7 @@ from types import TracebackType
 from django.db import DatabaseError, connections
 
 from lockkit.claims import inputs
-from lockkit.claims.signalled import heartbeat
+from lockkit.claims.api import heartbeat
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 from lockkit.validation import duration

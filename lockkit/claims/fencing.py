@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
-from lockkit.claims import inputs, sql, storable
+from lockkit.backends import claims_sql_for
+from lockkit.claims import inputs
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
-from lockkit.scope import LockScope, locked
+from lockkit.scopes.scope import LockScope, locked
 
 
 @contextmanager
@@ -50,9 +51,9 @@ def fenced(claim: Claim) -> Iterator[LockScope]:
     """
     held = inputs.claim(claim)
     alias = held.alias
-    statements = sql.for_table(held.model, alias)
+    statements = claims_sql_for(held.model, alias)
     current = ExpressionWrapper(Q(lease_expires_at__gt=statements.now()), output_field=BooleanField())
-    pk = storable.exact_pk(held.model, held.pk, "claim.pk")
+    pk = inputs.exact_pk(held.model, held.pk, "claim.pk")
     with locked(alias, no_key=connections[alias].features.has_select_for_no_key_update) as scope:
         row = (
             scope.lock(held.model._base_manager.using(alias).filter(pk=pk))

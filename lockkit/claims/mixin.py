@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from django.db import models
 
-#: The fields ``Claimable`` adds; lockkit writes them and refuses them in a ``set=`` mapping.
-CLAIM_FIELDS = ("claimed_by", "claim_token", "claimed_at", "lease_expires_at", "attempts")
+from lockkit.backends.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
 
-#: The longest worker name ``claimed_by`` stores.
-WORKER_MAX_LENGTH = 255
+__all__ = ["CLAIM_FIELDS", "WORKER_MAX_LENGTH", "Claimable"]
 
 
 class Claimable(models.Model):

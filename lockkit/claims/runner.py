@@ -1,21 +1,33 @@
-"""Running one claims call in a short transaction of its own, like a ``locked_operation``.
+"""Running one claims call in a short transaction of its own, retried like a ``locked_operation``.
 
-The transaction is bounded by the lock timeout (``settings.LOCKKIT["LOCK_TIMEOUT"]`` or the call's
-``lock_timeout=``); a dead connection is discarded before it; a connection lost before COMMIT, a deadlock and a
-serialization failure are retried in a fresh transaction (nothing was written) and a loss at COMMIT is resolved (``CommitOutcomeUnknown`` when it cannot be). Inside the caller's
-own ``atomic()`` it runs in a savepoint and makes one attempt.
+Two forms, both bounded by the lock timeout (``settings.LOCKKIT["LOCK_TIMEOUT"]`` or the call's ``lock_timeout=``),
+both discarding a dead connection before they start and retrying a deadlock, a serialization failure and a
+connection lost before anything was sent:
+
+- ``in_one_message``: a call of one statement, outside the caller's transaction, on a vendor that can send it as
+  one message with its opening and ``COMMIT`` (PostgreSQL on psycopg 3): one round trip. A reply lost after the
+  message went is resolved by the caller from the rows themselves (``resolve``).
+- ``in_transaction``: anything else, in a ``locked_operation`` scope (inside the caller's own ``atomic()``, a
+  savepoint and one attempt).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar, cast
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
-from lockkit.errors import Failure
-from lockkit.operation import locked_operation
-from lockkit.retry import RetryPolicy
+from lockkit.backends import backend_for
+from lockkit.errorcodes.translate import translating
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure
+from lockkit.operations.operation import locked_operation
+from lockkit.operations.retry import RetryPolicy, call_with_retry
+from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
+from lockkit.scopes.options import ScopeOptions
+from lockkit.scopes.transaction import in_transaction as inside_transaction
+from lockkit.validation import duration, milliseconds
 
 T = TypeVar("T")
 
@@ -26,10 +38,107 @@ T = TypeVar("T")
 _RETRIED = RetryPolicy(
     retry_on={Failure.CONNECTION_LOST, Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE}
 )
+#: Seconds a lost reply is worked on (reconnecting, waiting for the old session to end) before it is unknown.
+RESOLVE_WITHIN = duration(_RETRIED.reconnect_within, "reconnect_within")
 
 #: Decorated operations by (alias, lock timeout type and value, call site); a few per process in practice.
 _OPERATIONS: dict[Hashable, Callable[[Callable[[], Any]], Any]] = {}
 _MAX_OPERATIONS = 256
+
+#: ``resolve(message, lost)``: what a call whose reply was lost did, told from the rows; raises when unknown.
+Resolve = Callable[[Any, ConnectionLost], T]
+
+
+def in_one_message(
+    alias: str, lock_timeout: Any, work: Callable[[], T], resolve: Resolve[T] | None = None
+) -> T:
+    """Run ``work()`` (one claims statement) as one message with its opening and ``COMMIT``, where it can be.
+
+    Elsewhere (inside the caller's transaction, psycopg2, server-side binding, MariaDB/MySQL, SQLite) it is
+    ``in_transaction``. A connection lost before the message was sent, a deadlock and a serialization failure are
+    retried; a reply lost after it was sent goes to ``resolve``, which tells from the rows what happened (without
+    one, ``CommitOutcomeUnknown``).
+
+    Raises:
+        TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
+        LockTimeout: a lock was waited for longer than the lock timeout (nothing was written).
+        ConnectionLost: the connection was lost before sending, on every attempt for ``reconnect_within`` seconds.
+        DeadlockDetected, SerializationFailure: on each of the policy's 3 attempts.
+        CommitOutcomeUnknown: the reply was lost and the rows cannot say what happened.
+    """
+    lock, statement = ScopeOptions.build(using=alias, lock_timeout=lock_timeout).timeouts()
+    connection = connections[alias]
+    backend = backend_for(connection)
+    timeouts = {
+        name: milliseconds(value)
+        for name, value in (("lock_timeout", lock), ("statement_timeout", statement))
+        if value is not None
+    }
+    if inside_transaction(connection) or not backend.claims_message_possible(connection):
+        return in_transaction(alias, lock_timeout, work)
+
+    def attempt(number: int) -> T:
+        discard_if_dead(alias)
+        message = backend.claims_message(connection, timeouts)
+        if message is None:  # the connection it made is not in autocommit (a project's own setting)
+            return cast(T, _operation(alias, lock_timeout, work)(work))
+        try:
+            with (
+                backend.sending_claims(message),
+                translating(alias, nowait=False, attempts=number, timed=statement is not None),
+            ):
+                return work()
+        except ConnectionLost as lost:
+            discard_after_loss(alias)
+            if not message.sent:
+                raise  # nothing reached the server: retried
+            if resolve is None:
+                raise unknown(alias, lost) from lost
+            return resolve(message, lost)
+
+    name = getattr(work, "__qualname__", "claims")
+    return call_with_retry(_RETRIED, attempt, alias=alias, operation=name)
+
+
+def unknown(alias: str, lost: ConnectionLost) -> CommitOutcomeUnknown:
+    """The ``CommitOutcomeUnknown`` for a claims call whose reply was lost and whose rows cannot say what it did."""
+    return CommitOutcomeUnknown(
+        f"the connection to {alias!r} was lost after a claims statement was sent with its COMMIT, and its "
+        f"outcome is unknown: {lost}",
+        sqlstate=lost.sqlstate,
+        alias=alias,
+        attempts=lost.attempts,
+    )
+
+
+def await_session_end(alias: str, message: Any, lost: ConnectionLost) -> None:
+    """Wait until the server session a lost message went on has ended its transaction, or is gone.
+
+    Asked on a fresh connection (reconnecting through a restart) for up to ``RESOLVE_WITHIN`` seconds, so that the
+    rows read afterwards cannot change behind the reader's back: an idle session has committed or rolled back, and
+    a session that no longer exists (terminated, or another server after a failover) writes nothing more.
+
+    Raises:
+        CommitOutcomeUnknown: the session was still in its transaction, or the server unreachable, when time ran out.
+    """
+    deadline = time.monotonic() + RESOLVE_WITHIN
+    pause = _PAUSE
+    while True:
+        connection = connections[alias]
+        try:
+            if message.pid is not None and backend_for(connection).session_ended(connection, message.pid):
+                return
+        except DatabaseError:
+            discard_after_loss(alias)  # unreachable for now (a restart): ask again on a fresh connection
+        if time.monotonic() + pause > deadline:
+            raise unknown(alias, lost) from lost
+        time.sleep(pause)
+        pause = min(pause * 2, _PAUSE_MAX)
+
+
+# Pauses between two questions about a lost reply, in seconds (doubling up to the maximum).
+_PAUSE = 0.05
+_PAUSE_MAX = 0.5
 
 
 def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:

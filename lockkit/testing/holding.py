@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
 
-from lockkit import aliases
-from lockkit.scope import locked
-from lockkit.testing.dialects import dialect_of
+from lockkit.backends import backend_for
+from lockkit.scopes import aliases
+from lockkit.scopes.scope import locked
 from lockkit.testing.failures import ContentionTimeout, NothingLocked
 from lockkit.testing.sessions import backend_pid
 from lockkit.validation import Duration, duration
@@ -205,7 +205,9 @@ def hold_lock(
     queryset, bound = _as_queryset(target)
     # lockkit's own rule (the explicit alias, else the router's write alias), after the target's own binding.
     alias = aliases.resolve(using if using is not None else bound, queryset.model)
-    dialect_of(connections[alias])  # refuses SQLite (no row locks, no sessions) before the thread starts
+    backend_for(connections[alias]).contention_sql(
+        connections[alias]
+    )  # refuses SQLite (no row locks, no sessions) before the thread starts
     limit = duration(timeout, "timeout")
     # Built here, so that bad options fail in the caller's thread before any SQL; entered by the helper thread.
     # locked() bounds the lock wait for this transaction only and turns database failures into lockkit's typed

@@ -14,8 +14,8 @@ from types import TracebackType
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from lockkit.aliases import check_alias
-from lockkit.testing.dialects import dialect_of
+from lockkit.backends import backend_for
+from lockkit.scopes.aliases import check_alias
 from lockkit.validation import duration
 
 # How long ``stop()`` waits for the sampling thread to finish its current read.
@@ -187,7 +187,7 @@ class LockWaitMonitor:
     def _run(self) -> None:
         connection = connections.create_connection(self.using)
         try:
-            dialect = dialect_of(connection)
+            dialect = backend_for(connection).contention_sql(connection)
             pause = max(self.interval, dialect.min_poll)
             with connection.cursor() as cursor:
                 while True:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connections
 
-from lockkit.aliases import check_alias
+from lockkit.scopes.aliases import check_alias
 
 
 @dataclass

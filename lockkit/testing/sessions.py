@@ -15,8 +15,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-from lockkit.aliases import check_alias
-from lockkit.testing.dialects import dialect_of
+from lockkit.backends import backend_for
+from lockkit.scopes.aliases import check_alias
 
 
 def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -37,7 +37,7 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
         NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite: no server sessions).
     """
     connection = connections[check_alias(using)]
-    sql = dialect_of(connection).session_id
+    sql = backend_for(connection).contention_sql(connection).session_id
     with connection.cursor() as cursor:
         cursor.execute(sql)
         row = cursor.fetchone()
@@ -118,7 +118,7 @@ class SessionTracker:
             # The session may end meanwhile: cancelling is best effort. The id is a parameter, never text.
             with contextlib.suppress(Exception):
                 with control.cursor() as cursor:
-                    cursor.execute(dialect_of(control).cancel, [opened.pid])
+                    cursor.execute(backend_for(control).contention_sql(control).cancel, [opened.pid])
                 signalled.append(opened.pid)
             control.close()
         return signalled

@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connections
 
-from lockkit import inspect
-from lockkit.waits import LockWait, Session
+from lockkit import inspection
+from lockkit.backends.waits import LockWait, Session
 
 # How much of a query the tree shows: enough for a Django SELECT ... FOR UPDATE with its columns.
 _QUERY_CHARS = 600
@@ -60,7 +60,7 @@ def tree_lines(waits: list[LockWait]) -> list[tuple[int, str]]:
             if wait.waiting.pid not in seen:
                 walk(wait.waiting.pid, depth + 1, seen | {wait.waiting.pid})
 
-    for root in inspect.roots(waits):
+    for root in inspection.roots(waits):
         lines.append((0, _describe(root, "holds the lock")))
         walk(root.pid, 1, frozenset({root.pid}))
     return lines
@@ -105,7 +105,7 @@ class Command(BaseCommand):
             raise CommandError(f"unknown database alias: {alias}")
         pid = options["cancel"] if options["cancel"] is not None else options["terminate"]
         if pid is not None:
-            action = inspect.cancel if options["cancel"] is not None else inspect.terminate
+            action = inspection.cancel if options["cancel"] is not None else inspection.terminate
             try:
                 done = action(pid, using=alias)
             except (ValueError, NotSupportedError) as exc:
@@ -128,7 +128,7 @@ class Command(BaseCommand):
 
     def _report(self, alias: str, *, as_json: bool) -> None:
         try:
-            waits = inspect.blocking(alias)
+            waits = inspection.blocking(alias)
         except NotSupportedError as exc:
             raise CommandError(str(exc)) from exc
         if as_json:

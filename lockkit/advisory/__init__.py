@@ -1,0 +1,1 @@
+"""Advisory locks: keys (keys.py), taking and giving them back on one connection (held.py), advisory_lock() (api.py)."""

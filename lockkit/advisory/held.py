@@ -1,0 +1,155 @@
+"""Taking and giving back advisory locks on one connection, with lockkit's typed errors; used by scopes.
+
+What a ``LockScope`` and ``lockkit.advisory_lock`` share: the backend call, the mapping of "not granted" to
+``LockNotAvailable``/``LockTimeout``, and a release that never leaves a lock on a connection someone reuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from lockkit.advisory.keys import AdvisoryKey
+from lockkit.backends import backend_for
+from lockkit.errorcodes.translate import translating
+from lockkit.errors import AdvisoryLockLost, LockNotAvailable, LockTimeout
+
+logger = logging.getLogger("lockkit.advisory")
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """One advisory lock this thread holds on ``alias``: what to release, and the server session holding it.
+
+    Attributes:
+        alias: The database alias.
+        key: The key.
+        shared: Whether it is a shared lock.
+        session: Whether it is session-level (released explicitly) rather than transaction-scoped.
+        pid: The server session id that took it (``None`` on SQLite).
+    """
+
+    alias: str
+    key: AdvisoryKey
+    shared: bool
+    session: bool
+    pid: int | None
+
+
+def take(
+    alias: str,
+    key: AdvisoryKey,
+    *,
+    shared: bool,
+    session: bool,
+    nowait: bool,
+    lock_timeout: float | None,
+    attempts: int = 1,
+) -> HeldLock:
+    """Take an advisory lock on this thread's connection to ``alias``, inside the caller's transaction.
+
+    The caller's scope has set the transaction's ``lock_timeout`` (PostgreSQL); MariaDB's ``GET_LOCK`` gets
+    ``lock_timeout`` itself. A failure marks the enclosing atomic block for rollback, like any locking failure.
+
+    Raises:
+        LockNotAvailable: with ``nowait``, another session holds the key.
+        LockTimeout: the wait for the key took longer than ``lock_timeout``.
+        django.db.NotSupportedError: the database has no such advisory lock.
+    """
+    connection = connections[alias]
+    backend = backend_for(connection)
+    with (
+        transaction.mark_for_rollback_on_error(using=alias),
+        translating(alias, nowait=nowait, attempts=attempts),
+    ):
+        granted, pid = backend.acquire_advisory(
+            connection, key, shared=shared, session=session, nowait=nowait, timeout=lock_timeout
+        )
+        if not granted:
+            # GET_LOCK returns 0 (and pg_try_advisory_*_lock false) instead of raising: say it the same way.
+            if nowait:
+                raise LockNotAvailable(
+                    f"lock_not_available on database {alias!r}: advisory lock {key} is held by another session",
+                    alias=alias,
+                    attempts=attempts,
+                )
+            raise LockTimeout(
+                f"lock_timeout on database {alias!r}: advisory lock {key} was not granted within "
+                f"{lock_timeout}s",
+                alias=alias,
+                attempts=attempts,
+            )
+    return HeldLock(alias, key, shared, session, pid)
+
+
+def give_back(held: HeldLock, *, raise_errors: bool) -> None:
+    """Release a lock the transaction does not release by itself (session-level, or MariaDB's ``GET_LOCK``).
+
+    Never leaves the lock on the connection: if the release fails, the connection is closed (the server drops
+    every lock of a closed session), inside a transaction too: the release fails there when the transaction is
+    already aborted, and a rollback would not release a session-level lock or ``GET_LOCK``. Django then rolls the
+    enclosing ``atomic()`` block back (``closed_in_transaction``).
+
+    Args:
+        held: The lock, as ``take`` returned it.
+        raise_errors: Raise when the release failed or found the lock gone (``False`` while another error is
+            already on its way out).
+
+    Raises:
+        AdvisoryLockLost: the session no longer held the lock (see the class), or (session-level) the server session
+            that took it ended during the block, with ``raise_errors``.
+        django.db.DatabaseError: the release failed, with ``raise_errors``; the connection was closed.
+    """
+    connection = connections[held.alias]
+    backend = backend_for(connection)
+    try:
+        released, pid = backend.release_advisory(connection, held.key, shared=held.shared)
+    except DatabaseError as exc:
+        # The server session itself is gone (killed, lost, server restarted): it took the lock with it.
+        lost = (
+            held.session
+            and isinstance(exc, OperationalError | InterfaceError)
+            and (connection.connection is None or not connection.is_usable())
+        )
+        _discard(connection)
+        logger.warning(
+            "lockkit: releasing advisory lock %s on %r failed; connection closed", held.key, held.alias
+        )
+        if raise_errors and lost:
+            raise AdvisoryLockLost(
+                f"advisory lock {held.key} on database {held.alias!r} was taken by server session {held.pid}, "
+                f"which ended during the block ({type(exc).__name__}: {exc}): the server dropped the lock with "
+                "it, so the block did not run under the lock the whole time",
+                alias=held.alias,
+            ) from exc
+        if raise_errors:
+            raise
+        return
+    if released and pid == held.pid:
+        return
+    logger.warning(
+        "lockkit: advisory lock %s on %r was not held by this session any more (taken by %s, released by %s)",
+        held.key,
+        held.alias,
+        held.pid,
+        pid,
+    )
+    if raise_errors:
+        raise AdvisoryLockLost(
+            f"advisory lock {held.key} on database {held.alias!r} was taken by server session {held.pid} but "
+            f"session {pid} ended the block without it: the connection was replaced during the block, or a "
+            "pooler in transaction mode (PgBouncer) hands out another server session per transaction; "
+            "session=True needs one server session for the whole block",
+            alias=held.alias,
+        )
+
+
+def _discard(connection: BaseDatabaseWrapper) -> None:
+    # Inside atomic() too: Django marks the block for rollback and forgets the connection at its end.
+    connection.close()
+
+
+__all__ = ["HeldLock", "give_back", "take"]

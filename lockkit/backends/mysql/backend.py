@@ -1,0 +1,199 @@
+"""MariaDB and MySQL: scope timeouts as session variables, restored when the scope ends, success or error.
+
+https://mariadb.com/kb/en/innodb-system-variables/#innodb_lock_wait_timeout,
+https://mariadb.com/kb/en/aborting-statements/ (``max_statement_time``) and
+https://dev.mysql.com/doc/refman/8.0/en/server-system-variables.html#sysvar_max_execution_time
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from django.db import NotSupportedError
+
+from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.mysql import locks as mysql_locks
+from lockkit.backends.mysql.claims import MySQLClaimsSQL
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory.keys import AdvisoryKey
+    from lockkit.backends.waits import LockWait
+
+# innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
+_MAX_LOCK_WAIT = 1_073_741_824
+
+
+def lock_wait_seconds(value: float) -> int:
+    """Round a lock timeout up to whole seconds, at least 1: a scope never waits less than it asked for."""
+    return min(_MAX_LOCK_WAIT, max(1, math.ceil(value)))
+
+
+def _statement_timeout(connection: BaseDatabaseWrapper, value: float) -> tuple[str, float | int]:
+    """Return the variable and value of a statement timeout: seconds on MariaDB, milliseconds on MySQL."""
+    if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        # max_statement_time is seconds with microsecond precision; 0 would mean "no limit".
+        return "max_statement_time", max(0.000001, round(value, 6))
+    # MySQL's max_execution_time applies to read-only SELECT statements only, in milliseconds.
+    return "max_execution_time", max(1, round(value * 1000))
+
+
+class _NamedLocks:
+    """``GET_LOCK``/``RELEASE_LOCK``: session-level named locks, so the scope releases them itself; exclusive only."""
+
+    advisory_locks_end_with_transaction = False
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        return (
+            "GET_LOCK/RELEASE_LOCK named locks (per database, released at scope end), exclusive only, "
+            "waits bounded by GET_LOCK's own timeout (fractions of a second)"
+        )
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        if shared:
+            raise NotSupportedError(
+                f"shared advisory locks are not supported on {connection.vendor} ({connection.alias!r}): "
+                "GET_LOCK locks are exclusive"
+            )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        self.check_advisory(connection, shared=shared, session=session)
+        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        return mysql_locks.release(connection, key)
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        return mysql_locks.lock_waits(connection, alias)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        return mysql_locks.session_database(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        return mysql_locks.signal(connection, pid, terminate=terminate)
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        # DDL waits for metadata locks (lock_wait_timeout), data statements for row locks
+        # (innodb_lock_wait_timeout); both are session variables in whole seconds, restored by the caller.
+        wanted: dict[str, float | int] = {
+            "lock_wait_timeout": lock_wait_seconds(lock_timeout),
+            "innodb_lock_wait_timeout": lock_wait_seconds(lock_timeout),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
+            row = cursor.fetchone()
+            assert row is not None
+            previous = dict(zip(wanted, row, strict=True))
+            _set(cursor, wanted)
+        return TimeoutToken(previous)
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        try:
+            with connection.cursor() as cursor:
+                _set(cursor, token.previous)
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
+
+
+class MySQLBackend(_NamedLocks, Backend):
+    """``innodb_lock_wait_timeout`` and ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL).
+
+    Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the
+    whole transaction) does not revert ``SET SESSION``. So a scope reads the session values, sets its own, and
+    puts the previous ones back once its transaction or savepoint has ended, after success and after failure
+    alike: nothing reaches the next user of the connection, and an enclosing scope gets its own value back.
+    """
+
+    claims_sql = MySQLClaimsSQL
+    claims_name = "MariaDB 10.6+/MySQL 8"
+
+    def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
+        """``SKIP LOCKED``: MariaDB 10.6, MySQL 8.0.1."""
+        return bool(connection.features.has_select_for_update_skip_locked)
+
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: session variables, restored when the scope ends."""
+        statement = (
+            "max_statement_time, session value restored on exit, microseconds"
+            if connection.mysql_is_mariadb  # type: ignore[attr-defined]
+            else "max_execution_time (SELECT only), session value restored on exit, whole milliseconds"
+        )
+        return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
+
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn when the server is read-only (``@@GLOBAL.read_only``)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@GLOBAL.read_only")
+            row = cursor.fetchone()
+        assert row is not None
+        if row[0]:
+            return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
+        return []
+
+    def apply_timeouts(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nested: bool,
+    ) -> TimeoutToken | None:
+        """Set the session variables and return their previous values (a rollback does not revert them)."""
+        wanted: dict[str, float | int] = {}
+        if lock_timeout is not None:
+            wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
+        if statement_timeout is not None:
+            name, value = _statement_timeout(connection, statement_timeout)
+            wanted[name] = value
+        if not wanted:
+            return None
+        # The names are constants of ours; the values always travel as parameters.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
+            row = cursor.fetchone()
+            assert row is not None
+            previous = TimeoutToken(dict(zip(wanted, row, strict=True)))
+            _set(cursor, wanted)
+        return previous
+
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Put the previous session values back; close the connection if that fails outside a transaction."""
+        try:
+            with connection.cursor() as cursor:
+                _set(cursor, token.previous)
+        except BaseException:
+            if not connection.in_atomic_block:
+                # A session whose settings could not be put back must not serve anyone else.
+                connection.close()
+            raise
+
+    # -- the testing toolkit ---------------------------------------------------------------------------------
+
+    def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
+        """``CONNECTION_ID()``, ``KILL QUERY`` and the InnoDB lock-wait views (MariaDB's or MySQL 8's)."""
+        return mysql_locks.MARIADB if getattr(connection, "mysql_is_mariadb", False) else mysql_locks.MYSQL
+
+
+def _set(cursor: object, values: Mapping[str, str | float | int]) -> None:
+    assignments = ", ".join(f"SESSION {name} = %s" for name in values)
+    cursor.execute(f"SET {assignments}", list(values.values()))  # type: ignore[attr-defined]

@@ -1,0 +1,5 @@
+"""PostgreSQL: transaction-scoped timeouts, the one-message opening, advisory locks, lock waits, claims SQL."""
+
+from lockkit.backends.postgresql.backend import PostgreSQLBackend
+
+__all__ = ["PostgreSQLBackend"]

@@ -1,0 +1,289 @@
+"""PostgreSQL: transaction-scoped ``lock_timeout``/``statement_timeout`` through ``set_config(name, value, true)``.
+
+https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SET and
+https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIMEOUT
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db import Error
+
+from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.postgresql import locks as postgresql_locks
+from lockkit.backends.postgresql import message, opening
+from lockkit.backends.postgresql.claims import PostgreSQLClaimsSQL
+from lockkit.validation import milliseconds
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory.keys import AdvisoryKey
+    from lockkit.backends.waits import LockWait
+
+# The setting names are constants of ours, never user input. Values travel as parameters, except in the one-message
+# opening (``opening``): there an int of milliseconds lockkit computed from a validated duration, written with %d.
+_NAMES = ("lock_timeout", "statement_timeout")
+
+
+class PostgreSQLBackend(Backend):
+    """Timeouts with ``is_local = true``: they end with the transaction.
+
+    Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
+    back when it ends; on error the savepoint rollback reverts them by itself.
+
+    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` at entry, in one message (see
+    ``lockkit.backends.postgresql.opening``); on psycopg2 they are two statements.
+    """
+
+    claims_sql = PostgreSQLClaimsSQL
+    claims_name = "PostgreSQL"
+
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: ``set_config(..., true)``, transaction-scoped."""
+        return (
+            "lock_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
+            "statement_timeout, transaction-scoped (set_config(..., true)), whole milliseconds",
+        )
+
+    def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Warn about a hot standby or ``default_transaction_read_only``; connects."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')")
+            row = cursor.fetchone()
+        assert row is not None
+        if row[0]:
+            return [
+                "a read-only hot standby: locked scopes here raise ReadOnlyDatabase; route writes elsewhere"
+            ]
+        if row[1] == "on":
+            return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
+        return []
+
+    def apply_timeouts(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nested: bool,
+    ) -> TimeoutToken | None:
+        """Set the timeouts for this transaction; a nested scope also reads the enclosing values to restore.
+
+        An outermost scope on psycopg 3 that is about to send its ``BEGIN`` sends ``BEGIN; SELECT set_config(...),
+        <opening columns>`` as one message (``opening``), with the milliseconds written as ``int`` literals;
+        otherwise the values are parameters.
+        """
+        timeouts = {
+            name: milliseconds(value)
+            for name, value in zip(_NAMES, (lock_timeout, statement_timeout), strict=True)
+            if value is not None
+        }
+        columns = () if nested else self.opening_columns(connection)
+        if not timeouts and not columns:
+            return None
+        if not nested and opening.foldable(connection):
+            opened = opening.begin_with_settings(connection, timeouts, columns)
+            return TimeoutToken({}, opened) if columns else None
+        values = {name: f"{ms}ms" for name, ms in timeouts.items()}
+        setters = [*("set_config(%s, %s, true)" for _ in values), *columns]
+        params: list[str] = [item for pair in values.items() for item in pair]
+        with connection.cursor() as cursor:
+            if not nested:
+                cursor.execute(f"SELECT {', '.join(setters)}", params)
+                if not columns:
+                    return None
+                row = cursor.fetchone()
+                assert row is not None
+                return TimeoutToken({}, tuple(None if v is None else str(v) for v in row[len(values) :]))
+            # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
+            readers = ", ".join("current_setting(%s)" for _ in values)
+            cursor.execute(
+                f"WITH enclosing AS MATERIALIZED (SELECT {readers}) "
+                f"SELECT enclosing.*, {', '.join(setters)} FROM enclosing",
+                [*values, *params],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        return TimeoutToken(dict(zip(values, row[: len(values)], strict=True)))
+
+    def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the enclosing values back before the savepoint is released."""
+        if not token.previous:
+            return
+        setters = ", ".join("set_config(%s, %s, true)" for _ in token.previous)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])
+
+    # -- advisory locks, inspection, bounded DDL (SQL in postgresql_locks) -----------------------------------
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe PostgreSQL advisory locks for ``lockkit_capabilities``."""
+        return (
+            "pg_advisory_xact_lock (scope) / pg_advisory_lock (session=True), exclusive and shared, "
+            "bigint or (int, int) keys, waits bounded by lock_timeout"
+        )
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Every form exists on PostgreSQL."""
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set."""
+        # The wait is bounded by the transaction's lock_timeout, which the caller's scope has set.
+        return postgresql_locks.acquire(connection, key, shared=shared, session=session, nowait=nowait)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """``pg_advisory_unlock``: release one hold of a session-level lock."""
+        return postgresql_locks.release(connection, key, shared=shared)
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Read ``pg_locks`` and ``pg_blocking_pids()`` for the sessions of this database."""
+        return postgresql_locks.lock_waits(connection, alias)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """``pg_stat_activity``: the database session ``pid`` is connected to."""
+        return postgresql_locks.session_database(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """``pg_cancel_backend`` or ``pg_terminate_backend``."""
+        return postgresql_locks.signal(connection, pid, terminate=terminate)
+
+    lock_waits_bound_end_with_transaction = True
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """``set_config('lock_timeout', ..., is_local)``: transaction-scoped inside a transaction."""
+        # is_local = true ends with the transaction by itself; outside one it is the session's, restored after.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, %s)",
+                [f"{milliseconds(lock_timeout)}ms", in_transaction],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        return TimeoutToken({"lock_timeout": row[0]})
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the session-level ``lock_timeout`` back (closing the connection if that fails)."""
+        # Only called for a session-level bound: a transaction-scoped one ends with its transaction.
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, false)", [token.previous["lock_timeout"]]
+                )
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
+
+    # -- the connection itself: discarding a dead one, resolving a lost COMMIT ------------------------------
+
+    def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
+        """Read the driver's state, no round trip: psycopg marks a connection broken when its socket fails.
+
+        psycopg 3 ``closed``/``broken``, psycopg2 ``closed``.
+        """
+        driver: Any = connection.connection
+        return driver is None or bool(driver.closed or getattr(driver, "broken", False))
+
+    def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
+        """The transaction id, read by the statement that opens an outermost scope (no extra round trip).
+
+        Taking it assigns one, which a locking transaction gets with its first row lock regardless. lockkit keeps
+        it to resolve a COMMIT whose reply was lost (``commit_outcome``).
+        """
+        return ("pg_current_xact_id()::text",)
+
+    def transaction_id(self, token: TimeoutToken | None) -> int | None:
+        """``pg_current_xact_id()``, read by the statement that opened an outermost scope (``opening_columns``)."""
+        opened = () if token is None else token.opened
+        if not opened or opened[0] is None:
+            return None
+        return int(opened[0])
+
+    def commit_outcome(
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+    ) -> str | None:
+        """Reconnect and ask ``pg_xact_status(xid)``, for up to ``within`` seconds.
+
+        "in progress" means the server has not yet noticed the lost connection (or the COMMIT is still running);
+        it is asked again until the answer is final or the time is up. See
+        https://www.postgresql.org/docs/current/functions-info.html#FUNCTIONS-PG-SNAPSHOT.
+        """
+        if xid is None:
+            return None
+        deadline = time.monotonic() + within
+        pause = _RESOLVE_PAUSE
+        while True:
+            try:
+                if self.connection_unusable(connection):
+                    connection.close()
+                connection.ensure_connection()
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_xact_status(%s::text::xid8)", [str(xid)])
+                    row = cursor.fetchone()
+                status = row[0] if row else None
+                if status in ("committed", "aborted"):
+                    return str(status)
+            except Error:
+                connection.close()  # unreachable for now (a restart): try again with a fresh connection
+            if time.monotonic() + pause > deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, _RESOLVE_PAUSE_MAX)
+
+    # -- lockkit's own claims statements in one message -----------------------------------------------------
+
+    def claims_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
+        """Psycopg 3 (Django's ``Database`` module) with client-side binding (Django's default)."""
+        # Django's PostgreSQL wrapper and features (not the base classes django-stubs types them as).
+        wrapper: Any = connection
+        return wrapper.Database.__name__ == "psycopg" and not wrapper.features.uses_server_side_binding
+
+    def claims_message(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int]) -> Any:
+        """A ``message.OneMessage`` for a claims call outside any transaction on psycopg 3's client-side cursor.
+
+        ``None`` when the connection is not idle in autocommit: the call then runs in a scope of its own.
+        Connects if needed.
+        """
+        if not message.can_send(connection):
+            return None
+        return message.OneMessage(timeouts)
+
+    def sending_claims(self, message_: Any) -> contextlib.AbstractContextManager[Any]:
+        """``message.sending``: ``PostgreSQLClaimsSQL.run`` sends its statement in ``message_``."""
+        return message.sending(message_)
+
+    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
+        """``pg_stat_activity``: no session ``pid`` on this server, or one that is idle (no transaction open)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", [pid])
+            row = cursor.fetchone()
+        return row is None or row[0] == "idle"
+
+    # -- the testing toolkit ---------------------------------------------------------------------------------
+
+    def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
+        """``pg_backend_pid()``, ``pg_cancel_backend()``, ``pg_blocking_pids()`` and ``pg_locks``."""
+        return postgresql_locks.POSTGRESQL
+
+
+# Pauses between two questions about a lost COMMIT's outcome, in seconds (doubling up to the maximum).
+_RESOLVE_PAUSE = 0.05
+_RESOLVE_PAUSE_MAX = 0.5

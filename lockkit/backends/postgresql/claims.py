@@ -1,0 +1,181 @@
+"""PostgreSQL claims: one statement per operation, with data-modifying CTEs and ``RETURNING``.
+
+See https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE and
+https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Hashable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import DurationField, Expression, Field, QuerySet, Value
+from django.db.models.expressions import BaseExpression
+
+from lockkit.backends.postgresql import message
+from lockkit.backends.sql.claims import CLOCK, ClaimsSQL, Row
+from lockkit.backends.sql.table import ROW
+
+
+class PostgreSQLClaimsSQL(ClaimsSQL):
+    """Claims on PostgreSQL: one statement per operation, with data-modifying CTEs and ``RETURNING``."""
+
+    vendor = "postgresql"
+
+    def now(self) -> Expression:
+        """``statement_timestamp()`` (see ``StatementTimestamp``): one shared expression, reused by every claim."""
+        return CLOCK
+
+    def lease_end(self, lease: float) -> BaseExpression:
+        """``statement_timestamp() + <lease seconds>``, one expression per lease length (never changed after)."""
+        return _lease_end(lease)
+
+    def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
+        """Execute one statement; inside a claims call outside any transaction, as one message with its opening.
+
+        The message (``message.OneMessage``) is ``BEGIN; SELECT set_config(...); <statement>; COMMIT``; its errors
+        are translated by the claims runner that set it up (which knows the call's timeouts).
+        """
+        sending = message.current()
+        if sending is None:
+            return super().run(sql, params)
+        with connections[self.alias].cursor() as cursor:
+            return sending.run(cursor, sql, params)
+
+    def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
+        """``UPDATE ... WHERE pk = %s RETURNING ...`` (the caller holds the row lock)."""
+        update, params = self.update(values)
+        statement = f"{update} WHERE {self.table.pk_of()} = %s RETURNING {self.returning()}"
+        (row,), _ = self.run(statement, [*params, pk])
+        return row
+
+    def claim_next(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        values: dict[str, Any],
+        fields: Sequence[Field[Any, Any]] = (),
+        *,
+        reuse: tuple[QuerySet[Any], Hashable] | None = None,
+    ) -> list[Row]:
+        """One statement: a ``MATERIALIZED`` CTE picks and locks, an ``UPDATE`` joined to it claims.
+
+        The update is never ``WHERE pk IN (subquery with LIMIT)``, which a plan may re-evaluate and so claim
+        more than ``limit`` rows; the CTE is evaluated exactly once. With ``limit=1`` the pick is a scalar
+        subquery, ``WHERE pk = (SELECT ... LIMIT 1 ... SKIP LOCKED)``: uncorrelated, so PostgreSQL runs it once
+        (an InitPlan), and the statement is about half as costly to parse and plan as the CTE form.
+        """
+        picked = self.picked_pks(candidates, limit, reuse)
+        if picked is None:
+            return []
+        select, select_params = picked
+        update, set_params = self.update(values)
+        table = self.table
+        if limit == 1 and not self.qualified:
+            # Not for a schema-qualified table: its SELECT names the table by an alias (``FOR UPDATE OF`` refuses
+            # a qualified name), so SQL of the caller's naming the table itself (``.extra()``, ``RawSQL``) would
+            # bind to the outer UPDATE and correlate the subquery, run once per row. The CTE form refuses it.
+            statement = self.text(
+                ("claim_one", update, select, tuple(fields)),
+                lambda: (
+                    f"{update} WHERE {table.pk_of()} = ({select}) "
+                    f"AND {table.column('lease_expires_at')} IS NULL RETURNING {self.returning(fields)}"
+                ),
+            )
+            rows, _ = self.run(statement, [*set_params, *select_params])
+            return rows
+        statement = self.text(
+            ("claim_many", update, select, tuple(fields)),
+            lambda: (
+                f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
+                f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
+                f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
+                f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
+                f"AND {table.column('lease_expires_at')} IS NULL "
+                f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
+            ),
+        )
+        rows, _ = self.run(statement, [*select_params, *set_params])
+        rows.sort(key=lambda row: int(row["position"]))
+        return rows
+
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
+        """One statement: lock the live rows in a ``MATERIALIZED`` CTE, update them only if all are live.
+
+        Live: the row carries the claim's token and worker name and is claimed. The update runs only when as
+        many distinct rows are live as claims were given.
+
+        The primary keys travel as an array (one claim: a value) of the column's type without modifiers, so
+        each is compared exactly as given (a cast to ``varchar(12)`` would truncate, to ``numeric(5, 2)`` would
+        round). One claim is written by a guarded ``UPDATE ... WHERE pk = %s AND <token, worker, claimed>
+        RETURNING``: for one row, live and written are the same, and the plain statement is cheaper to parse and
+        plan.
+        """
+        table = self.table
+        update, set_params = self.update(values)
+        if len(pks) == 1:
+            # Parenthesised: a client-side bound negative number is written `-9223372036854775808`, and without
+            # them `::` would bind before the minus and cast the out-of-range 9223372036854775808.
+            statement = self.text(
+                ("fence_one", update),
+                lambda: (
+                    f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
+                    f"AND {table.column('claim_token')} = (%s)::bigint "
+                    f"AND {table.column('claimed_by')} = (%s)::text "
+                    f"AND {table.column('lease_expires_at')} IS NOT NULL "
+                    f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
+                    f'{table.column("lease_expires_at")} AS "lease_expires_at"'
+                ),
+            )
+            rows, _ = self.run(statement, [*set_params, pks[0], tokens[0], workers[0]])
+            return rows
+        token, lease = table.column("claim_token", ROW), table.column("lease_expires_at", ROW)
+        worker = table.column("claimed_by", ROW)
+        statement = (
+            f'WITH "lockkit_given" (pk, token, worker) AS '
+            f"(SELECT * FROM unnest(%s::{table.pk_type}[], %s::bigint[], %s::text[])), "
+            f'"lockkit_live" (pk) AS MATERIALIZED (SELECT {table.pk_of(ROW)} FROM {table.name} AS {ROW} '
+            f'JOIN "lockkit_given" ON {table.pk_of(ROW)} = "lockkit_given".pk '
+            f'AND {token} = "lockkit_given".token AND {worker} = "lockkit_given".worker '
+            f"WHERE {lease} IS NOT NULL FOR NO KEY UPDATE OF {ROW}), "
+            f'"lockkit_done" AS ({update} FROM "lockkit_live" WHERE {table.pk_of()} = "lockkit_live".pk '
+            f'AND (SELECT count(DISTINCT pk) FROM "lockkit_live") = %s '
+            f"RETURNING {table.pk_of()} AS pk, {table.column('lease_expires_at')} AS lease) "
+            f'SELECT "lockkit_live".pk AS "pk", "lockkit_done".pk IS NOT NULL AS "written", '
+            f'"lockkit_done".lease AS "lease_expires_at" '
+            f'FROM "lockkit_live" LEFT JOIN "lockkit_done" ON "lockkit_done".pk = "lockkit_live".pk'
+        )
+        rows, _ = self.run(statement, [list(pks), list(tokens), list(workers), *set_params, len(pks)])
+        return rows
+
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
+        """One statement: lock the expired rows (``SKIP LOCKED``), re-check the lease on each row updated.
+
+        A claim renewed or completed while this runs is left alone.
+        """
+        expired = candidates.order_by().filter(lease_expires_at__lt=self.now())
+        picked = self.select_pks(expired, limit=None, skip_locked=True)
+        if picked is None:
+            return []
+        select, select_params = picked
+        update, set_params = self.update(values)
+        table = self.table
+        statement = (
+            f'WITH "lockkit_expired" (pk) AS MATERIALIZED ({select}) '
+            f'{update} FROM "lockkit_expired" WHERE {table.pk_of()} = "lockkit_expired".pk '
+            f"AND {table.column('lease_expires_at')} < statement_timestamp() "
+            f'RETURNING {table.pk_of()} AS "pk"'
+        )
+        rows, _ = self.run(statement, [*select_params, *set_params])
+        return [row["pk"] for row in rows]
+
+
+@functools.lru_cache(maxsize=64)
+def _lease_end(lease: float) -> BaseExpression:
+    """``CLOCK + <lease>``: a worker claims with the same lease every time, so the expression is built once."""
+    return CLOCK + Value(timedelta(seconds=lease), output_field=DurationField())

@@ -1,0 +1,286 @@
+"""Every SQL statement of ``lockkit.claims``, built per database vendor behind one interface (``ClaimsSQL``).
+
+Statements are assembled from Django's own compilers (filters, ``SET`` values) and the quoted names of a
+``ClaimTable``; every value is a parameter. Rows come back as mappings keyed by column name. See
+https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE and
+https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Hashable, Sequence
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import django
+from django.core.exceptions import EmptyResultSet
+from django.db import connections
+from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, QuerySet, Value
+from django.db.models.expressions import BaseExpression, CombinedExpression
+from django.db.models.sql.compiler import SQLCompiler
+from django.db.models.sql.datastructures import BaseTable
+
+from lockkit.backends.sql import relations
+from lockkit.backends.sql.memo import PerQueryset
+from lockkit.backends.sql.setclause import SetClauses
+from lockkit.backends.sql.table import ClaimTable
+from lockkit.errorcodes.translate import translating
+
+
+def fetched_column(index: int) -> str:
+    """The name a claiming statement gives the ``index``-th model column it returns for ``fetch=True``."""
+    return f"lockkit_f{index}"
+
+
+#: One result row, keyed by the names the statement gives its columns.
+Row = dict[str, Any]
+
+#: The columns a claim is read from (``Claim.from_row``), in the names every claiming statement returns them as.
+CLAIM_COLUMNS = ("pk", "claim_token", "claimed_by", "lease_expires_at", "attempts")
+
+
+class StatementTimestamp(Func):
+    """``statement_timestamp()``: the database clock at the start of the current statement.
+
+    Not ``now()``, which is frozen at the start of the transaction, so a lease written late in a long
+    transaction (``claim()`` after waiting for the row lock, a ``heartbeat()`` inside the caller's
+    ``atomic()``) would be shortened by the transaction's age. Not ``clock_timestamp()``, which is volatile:
+    it changes from row to row of one statement and cannot be an index condition, so ``lease_expires_at <
+    clock_timestamp()`` could not use the ``lease_expires_at`` index. ``statement_timestamp()`` is stable: one
+    value per statement.
+    https://www.postgresql.org/docs/current/functions-datetime.html#FUNCTIONS-DATETIME-CURRENT
+    """
+
+    template = "statement_timestamp()"
+    output_field = DateTimeField()
+
+
+CLOCK = StatementTimestamp()
+_NEXT_TOKEN = F("claim_token") + 1
+_NEXT_ATTEMPT = F("attempts") + 1
+
+
+def _is_lease_end(value: object) -> bool:
+    """Whether ``value`` is ``lease_end()``'s expression: the clock plus an interval (one parameter)."""
+    return (
+        type(value) is CombinedExpression
+        and value.lhs is CLOCK
+        and value.connector == "+"
+        and type(value.rhs) is Value
+        and type(value.rhs.value) is timedelta
+    )
+
+
+# ``UPDATE ... SET`` compiled once per model, alias and shape of the assignments (``setclause``); lockkit's own
+# constant expressions are recognised by identity, so they are built once here and reused by every claim.
+_SET_CLAUSES = SetClauses(
+    {"next token": _NEXT_TOKEN, "clock": CLOCK, "next attempt": _NEXT_ATTEMPT}, _is_lease_end
+)
+# claim_next's locking SELECT, compiled once per caller queryset object (``memo``).
+_SELECTS: PerQueryset[tuple[str, list[Any]] | None] = PerQueryset()
+
+
+class ClaimsSQL(abc.ABC):
+    """The claims statements of one database vendor, for one ``Claimable`` table on one alias.
+
+    Subclasses write the vendor's statements (``lockkit/backends/<vendor>/claims.py``); this base compiles the
+    parts Django can compile (``SET`` values, the candidates' filters) and runs statements. A vendor's backend
+    names its subclass in ``Backend.claims_sql``.
+    """
+
+    vendor: ClassVar[str]
+
+    def __init__(self, table: ClaimTable) -> None:
+        """Build the statements of ``table`` (names already quoted for its alias)."""
+        self.table = table
+        self.alias = table.alias
+        #: Whether the table is schema-qualified (then named by an alias in the locking clause); fixed per alias.
+        self.qualified = relations.is_qualified(table.model, table.alias)
+        #: Statement texts built from already compiled parts, by those parts (a few shapes per worker).
+        self._texts: dict[Hashable, str] = {}
+
+    def text(self, key: Hashable, build: Callable[[], str]) -> str:
+        """The statement ``build()`` makes for ``key`` (the compiled parts it joins), built once per key."""
+        try:
+            return self._texts[key]
+        except KeyError:
+            pass
+        statement = build()
+        if len(self._texts) < _MAX_TEXTS:
+            self._texts[key] = statement
+        return statement
+
+    # -- the database clock and the values every claim writes ------------------------------------------------
+
+    @abc.abstractmethod
+    def now(self) -> Expression:
+        """The database clock as an expression (stable within one statement)."""
+
+    def lease_end(self, lease: float) -> BaseExpression:
+        """``<now> + <lease seconds>`` (the interval travels as a parameter)."""
+        return self.now() + Value(timedelta(seconds=lease), output_field=DurationField())
+
+    def claim_assignments(self, worker: str, lease: float, extra: dict[str, Any]) -> dict[str, Any]:
+        """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
+        return {
+            "claimed_by": worker,
+            "claim_token": _NEXT_TOKEN,
+            "claimed_at": self.now(),
+            "lease_expires_at": self.lease_end(lease),
+            "attempts": _NEXT_ATTEMPT,
+            **extra,
+        }
+
+    # -- the operations --------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
+        """Write ``values`` (a claim) to the row ``pk`` the caller has locked; return its ``CLAIM_COLUMNS``."""
+
+    @abc.abstractmethod
+    def claim_next(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        values: dict[str, Any],
+        fields: Sequence[Field[Any, Any]] = (),
+        *,
+        reuse: tuple[QuerySet[Any], Hashable] | None = None,
+    ) -> list[Row]:
+        """Claim up to ``limit`` free rows of ``candidates`` (ordered), skipping locked ones.
+
+        ``candidates`` may be a zero-argument callable building them, called only when the locking ``SELECT``
+        must be compiled; ``reuse`` is ``(the caller's queryset object, a key)`` under which the compiled
+        ``SELECT`` is kept while that object lives (see ``picked_pks``).
+
+        Returns the claimed rows' ``CLAIM_COLUMNS`` (and ``fields``, see ``returning()``) in the candidates'
+        order.
+        """
+
+    @abc.abstractmethod
+    def fenced_update(
+        self, pks: Sequence[Any], tokens: Sequence[int], workers: Sequence[str], values: dict[str, Any]
+    ) -> list[Row]:
+        """Write ``values`` to every row in ``pks`` if each is still claimed with its token by its worker.
+
+        All rows are written, or none (also when the database compares two of ``pks`` as the same row).
+
+        Returns one row per live row found: ``pk``, ``written`` (bool), ``lease_expires_at`` (after the write).
+        """
+
+    @abc.abstractmethod
+    def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
+        """Write ``values`` to the rows of ``candidates`` whose lease expired; return their primary keys."""
+
+    # -- shared building blocks ------------------------------------------------------------------------------
+
+    def update(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        """``UPDATE <table> SET <assignments>`` (no ``WHERE``), compiled by Django once per shape (``setclause``).
+
+        Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``,
+        ``Case``, functions); a field name it does not know raises ``FieldError`` here, before anything runs.
+        The compiled text is kept per model, alias and shape of the assignments, and the parameters re-made per
+        call (every value stays a parameter).
+        """
+        return _SET_CLAUSES.compile(self.table.model, self.alias, values)
+
+    def picked_pks(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        reuse: tuple[QuerySet[Any], Hashable] | None,
+    ) -> tuple[str, list[Any]] | None:
+        """``select_pks(candidates, limit=limit, skip_locked=True)``, kept per caller queryset object.
+
+        With ``reuse = (queryset, key)`` the compiled ``SELECT`` is kept while that queryset object lives (a
+        queryset never changes through Django's API), per alias, limit, key and time zone.
+        """
+
+        def compile_select() -> tuple[str, list[Any]] | None:
+            built = candidates() if callable(candidates) else candidates
+            return self.select_pks(built, limit=limit, skip_locked=True)
+
+        if reuse is None:
+            return compile_select()
+        source, key = reuse
+        return _SELECTS.get(source, (self.alias, limit, key), compile_select)
+
+    def select_pks(
+        self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool
+    ) -> tuple[str, list[Any]] | None:
+        """Compile ``SELECT <pk> FROM <table> ... [ORDER BY ... LIMIT n] FOR NO KEY UPDATE OF <table>``.
+
+        The filters and ordering come from Django's compiler (values as parameters). The locking clause names
+        only the job table, so only job rows are locked; a schema-qualified table is named by an alias there
+        (``FOR UPDATE OF`` refuses a qualified name). ``FOR NO KEY UPDATE`` lets other sessions insert rows
+        that reference the job. ``None`` when no row can match (``.none()``, ``pk__in=[]``).
+        """
+        selection = queryset.values_list("pk")
+        if limit is not None:
+            selection = selection[:limit]
+        query = selection.query
+        base = query.get_initial_alias()
+        if not isinstance(query.alias_map[base], BaseTable):  # pragma: no cover - Django invariant
+            raise AssertionError(f"cannot find the base table of {query}")
+        if self.qualified:
+            base = relations.alias_base_table(query)
+        compiler = query.get_compiler(self.alias)
+        try:
+            sql, params = compiler.as_sql()
+        except EmptyResultSet:
+            return None
+        locking = connections[self.alias].ops.for_update_sql(
+            skip_locked=skip_locked, of=(_quote_as_from_clause(compiler, base),), no_key=True
+        )
+        return f"{sql} {locking}", list(params)
+
+    def returning(self, fields: Sequence[Field[Any, Any]] = ()) -> str:
+        """The ``CLAIM_COLUMNS`` of the updated row, named as ``Claim.from_row`` reads them.
+
+        ``fields`` (the model's concrete fields, for ``fetch=True``) follow as ``lockkit_f0``, ``lockkit_f1``...
+        """
+        table = self.table
+        quote = connections[self.alias].ops.quote_name
+        sources = [table.pk_of(), *(table.column(name) for name in CLAIM_COLUMNS[1:])]
+        names = list(CLAIM_COLUMNS)
+        for index, field in enumerate(fields):
+            assert field.column is not None
+            sources.append(f"{table.name}.{quote(field.column)}")
+            names.append(fetched_column(index))
+        return ", ".join(f"{source} AS {quote(name)}" for source, name in zip(sources, names, strict=True))
+
+    def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
+        """Execute one statement; return its rows keyed by column name, and its row count."""
+        connection = connections[self.alias]
+        with translating(self.alias, nowait=False), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return read_rows(cursor.cursor)
+
+
+def read_rows(result: Any) -> tuple[list[Row], int]:
+    """The rows of the driver cursor ``result`` keyed by column name, and its row count.
+
+    Read from the driver's cursor, which holds the whole result by now: Django's cursor wrapper would build a new
+    error-wrapping function for each attribute read, which costs as much as parsing the rows.
+    """
+    description = result.description
+    if description is None:
+        return [], result.rowcount
+    names = [column[0] for column in description]
+    return [dict(zip(names, row, strict=True)) for row in result.fetchall()], result.rowcount
+
+
+#: The most statement texts a ``ClaimsSQL`` keeps (a worker uses a few shapes; more are built per call).
+_MAX_TEXTS = 256
+
+
+def _quote_as_from_clause(compiler: SQLCompiler, name: str) -> str:
+    """``name`` (the base table or its alias) quoted as the compiler wrote it in the ``FROM`` clause.
+
+    Django 6.1 quotes every name (``SQLCompiler.quote_name``) and deprecates ``quote_name_unless_alias``; before it,
+    ``quote_name_unless_alias`` is what the ``FROM`` clause used (an alias of Django's own, such as ``U0``, unquoted).
+    """
+    if django.VERSION >= (6, 1):
+        return str(compiler.quote_name(name))
+    return compiler.quote_name_unless_alias(name)

@@ -1,0 +1,5 @@
+"""SQLite: BEGIN IMMEDIATE with the busy timeout as the lock timeout, claims SQL."""
+
+from lockkit.backends.sqlite.backend import SQLiteBackend
+
+__all__ = ["SQLiteBackend"]

@@ -1,0 +1,283 @@
+"""The table of SQLSTATEs and vendor error numbers lockkit classifies, reading codes off exception chains, ``classify``.
+
+The table is data, one row per (vendor, code); ``lookup()`` is its only reader. ``classify()`` here is pure: it
+knows nothing about scopes (the public ``lockkit.classify`` adds "the innermost scope's ``nowait``"). This module
+imports nothing from lockkit but ``lockkit.errors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lockkit.errors import Failure, LockError
+
+# How many links of __cause__/__context__ to follow: Django wraps once, TransactionManagementError once more,
+# user code may wrap a few times; a bound keeps a pathological chain cheap.
+_MAX_CHAIN = 32
+
+
+@dataclass(frozen=True)
+class CodeRow:
+    """One classified code.
+
+    Attributes:
+        vendor: ``"postgresql"`` (SQLSTATE, also CockroachDB), ``"mysql"`` (MySQL and MariaDB error numbers),
+            ``"sqlite"`` (extended result codes) or ``"oracle"`` (ORA- numbers).
+        code: The code as a string (``"55P03"``, ``"1213"``).
+        name: The condition name the vendor gives it.
+        failure: The lockkit failure kind.
+        ambiguous_nowait: The code means "NOWAIT failed" or "lock wait timed out" depending on the statement.
+        ambiguous_timeout: The code means "cancelled" or "statement timeout" depending on whether a statement
+            timeout was set for the statement (PostgreSQL's 57014).
+        hint: What the code means in practice and what to do, appended to the typed error's message (or ``""``).
+    """
+
+    vendor: str
+    code: str
+    name: str
+    failure: Failure
+    ambiguous_nowait: bool = False
+    ambiguous_timeout: bool = False
+    hint: str = ""
+
+
+# SQLITE_LOCKED is a conflict inside one shared page cache (Django's in-memory SQLite test database shares one
+# between its connections): the busy timeout does not apply to it, so nothing waited.
+_SHARED_CACHE_HINT = (
+    "SQLite reports a table lock held by another connection to the same shared-cache database (Django's in-memory "
+    "SQLite test database is one); shared-cache locks are never waited for, whatever the lock timeout. Use a file "
+    "database: set DATABASES[alias]['TEST']['NAME'] (and NAME) to a file path"
+)
+
+
+CODES: tuple[CodeRow, ...] = (
+    # PostgreSQL: https://www.postgresql.org/docs/current/errcodes-appendix.html. CockroachDB reports the same
+    # SQLSTATEs through psycopg: 40001 for every transaction restart (RETRY_SERIALIZABLE, RETRY_WRITE_TOO_OLD,
+    # ABORT_REASON_*...), 55P03 for NOWAIT and lock_timeout, 57014 for statement_timeout.
+    # https://www.cockroachlabs.com/docs/stable/transaction-retry-error-reference
+    CodeRow("postgresql", "55P03", "lock_not_available", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
+    CodeRow("postgresql", "40P01", "deadlock_detected", Failure.DEADLOCK_DETECTED),
+    CodeRow("postgresql", "40001", "serialization_failure", Failure.SERIALIZATION_FAILURE),
+    # 57014 is both an expired statement_timeout and a pg_cancel_backend: the statement's own timeout tells.
+    CodeRow("postgresql", "57014", "query_canceled", Failure.QUERY_CANCELED, ambiguous_timeout=True),
+    CodeRow("postgresql", "25006", "read_only_sql_transaction", Failure.READ_ONLY),
+    # The server ended the session: a stop or restart, pg_terminate_backend, recovery, an idle timeout.
+    CodeRow("postgresql", "57P01", "admin_shutdown", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "57P02", "crash_shutdown", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "57P03", "cannot_connect_now", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "57P05", "idle_session_timeout", Failure.CONNECTION_LOST),
+    CodeRow("postgresql", "25P03", "idle_in_transaction_session_timeout", Failure.CONNECTION_LOST),
+    # Class 08, connection exception (08000, 08003, 08006, 08001, 08004, 08007, 08P01...): a code of the class
+    # that has no row of its own falls back to this one, as psycopg's error registry does.
+    CodeRow("postgresql", "08", "connection_exception", Failure.CONNECTION_LOST),
+    # MySQL / MariaDB (mysqlclient puts the number in args[0]). MariaDB 10.11 reports a NOWAIT failure as 1205,
+    # like an expired innodb_lock_wait_timeout (pinned in test_backend_mariadb.py); MySQL 8 reports it as 3572.
+    CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT, ambiguous_nowait=True),
+    CodeRow("mysql", "1213", "ER_LOCK_DEADLOCK", Failure.DEADLOCK_DETECTED),
+    CodeRow("mysql", "3572", "ER_LOCK_NOWAIT", Failure.LOCK_NOT_AVAILABLE),
+    CodeRow("mysql", "1969", "ER_STATEMENT_TIMEOUT", Failure.STATEMENT_TIMEOUT),
+    CodeRow("mysql", "3024", "ER_QUERY_TIMEOUT", Failure.STATEMENT_TIMEOUT),
+    CodeRow("mysql", "1290", "ER_OPTION_PREVENTS_STATEMENT", Failure.READ_ONLY),
+    CodeRow("mysql", "1792", "ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION", Failure.READ_ONLY),
+    CodeRow("mysql", "1836", "ER_READ_ONLY_MODE", Failure.READ_ONLY),
+    CodeRow("mysql", "1317", "ER_QUERY_INTERRUPTED", Failure.QUERY_CANCELED),  # KILL QUERY
+    # Client-side codes (CR_*) mysqlclient raises when the connection is gone, and the server's "killed" codes.
+    CodeRow("mysql", "2006", "CR_SERVER_GONE_ERROR", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "2013", "CR_SERVER_LOST", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "2055", "CR_SERVER_LOST_EXTENDED", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "4031", "ER_CLIENT_INTERACTION_TIMEOUT", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "1927", "ER_CONNECTION_KILLED", Failure.CONNECTION_LOST),
+    # SQLite extended result codes (sqlite3 exceptions carry sqlite_errorcode on Python 3.11+).
+    # "database is locked" is SQLITE_BUSY: the busy timeout (lockkit's lock_timeout at BEGIN IMMEDIATE) expired.
+    # https://www.sqlite.org/rescode.html
+    CodeRow("sqlite", "5", "SQLITE_BUSY", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "261", "SQLITE_BUSY_RECOVERY", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "517", "SQLITE_BUSY_SNAPSHOT", Failure.SERIALIZATION_FAILURE),
+    CodeRow("sqlite", "773", "SQLITE_BUSY_TIMEOUT", Failure.LOCK_TIMEOUT),
+    CodeRow("sqlite", "6", "SQLITE_LOCKED", Failure.LOCK_NOT_AVAILABLE, hint=_SHARED_CACHE_HINT),
+    CodeRow(
+        "sqlite", "262", "SQLITE_LOCKED_SHAREDCACHE", Failure.LOCK_NOT_AVAILABLE, hint=_SHARED_CACHE_HINT
+    ),
+    CodeRow("sqlite", "8", "SQLITE_READONLY", Failure.READ_ONLY),
+    # Oracle (oracledb: args[0].code). https://docs.oracle.com/en/error-help/db/
+    # ORA-00054 is "resource busy and acquire with NOWAIT specified or timeout expired" (a DDL lock timeout too).
+    CodeRow("oracle", "54", "ORA-00054", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
+    CodeRow("oracle", "30006", "ORA-30006", Failure.LOCK_TIMEOUT),
+    CodeRow("oracle", "60", "ORA-00060", Failure.DEADLOCK_DETECTED),
+    CodeRow("oracle", "8177", "ORA-08177", Failure.SERIALIZATION_FAILURE),
+    CodeRow("oracle", "16000", "ORA-16000", Failure.READ_ONLY),
+    CodeRow("oracle", "1013", "ORA-01013", Failure.QUERY_CANCELED),
+    CodeRow("oracle", "3113", "ORA-03113", Failure.CONNECTION_LOST),
+    CodeRow("oracle", "3114", "ORA-03114", Failure.CONNECTION_LOST),
+    CodeRow("oracle", "3135", "ORA-03135", Failure.CONNECTION_LOST),
+)
+
+_INDEX: dict[tuple[str, str], CodeRow] = {(row.vendor, row.code): row for row in CODES}
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """Return ``exc`` and the exceptions on its ``__cause__``/``__context__`` chain, nearest first, bounded.
+
+    The chain is followed the way Python's traceback shows it: ``__cause__`` when set, else ``__context__`` unless
+    suppressed with ``raise ... from None``.
+    """
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < _MAX_CHAIN and all(current is not s for s in seen):
+        seen.append(current)
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif current.__suppress_context__:
+            current = None
+        else:
+            current = current.__context__
+    return seen
+
+
+def vendor_code(exc: BaseException) -> tuple[str, str] | None:
+    """Read ``(vendor, code)`` off one driver exception, or ``None`` when it carries no code lockkit reads."""
+    module = type(exc).__module__
+    if module.startswith("psycopg"):
+        # psycopg 3 names it sqlstate, psycopg2 pgcode; client-side errors have neither.
+        code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        return ("postgresql", str(code)) if code else None
+    if module.startswith(("MySQLdb", "pymysql")):
+        number = exc.args[0] if exc.args else None
+        return ("mysql", str(number)) if isinstance(number, int) else None
+    if module == "sqlite3":
+        number = getattr(exc, "sqlite_errorcode", None)
+        return ("sqlite", str(number)) if isinstance(number, int) else None
+    if module.startswith(("oracledb", "cx_Oracle")):
+        error = exc.args[0] if exc.args else None
+        number = getattr(error, "code", None)
+        if not number:
+            # An error built from its message only has code 0 but full_code "ORA-00054".
+            full_code = str(getattr(error, "full_code", "") or "")
+            number = int(full_code[4:]) if full_code.startswith("ORA-") and full_code[4:].isdigit() else None
+        return ("oracle", str(number)) if isinstance(number, int) and number else None
+    return None
+
+
+# Driver errors that carry no code but mean the connection is gone: psycopg2 reports a session the server ended
+# as "InterfaceError: connection already closed"; mysqlclient raises InterfaceError(0, "") on a closed connection.
+_CONNECTION_GONE_TYPES = frozenset({("psycopg2", "InterfaceError"), ("MySQLdb", "InterfaceError")})
+_CONNECTION_LOST_ROW = CodeRow("driver", "", "connection closed", Failure.CONNECTION_LOST)
+
+
+def _row_for(key: tuple[str, str]) -> CodeRow | None:
+    row = _INDEX.get(key)
+    if row is None and key[0] == "postgresql":
+        row = _INDEX.get(("postgresql", key[1][:2]))  # the SQLSTATE class, when the table has it
+    return row
+
+
+def lookup(exc: BaseException) -> CodeRow | None:
+    """Find the table row for the nearest exception on ``exc``'s chain that carries a known code.
+
+    A driver error that carries no code but means the connection is gone (psycopg2's and mysqlclient's
+    ``InterfaceError``) finds a ``Failure.CONNECTION_LOST`` row.
+    """
+    for link in chain(exc):
+        key = vendor_code(link)
+        if key is not None:
+            row = _row_for(key)
+            if row is not None:
+                return row
+        elif (type(link).__module__.split(".", 1)[0], type(link).__name__) in _CONNECTION_GONE_TYPES:
+            return _CONNECTION_LOST_ROW
+    return None
+
+
+def code_of(exc: BaseException) -> str | None:
+    """Return the first SQLSTATE or vendor code found on ``exc``'s chain, known to the table or not."""
+    for link in chain(exc):
+        key = vendor_code(link)
+        if key is not None:
+            return key[1]
+    return None
+
+
+def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | None = None) -> Failure | None:
+    """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
+
+    The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
+    driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. A lockkit error reports
+    its own kind. PostgreSQL reports both a ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03;
+    an error raised by the server's lock timer is always ``Failure.LOCK_TIMEOUT`` (``timer_fired``: NOWAIT
+    covers row locks only, so a NOWAIT statement can still wait for a table lock); otherwise ``nowait`` decides, and when it is ``None`` the code's own meaning is reported (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
+    Likewise SQLSTATE 57014 is an expired statement timeout or a cancel (both raised by the same server
+    function): ``timed`` tells them apart, and without it the code's own name, ``Failure.QUERY_CANCELED``, is
+    reported. A lost connection is recognised by its code (class 08, 57P01...) or by the driver's code-less
+    ``InterfaceError``; ``lockkit.errorcodes.translate`` also reads the driver's connection state, which this function
+    cannot see.
+    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+
+    Args:
+        exc: Any exception.
+        nowait: Whether the failing statement used ``NOWAIT``; ``None`` for the code's own meaning.
+        timed: Whether a statement timeout was set for the failing statement; ``None`` for the code's own
+            meaning.
+
+    Returns:
+        The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+
+    Raises:
+        TypeError: ``exc`` is not an exception, or ``nowait`` is not a ``bool`` or ``None``.
+    """
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"exc must be an exception, not {type(exc).__name__}")
+    if nowait is not None and not isinstance(nowait, bool):
+        raise TypeError(f"nowait must be a bool or None, not {type(nowait).__name__}")
+    if isinstance(exc, LockError):
+        return exc.failure
+    row = lookup(exc)
+    if row is None:
+        return None
+    if row.ambiguous_timeout and timed:
+        return Failure.STATEMENT_TIMEOUT
+    if not row.ambiguous_nowait:
+        return row.failure
+    if row.vendor == "postgresql" and timer_fired(exc):
+        # The statement waited until lock_timeout expired: even in a NOWAIT scope (NOWAIT covers row locks only,
+        # a table lock is waited for), this is a lock timeout, not "the lock was not available at once".
+        return Failure.LOCK_TIMEOUT
+    if nowait is None:
+        return row.failure
+    return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
+
+
+# The server function that raises the errors of PostgreSQL's timers (lock_timeout, statement_timeout): every
+# lock_timeout expiry is reported from there, and no NOWAIT failure is. Where NOWAIT itself fails without
+# waiting, it names the lock code (heap_lock_tuple for a row, RangeVarGetRelidExtended for LOCK TABLE NOWAIT).
+_TIMER_FUNCTION = "ProcessInterrupts"
+
+
+def timer_fired(exc: BaseException) -> bool | None:
+    """Whether a PostgreSQL 55P03 came from the lock timer (the statement waited) rather than from ``NOWAIT``.
+
+    NOWAIT covers row locks only: a ``SELECT ... FOR UPDATE NOWAIT`` on a table another session holds in
+    ``ACCESS EXCLUSIVE`` mode (a migration) waits for the table lock until ``lock_timeout`` expires, and both
+    outcomes carry SQLSTATE 55P03. The error's source-function field (``PG_DIAG_SOURCE_FUNCTION``, which the
+    server sends with every error, read through psycopg's ``diag``; structured data, not the message text) tells
+    them apart. See https://www.postgresql.org/docs/current/protocol-error-fields.html.
+
+    Returns:
+        ``True`` when the timer fired (the statement waited), ``False`` when another server function raised it
+        (NOWAIT, a PL/pgSQL ``RAISE``), ``None`` when the error carries no PostgreSQL source function (a
+        client-built error, CockroachDB).
+    """
+    for link in chain(exc):
+        if type(link).__module__.startswith("psycopg"):
+            diag = getattr(link, "diag", None)
+            function = getattr(diag, "source_function", None)
+            source_file = getattr(diag, "source_file", None)
+            # Only PostgreSQL's own C sources count: CockroachDB fills these fields with Go names.
+            if (
+                not isinstance(function, str)
+                or not isinstance(source_file, str)
+                or not source_file.endswith(".c")
+            ):
+                return None
+            return function == _TIMER_FUNCTION
+    return None

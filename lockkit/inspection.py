@@ -1,0 +1,189 @@
+"""Lock inspection for production incidents: who waits for whom, transitively, and cancelling a blocker.
+
+``blocking()`` reads ``pg_locks`` + ``pg_blocking_pids()`` on PostgreSQL and the InnoDB lock-wait tables plus
+``GET_LOCK`` waits on MariaDB/MySQL, over a fresh connection; ``manage.py lockkit_locks`` prints it as a tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from lockkit.backends import backend_for
+from lockkit.backends.waits import LockWait, Session
+from lockkit.scopes.aliases import check_alias
+
+
+def blocking(using: str | None = None) -> list[LockWait]:
+    """Return every session of the alias's database that waits for a lock, with whom it waits for.
+
+    Each ``LockWait`` names the waiting session and the sessions blocking it directly (pid, query, application
+    name, transaction age), the lock's kind, mode and target (relation, advisory key, ``GET_LOCK`` name), how long
+    it has waited, and its ``chain`` from the root blocker: with a holder H, a waiter A behind H and a waiter B
+    behind A, B's chain is ``(H, A, B)``. Asked over a fresh connection (the caller's own session and
+    transaction are never part of the answer). Sessions of other databases on the same server are left out. See
+    https://www.postgresql.org/docs/current/view-pg-locks.html and
+    https://mariadb.com/kb/en/information-schema-innodb_lock_waits-table/.
+
+    Args:
+        using: The database alias (default ``"default"``).
+
+    Returns:
+        The waits, ordered by chain (root first) then waiting pid.
+
+    Raises:
+        TypeError, ValueError: ``using`` is not a configured alias.
+        django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+    """
+    alias = check_alias(using if using is not None else DEFAULT_DB_ALIAS)
+    connection = connections.create_connection(alias)
+    try:
+        waits = backend_for(connection).lock_waits(connection, alias)
+    finally:
+        connection.close()
+    return with_chains(waits)
+
+
+def with_chains(waits: list[LockWait]) -> list[LockWait]:
+    """Fill each wait's ``chain``, from the root blocker down to the waiter.
+
+    From the waiter, follow the blocker that is itself waiting (the session queued ahead), else the first blocker,
+    up to a session that waits for nothing (or around a deadlock's cycle, once).
+
+    Args:
+        waits: The waits, as a backend reports them.
+
+    Returns:
+        The same waits with ``chain`` set, ordered by chain then waiting pid.
+    """
+    by_waiter = {wait.waiting.pid: wait for wait in waits}
+
+    def parent(wait: LockWait) -> int | None:
+        waiting_blockers = [pid for pid in wait.blocking_pids if pid in by_waiter and pid != wait.waiting.pid]
+        if waiting_blockers:
+            return waiting_blockers[0]
+        return wait.blocking_pids[0] if wait.blocking_pids else None
+
+    chained = []
+    for wait in waits:
+        path = [wait.waiting.pid]
+        current: LockWait | None = wait
+        while current is not None:
+            up = parent(current)
+            if up is None or up in path:
+                break
+            path.append(up)
+            current = by_waiter.get(up)
+        chained.append(dataclasses.replace(wait, chain=tuple(reversed(path))))
+    return sorted(chained, key=lambda wait: (wait.chain, wait.waiting.pid))
+
+
+def roots(waits: list[LockWait]) -> list[Session]:
+    """The sessions at the head of the chains: each blocks others and waits for nothing itself."""
+    waiting = {wait.waiting.pid for wait in waits}
+    found: dict[int, Session] = {}
+    for wait in waits:
+        for session in wait.blocking:
+            if session.pid not in waiting:
+                found.setdefault(session.pid, session)
+    return [found[pid] for pid in sorted(found)]
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """What ``cancel()``/``terminate()`` did.
+
+    Attributes:
+        alias: The database alias.
+        pid: The session signalled.
+        action: ``"cancel"`` (its current statement) or ``"terminate"`` (the whole session).
+        sent: Whether the server accepted the signal (``False``: the session ended meanwhile).
+        database: The database the session was connected to.
+    """
+
+    alias: str
+    pid: int
+    action: Literal["cancel", "terminate"]
+    sent: bool
+    database: str
+
+    def __str__(self) -> str:
+        """Say what was done, in a sentence for people."""
+        what = "cancelled the statement of" if self.action == "cancel" else "terminated"
+        if not self.sent:
+            return f"session {self.pid} on database {self.database!r} ({self.alias!r}) was not signalled: it ended"
+        return f"{what} session {self.pid} on database {self.database!r} ({self.alias!r})"
+
+
+def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError(f"pid must be an int, not {type(pid).__name__}")
+    if pid <= 0:
+        raise ValueError(f"pid must be a positive session id, got {pid}")
+    alias = check_alias(using if using is not None else DEFAULT_DB_ALIAS)
+    connection = connections.create_connection(alias)
+    try:
+        backend = backend_for(connection)
+        database, same_database, own = backend.session_database(connection, pid)
+        if database is None:
+            raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
+        if own:  # pragma: no cover - the fresh connection's own id is never known to the caller
+            raise ValueError(f"session {pid} is lockkit's own inspection session: nothing was signalled")
+        if not same_database:
+            raise ValueError(
+                f"session {pid} is connected to database {database!r}, not to the database of {alias!r}: "
+                "refusing to signal a session of another database; nothing was signalled"
+            )
+        sent = backend.signal_session(connection, pid, terminate=terminate)
+    finally:
+        connection.close()
+    return Signalled(alias, pid, "terminate" if terminate else "cancel", sent, database)
+
+
+def cancel(pid: int, *, using: str | None = None) -> Signalled:
+    """Cancel the statement session ``pid`` runs (``pg_cancel_backend`` / ``KILL QUERY``); its session stays.
+
+    Its transaction fails (PostgreSQL: SQLSTATE 57014; the session must roll back), so its locks are released when
+    it rolls back. Refuses a session of another database on the same server. See
+    https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SIGNAL.
+
+    Args:
+        pid: The session id, as ``blocking()`` reports it.
+        using: The database alias (default ``"default"``).
+
+    Returns:
+        A ``Signalled`` record saying what was done.
+
+    Raises:
+        TypeError: ``pid`` is not an ``int``.
+        ValueError: ``pid`` is not positive, no such session exists, or it belongs to another database.
+        django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+    """
+    return _signal(pid, using, terminate=False)
+
+
+def terminate(pid: int, *, using: str | None = None) -> Signalled:
+    """Terminate session ``pid`` (``pg_terminate_backend`` / ``KILL CONNECTION``), releasing all its locks.
+
+    Its transaction rolls back and every lock it holds, advisory locks included, is released. Refuses a session of
+    another database on the same server.
+
+    Args:
+        pid: The session id, as ``blocking()`` reports it.
+        using: The database alias (default ``"default"``).
+
+    Returns:
+        A ``Signalled`` record saying what was done.
+
+    Raises:
+        TypeError: ``pid`` is not an ``int``.
+        ValueError: ``pid`` is not positive, no such session exists, or it belongs to another database.
+        django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+    """
+    return _signal(pid, using, terminate=True)
+
+
+__all__ = ["LockWait", "Session", "Signalled", "blocking", "cancel", "roots", "terminate", "with_chains"]

@@ -1,0 +1,361 @@
+"""``RetryPolicy``: which locking failures are retried, how often and how long to wait, built on tenacity.
+
+A policy is a frozen value. A call's first attempt runs without tenacity; only when it fails with an error the
+policy retries is a fresh ``tenacity.Retrying`` built for that call (a ``Retrying`` holds per-call state and is not
+safe to share between threads), and most calls never need one. https://tenacity.readthedocs.io/
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import tenacity
+
+from lockkit import events
+from lockkit.errorcodes.table import code_of
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
+from lockkit.validation import Duration, duration, optional_duration, positive_int
+
+logger = logging.getLogger("lockkit")
+
+R = TypeVar("R")
+
+DEFAULT_RETRY_ON: frozenset[Failure] = frozenset(
+    {Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE, Failure.LOCK_TIMEOUT, Failure.CONNECTION_LOST}
+)
+# Waits after a lost connection, in seconds: "equal jitter" (half fixed, half random) exponential backoff from
+# RECONNECT_WAIT_INITIAL doubling up to RECONNECT_WAIT_MAX. Never near zero, so that a fast server restart
+# (about 0.4 s from the first refused connection to the first accepted one, measured with pg_ctl restart -m fast)
+# is ridden out within four or five waits, well inside the default reconnect_within.
+RECONNECT_WAIT_INITIAL = 0.05
+RECONNECT_WAIT_MAX = 0.5
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """What a hook learns about one retry or one give-up.
+
+    Attributes:
+        attempt: The number of the attempt that just failed (1-based).
+        failure: The failure kind, or ``None`` for an error lockkit does not classify.
+        alias: The database alias of the operation.
+        wait: Seconds before the next attempt (0.0 on give-up).
+        error: The exception the attempt raised (``None`` when a tenacity result predicate asked for the retry).
+        sqlstate: Its SQLSTATE or vendor code, when known.
+        operation: The qualified name of the decorated function.
+    """
+
+    attempt: int
+    failure: Failure | None
+    alias: str
+    wait: float
+    error: BaseException | None
+    sqlstate: str | None
+    operation: str
+
+
+Hook = Callable[[RetryEvent], None]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which failures a ``locked_operation`` retries, and how.
+
+    Each retry re-runs the whole decorated function in a fresh transaction, and only when the operation owns the
+    outermost transaction on its alias. The wait is "full jitter" exponential backoff: a random time between 0 and
+    ``min(wait_max, wait_initial * 2 ** (n - 1))`` seconds after the n-th failure. See
+    https://www.postgresql.org/docs/current/mvcc-serialization-failure-handling.html.
+
+    A lost connection (``Failure.CONNECTION_LOST``, listed by default) is retried on its own budget: it is retried
+    only when the attempt provably did not commit (lockkit resolves a loss at COMMIT first and raises
+    ``CommitOutcomeUnknown``, never retried, when it cannot), it does not count against ``attempts``, and it is
+    retried for up to ``reconnect_within`` seconds from the first loss, waiting 0.05 s doubling to 0.5 s (half of
+    each wait fixed, half random) in between: enough to ride out a fast server restart or failover.
+
+    Args:
+        attempts: Total attempts, the first included, not counting those that lost their connection (default 3).
+        retry_on: The ``Failure`` kinds retried (default: deadlock, serialization failure, lock timeout and lost
+            connection; a ``NOWAIT`` failure is a request to fail fast and is not retried unless listed).
+        wait_initial: Seconds, the backoff scale (default 0.005).
+        wait_max: Seconds, the cap on one wait (default 0.2).
+        deadline: Seconds, an overall bound: no attempt starts once it has passed (default ``None``: none).
+        reconnect_within: Seconds a call keeps retrying lost connections, from the first loss (default 5).
+        before_retry: Called with a ``RetryEvent`` before each wait.
+        on_give_up: Called with a ``RetryEvent`` when a retryable failure is raised after the last attempt.
+
+    Raises:
+        TypeError: a value has the wrong type (``bool`` is not a count or a duration).
+        ValueError: ``attempts`` < 1, a duration that is not positive and finite, ``wait_max < wait_initial``.
+    """
+
+    attempts: int = 3
+    retry_on: Collection[Failure] = field(default=DEFAULT_RETRY_ON)
+    wait_initial: Duration = 0.005
+    wait_max: Duration = 0.2
+    deadline: Duration | None = None
+    before_retry: Hook | None = None
+    on_give_up: Hook | None = None
+    reconnect_within: Duration = 5.0
+
+    def __post_init__(self) -> None:
+        """Validate and normalise the fields (durations to seconds, ``retry_on`` to a frozenset).
+
+        Raises:
+            TypeError, ValueError: a field has the wrong type or value, named.
+        """
+        positive_int(self.attempts, "attempts")
+        if isinstance(self.retry_on, str | bytes | Failure) or not isinstance(self.retry_on, Iterable):
+            raise TypeError("retry_on must be an iterable of lockkit.Failure")
+        retry_on = frozenset(self.retry_on)
+        for item in retry_on:
+            if not isinstance(item, Failure):
+                raise TypeError(f"retry_on must hold lockkit.Failure members, not {type(item).__name__}")
+        if Failure.READ_ONLY in retry_on:
+            raise ValueError(
+                "retry_on cannot include Failure.READ_ONLY: a read-only database never becomes writable"
+            )
+        object.__setattr__(self, "retry_on", retry_on)
+        object.__setattr__(self, "wait_initial", duration(self.wait_initial, "wait_initial"))
+        object.__setattr__(self, "wait_max", duration(self.wait_max, "wait_max"))
+        object.__setattr__(self, "deadline", optional_duration(self.deadline, "deadline"))
+        object.__setattr__(self, "reconnect_within", duration(self.reconnect_within, "reconnect_within"))
+        if self._seconds("wait_max") < self._seconds("wait_initial"):
+            raise ValueError(f"wait_max ({self.wait_max}) must be >= wait_initial ({self.wait_initial})")
+        for name in ("before_retry", "on_give_up"):
+            hook = getattr(self, name)
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
+
+    def _seconds(self, name: str) -> float:
+        value = getattr(self, name)
+        assert isinstance(value, float)  # normalised by __post_init__
+        return value
+
+    def should_retry(self, exc: BaseException) -> bool:
+        """Whether this policy retries ``exc`` (a classified lockkit error of a listed kind).
+
+        ``CommitOutcomeUnknown`` never is: the work may have committed.
+        """
+        if isinstance(exc, CommitOutcomeUnknown):
+            return False
+        return isinstance(exc, LockError) and exc.failure is not None and exc.failure in self.retry_on
+
+    def retrying(self, *, spent: float = 0.0) -> tenacity.Retrying:
+        """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them).
+
+        Args:
+            spent: Seconds the call already spent before this ``Retrying`` starts its clock (its first attempt,
+                when the ``Retrying`` is built only after that attempt failed); deducted from ``deadline``.
+        """
+        budget = _Budget(self)
+        stop: Callable[[tenacity.RetryCallState], bool] = budget.stop
+        if self.deadline is not None:
+            stop = _either(budget.stop, tenacity.stop_before_delay(self._seconds("deadline") - spent))
+        return tenacity.Retrying(
+            stop=stop,
+            wait=budget.wait,
+            retry=tenacity.retry_if_exception(self.should_retry),
+            reraise=True,
+        )
+
+
+class _Budget:
+    """One call's retry budget, built per call (it counts), like the ``Retrying`` it serves.
+
+    Locking failures count against ``attempts`` and wait with full jitter; lost connections count against
+    ``reconnect_within`` and wait with equal jitter.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.attempts = policy.attempts
+        self.wait_initial = policy._seconds("wait_initial")
+        self.wait_max = policy._seconds("wait_max")
+        self.reconnect_within = policy._seconds("reconnect_within")
+        self.failures = 0  # failures other than a lost connection
+        self.losses = 0  # consecutive lost connections
+        self.first_loss: float | None = None
+        self._counted = 0  # the attempt number last counted (tenacity asks wait, then stop, per attempt)
+
+    def _count(self, state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == self._counted:
+            return
+        self._counted = state.attempt_number
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, ConnectionLost):
+            self.losses += 1
+            if self.first_loss is None:
+                self.first_loss = state.seconds_since_start or 0.0
+        else:
+            self.losses = 0
+            self.failures += 1
+
+    def stop(self, state: tenacity.RetryCallState) -> bool:
+        self._count(state)
+        if self.losses:
+            assert self.first_loss is not None
+            return (state.seconds_since_start or 0.0) - self.first_loss >= self.reconnect_within
+        return self.failures >= self.attempts
+
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        self._count(state)
+        if self.losses:
+            cap = min(RECONNECT_WAIT_MAX, RECONNECT_WAIT_INITIAL * 2.0 ** (self.losses - 1))
+            return cap / 2 + random.uniform(0, cap / 2)  # jitter, not cryptography
+        cap = min(self.wait_max, self.wait_initial * 2.0 ** (self.failures - 1))
+        return random.uniform(0, cap)
+
+
+def _either(
+    first: Callable[[tenacity.RetryCallState], bool], second: Callable[[tenacity.RetryCallState], bool]
+) -> Callable[[tenacity.RetryCallState], bool]:
+    """A stop condition that holds when either holds (both are always asked: the budget counts)."""
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        one, two = first(state), second(state)
+        return one or two
+
+    return stop
+
+
+RetrySetting = RetryPolicy | tenacity.Retrying | None
+
+
+def check_retry(value: object, name: str = "retry") -> RetrySetting:
+    """Return ``value`` as a retry setting (a dict becomes a ``RetryPolicy``).
+
+    Raises:
+        TypeError: ``value`` is not a ``RetryPolicy``, a tenacity ``Retrying``, a dict or ``None``.
+    """
+    if value is None or isinstance(value, RetryPolicy | tenacity.Retrying):
+        return value
+    if isinstance(value, dict):
+        try:
+            return RetryPolicy(**value)
+        except TypeError as exc:
+            raise TypeError(f"{name}: {exc}") from None
+    raise TypeError(
+        f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}"
+    )
+
+
+def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: float) -> RetryEvent:
+    assert state.outcome is not None
+    error = state.outcome.exception()  # None when a tenacity result predicate asked for the retry
+    failure = error.failure if isinstance(error, LockError) else None
+    sqlstate = error.sqlstate if isinstance(error, LockError) else (code_of(error) if error else None)
+    return RetryEvent(state.attempt_number, failure, alias, wait, error, sqlstate, operation)
+
+
+def _extra(event: RetryEvent) -> dict[str, Any]:
+    return {
+        "alias": event.alias,
+        "failure": event.failure.value if event.failure else None,
+        "sqlstate": event.sqlstate,
+        "attempt": event.attempt,
+        "wait": event.wait,
+        "operation": event.operation,
+    }
+
+
+def call_with_retry(
+    setting: RetryPolicy | tenacity.Retrying, attempt: Callable[[int], R], *, alias: str, operation: str
+) -> R:
+    """Call ``attempt(1)``, then ``attempt(2)``... while ``setting`` retries the failure; return the result.
+
+    With a ``RetryPolicy`` the first attempt runs directly: its result is returned and an error the policy does not
+    retry is raised as it is, exactly as tenacity would; only a retryable failure builds the call's ``Retrying``,
+    which records that failure as its attempt 1 (hooks, logging, stop and the deadline, measured from the first
+    attempt's start, all see it) and runs the next attempts. A tenacity ``Retrying`` may retry on results, so it
+    drives every attempt of the call (through the call form, so result predicates and a
+    ``retry_error_callback``'s return value work as tenacity documents them).
+
+    Raises:
+        Whatever the last attempt raised (after ``on_give_up`` ran, when retries are exhausted).
+    """
+    numbers = itertools.count(1)  # per call: the attempt number each try runs with
+    if not isinstance(setting, RetryPolicy):
+        retrying = build_retrying(setting, alias=alias, operation=operation)
+        return retrying(lambda: attempt(next(numbers)))
+    started = time.monotonic()
+    try:
+        return attempt(next(numbers))
+    except BaseException as exc:
+        if not setting.should_retry(exc):
+            raise
+        first: BaseException | None = exc
+    retrying = build_retrying(setting, alias=alias, operation=operation, spent=time.monotonic() - started)
+
+    def replayed_then_next() -> R:
+        nonlocal first
+        if first is not None:
+            error, first = first, None
+            raise error  # the first attempt's failure, as tenacity's attempt 1
+        return attempt(next(numbers))
+
+    return retrying(replayed_then_next)
+
+
+def build_retrying(
+    setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str, spent: float = 0.0
+) -> tenacity.Retrying:
+    """Return a fresh ``Retrying`` for one call, logging each retry and give-up on the ``lockkit`` logger.
+
+    A user-supplied ``Retrying`` is copied (never shared) with ``reraise=True``, so the last classified error is
+    raised rather than tenacity's ``RetryError``; its own hooks still run after lockkit's.
+    """
+    if isinstance(setting, RetryPolicy):
+        base = setting.retrying(spent=spent)
+        user_before_sleep: Callable[[tenacity.RetryCallState], None] | None = None
+        user_error_callback: Callable[[tenacity.RetryCallState], Any] | None = None
+        before_retry, on_give_up = setting.before_retry, setting.on_give_up
+    else:
+        base = setting
+        user_before_sleep, user_error_callback = setting.before_sleep, setting.retry_error_callback
+        before_retry = on_give_up = None
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        wait = state.upcoming_sleep
+        event = _event(state, alias, operation, 0.0 if math.isnan(wait) else float(wait))
+        logger.info(
+            "lockkit: %s failed with %s on %r (attempt %d); retrying in %.3fs",
+            operation,
+            event.failure.value if event.failure else type(event.error).__name__,
+            alias,
+            event.attempt,
+            event.wait,
+            extra=_extra(event),
+        )
+        events.retried(event)
+        if before_retry is not None:
+            before_retry(event)
+        if user_before_sleep is not None:
+            user_before_sleep(state)
+
+    def give_up(state: tenacity.RetryCallState) -> Any:
+        event = _event(state, alias, operation, 0.0)
+        if isinstance(event.error, LockError):
+            event.error.attempts = state.attempt_number
+        logger.warning(
+            "lockkit: %s gave up after %d attempt(s) on %r: %s",
+            operation,
+            event.attempt,
+            alias,
+            event.failure.value if event.failure else type(event.error).__name__,
+            extra=_extra(event),
+        )
+        events.gave_up(event)
+        if on_give_up is not None:
+            on_give_up(event)
+        if user_error_callback is not None:
+            return user_error_callback(state)
+        assert state.outcome is not None
+        return state.outcome.result()  # re-raises the last attempt's error (or returns its result)
+
+    return base.copy(before_sleep=before_sleep, retry_error_callback=give_up, reraise=True)

@@ -1,0 +1,1 @@
+"""The scope layer: one alias, one transaction or savepoint, its timeouts, LockScope and locked()."""

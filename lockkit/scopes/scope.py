@@ -1,0 +1,724 @@
+"""The public scope layer: ``LockScope``, the stack of active scopes, ``current_scope``, ``lock``, ``locked``.
+
+Configuration lives on the ``Locked``/decorator objects (a frozen ``ScopeOptions``); every per-call value (the
+transaction, the timeouts, the attempt number) lives on the ``LockScope`` of that call, kept in a ``ContextVar``
+stack (per thread and per task). One decorated function is therefore safe to call from many threads at once. The
+transaction itself is ``lockkit.scopes.transaction.ScopeTransaction``; ``locked_operation`` is in ``lockkit.operations.operation``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, connections, models, transaction
+from django.db.models import QuerySet
+
+from lockkit import events, signals
+from lockkit.advisory import held as advisory_locks
+from lockkit.advisory.held import HeldLock
+from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
+from lockkit.backends.sql import relations
+from lockkit.errorcodes import table as codes
+from lockkit.errors import Failure, NotInLockedScope
+from lockkit.scopes import aliases
+from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
+from lockkit.scopes.transaction import ScopeTransaction
+from lockkit.validation import flag
+
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound=models.Model)
+
+_scopes: ContextVar[tuple[ScopeBlock, ...]] = ContextVar("lockkit_scopes", default=())
+
+
+def _innermost_scope() -> LockScope | None:
+    stack = _scopes.get()
+    return stack[-1].scope if stack else None
+
+
+def active_blocks() -> tuple[ScopeBlock, ...]:
+    """The open scope blocks of this thread or task, outermost first."""
+    return _scopes.get()
+
+
+def current_scope() -> LockScope:
+    """Return the innermost active ``LockScope`` of this thread or task.
+
+    Raises:
+        NotInLockedScope: no ``locked()`` scope or ``locked_operation`` is active here.
+    """
+    scope = _innermost_scope()
+    if scope is None:
+        raise NotInLockedScope(
+            "no locked() scope is active; open one with lockkit.locked() or @locked_operation"
+        )
+    return scope
+
+
+def lock(target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
+    """Lock a queryset's rows in the innermost active scope: ``current_scope().lock(target)``.
+
+    Raises:
+        NotInLockedScope: no scope is active.
+        AliasMismatch: the queryset or instance is bound to another alias than the scope's, or a router sends
+            the model to another alias.
+        TypeError: ``target`` is not a queryset, a model class or a model instance.
+        ValueError: ``target`` is an unsaved instance.
+    """
+    return current_scope().lock(target)
+
+
+def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | None = None) -> Failure | None:
+    """Say which locking failure an exception reports, from the SQLSTATE or vendor code on its chain.
+
+    The code is read from the exception and its ``__cause__``/``__context__`` chain, so Django-wrapped and bare
+    driver errors (psycopg 3, psycopg2, mysqlclient, sqlite3, oracledb) classify alike. PostgreSQL reports both a
+    ``NOWAIT`` failure and an expired ``lock_timeout`` as SQLSTATE 55P03 (``lock_not_available``). An error the
+    server's lock timer raised is always ``Failure.LOCK_TIMEOUT`` (NOWAIT covers row locks only, so a NOWAIT
+    statement can wait for a table lock; see ``lockkit.errorcodes.table.timer_fired``). Otherwise ``nowait`` tells them apart:
+    when it is ``None``, the innermost active lockkit scope's ``nowait`` option decides, and
+    outside any scope the error is reported by the code's own name (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
+    ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205, which MariaDB also raises for ``NOWAIT``). SQLSTATE
+    57014 is ``Failure.STATEMENT_TIMEOUT`` inside a scope that set a statement timeout, else
+    ``Failure.QUERY_CANCELED``. A lost connection (class 08, 57P01..., MariaDB 2006/2013...) is
+    ``Failure.CONNECTION_LOST``. See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+
+    Args:
+        exc: Any exception.
+        nowait: Whether the failing statement used ``NOWAIT``; ``None`` to take it from the active scope.
+        timed: Whether a statement timeout was set for the failing statement; ``None`` to take it from the
+            active scope.
+
+    Returns:
+        The ``Failure`` kind, or ``None`` when the exception is not a locking failure lockkit knows.
+
+    Raises:
+        TypeError: ``exc`` is not an exception, or ``nowait`` is not a ``bool`` or ``None``.
+    """
+    scope = _innermost_scope()
+    if nowait is None:
+        nowait = None if scope is None else scope.nowait
+    if timed is None:
+        timed = None if scope is None else scope.statement_timeout is not None
+    return codes.classify(exc, nowait=nowait, timed=timed)
+
+
+class LockScope:
+    """One active locked scope: a transaction (or savepoint) on one alias, with its timeouts applied.
+
+    Attributes:
+        alias (str): The database alias every query of the scope runs on.
+        attempt (int): The attempt number, 1 for the first (a ``locked_operation`` retry increments it).
+        nowait (bool), skip_locked (bool), no_key (bool): The scope's locking options.
+        lock_timeout (float | None), statement_timeout (float | None): The timeouts applied, in seconds.
+        nested (bool): The scope began inside an existing transaction on its alias (it runs in a savepoint).
+    """
+
+    def __init__(self, options: ScopeOptions, alias: str, attempt: int) -> None:
+        """Prepare a scope; ``ScopeBlock`` opens it. Validates the options against the backend, runs no SQL.
+
+        Raises:
+            django.db.NotSupportedError: the backend cannot honour ``nowait``/``skip_locked``/``no_key``.
+        """
+        self.alias = alias
+        self.attempt = attempt
+        self.nowait = options.nowait
+        self.skip_locked = options.skip_locked
+        self.no_key = options.no_key
+        self.lock_timeout, self.statement_timeout = options.timeouts()
+        self._transaction = ScopeTransaction(
+            alias,
+            lock_timeout=self.lock_timeout,
+            statement_timeout=self.statement_timeout,
+            nowait=self.nowait,
+            attempt=attempt,
+        )
+        self.nested = self._transaction.nested
+        # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
+        self._sfu_kwargs = self._transaction.backend.select_for_update_kwargs(
+            self._transaction._connection,
+            nowait=self.nowait,
+            skip_locked=self.skip_locked,
+            no_key=self.no_key,
+        )
+        self._active = False
+        self._committed_elsewhere: tuple[str, ...] = ()
+        # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
+        self._advisory: list[HeldLock] = []
+
+    def __repr__(self) -> str:
+        """Show the alias, the attempt and whether the scope is nested."""
+        return f"<LockScope alias={self.alias!r} attempt={self.attempt} nested={self.nested}>"
+
+    @property
+    def committed(self) -> bool:
+        """Whether the scope's own transaction has committed (only an outermost scope commits)."""
+        return self._transaction.committed
+
+    @property
+    def committed_elsewhere(self) -> tuple[str, ...]:
+        """The other aliases on which a lockkit scope committed while this scope was open, in order.
+
+        Work committed there stays committed whatever this scope does; a ``locked_operation`` never retries an
+        attempt during which this happened.
+        """
+        return self._committed_elsewhere
+
+    def _committed_on(self, alias: str) -> None:
+        if alias != self.alias and alias not in self._committed_elsewhere:
+            self._committed_elsewhere = (*self._committed_elsewhere, alias)
+
+    def _check_active(self) -> None:
+        if not self._active or all(block.scope is not self for block in _scopes.get()):
+            raise NotInLockedScope(
+                f"{self!r} is not active in this thread or task; lock inside its with-block"
+            )
+
+    # -- locking helpers -------------------------------------------------------------------------------------
+
+    def lock(self, target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
+        """Return ``target``'s rows as a ``select_for_update`` queryset on the scope's alias.
+
+        The queryset is lazy: evaluate it inside the scope. Only the queried model's rows are locked
+        (``of=("self",)``) where the backend supports it, so ``select_related()`` on a nullable foreign key works
+        and leaves related rows unlocked. A model that a database router sends to another alias is refused, as is
+        a queryset bound to another alias: either would lock rows outside this transaction. See
+        https://docs.djangoproject.com/en/stable/ref/models/querysets/#select-for-update and
+        https://docs.djangoproject.com/en/stable/topics/db/multi-db/.
+
+        Args:
+            target: A queryset; a model class (all its rows, through its default manager); or a saved model
+                instance (its own row, looked up by primary key).
+
+        Returns:
+            A ``QuerySet`` with ``select_for_update(nowait=..., skip_locked=..., no_key=..., of=...)`` applied.
+
+        Raises:
+            NotInLockedScope: the scope is not active in this thread or task.
+            AliasMismatch: the queryset or instance is bound to another alias, or ``router.db_for_write`` sends
+                the model to another alias (an explicit ``.using(scope.alias)`` is accepted). No SQL has run.
+            TypeError: ``target`` is not a queryset, a model class or a model instance.
+            ValueError: ``target`` is an unsaved instance.
+        """
+        self._check_active()
+        kwargs = self._sfu_kwargs
+        if "of" in kwargs:
+            model = _model_of(target)
+            if model is not None:
+                # A multi-table child's object is one row per table of its chain (inner joins): lock them all.
+                kwargs = {**kwargs, "of": (*kwargs["of"], *_parent_links(model))}
+                if relations.is_qualified(model, self.alias):
+                    # FOR UPDATE OF takes unqualified names only: lock a schema-qualified table through an alias.
+                    queryset = aliases.queryset_on(
+                        target, self.alias, "target", instances=True, routed=True
+                    ).all()
+                    relations.alias_base_table(queryset.query)
+                    return queryset.select_for_update(**kwargs)
+        # One clone of the caller's queryset: select_for_update() on it, bound to the scope's alias.
+        return aliases.locking_queryset_on(
+            target, self.alias, "target", instances=True, routed=True, **kwargs
+        )
+
+    def get(self, target: QuerySet[M] | type[M] | M, *args: Any, **lookups: Any) -> M:
+        """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
+
+        Given a model instance, its row is read again under the lock and returned as a new object (the instance
+        passed in is left as it was): ``account = scope.get(account)``.
+
+        Raises:
+            Model.DoesNotExist, Model.MultipleObjectsReturned: as ``QuerySet.get`` (an instance whose row has
+                been deleted raises ``DoesNotExist``).
+            NotInLockedScope, AliasMismatch, TypeError, ValueError: as ``lock()``.
+            ValueError: a lookup value the field cannot convert (as ``QuerySet.get``; also an infinite float
+                for an integer field, where Django lets ``OverflowError`` escape), before any SQL.
+            django.core.exceptions.FieldError: a lookup names a field the model does not have (as
+                ``QuerySet.get``), before any SQL.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
+                and the scope's block is marked for rollback (see ``lock_all``).
+        """
+        queryset = _filtered(self.lock(target), "lookups", *args, **lookups)
+        with self._evaluating():
+            if not signals.lock_acquired.receivers:
+                return queryset.get()
+            return events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
+
+    def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
+        """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
+
+        The locks are always taken in ascending primary-key order (one ``SELECT ... ORDER BY pk FOR UPDATE``),
+        whatever order ``pks`` lists them in; the rows are then returned in the order of ``pks``, so
+        ``payer, payee = scope.lock_all(Account, pks=[payer_id, payee_id])`` holds for any two ids.
+
+        Args:
+            target: A queryset or a model class.
+            pks: The primary keys of the rows to lock, in the order the result should have (a key listed twice
+                gives its row twice). ``None``: every row of ``target``, in primary-key order. A queryset (of
+                primary keys, on the scope's alias) is a subquery: its rows come in primary-key order and
+                absent keys are not reported.
+
+        Returns:
+            The locked rows as a list: in the order of ``pks`` when it is an iterable of keys, else in ascending
+            primary-key order.
+
+        Raises:
+            Model.DoesNotExist: a key of ``pks`` matched no row (the message names every such key); the rows
+                that exist are locked until the scope ends.
+            TypeError: ``pks`` is a string or not iterable.
+            ValueError: a key of ``pks`` is not a valid value of the primary key field (an infinite float for an
+                integer key too), before any SQL.
+            NotInLockedScope, AliasMismatch: as ``lock()``.
+            LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...). The
+                error is typed and marks the scope's block for rollback, as Django does for a failed ``save()``:
+                the scope rolls back and ends with that error even if the body catches it (no partial commit on
+                any vendor; InnoDB rolls the whole transaction back on a deadlock and carries on in a new one).
+        """
+        queryset = self.lock(target)
+        if pks is None:
+            return self._locked_rows(queryset.order_by("pk"))
+        if isinstance(pks, QuerySet):
+            # A subquery on the scope's alias (refused if bound elsewhere), not evaluated on another database.
+            return self._locked_rows(
+                queryset.filter(pk__in=aliases.queryset_on(pks, self.alias, "pks")).order_by("pk")
+            )
+        if isinstance(pks, str | bytes) or not isinstance(pks, Iterable):
+            raise TypeError(f"pks must be an iterable of primary keys, not {type(pks).__name__}")
+        model: Any = queryset.model
+        wanted = [_primary_key(model, pk) for pk in pks]
+        rows = {row.pk: row for row in self._locked_rows(queryset.filter(pk__in=wanted).order_by("pk"))}
+        missing = [pk for pk in wanted if pk not in rows]
+        if missing:
+            missing = _match_by_collation(rows, wanted, missing)
+        if missing:
+            raise model.DoesNotExist(
+                f"lock_all: no {model.__name__} with pk {', '.join(map(repr, dict.fromkeys(missing)))} "
+                f"on {self.alias!r}"
+            )
+        return [rows[pk] for pk in wanted]
+
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """Run a helper's query: a database failure is typed, and dooms the block even if the body catches it.
+
+        As Django marks ``save()`` failures for rollback: InnoDB rolls the whole transaction back on a deadlock
+        and runs later statements in a new one, so a body that caught the error and carried on would otherwise
+        commit half a transaction. The scope then rolls back and ends with this error.
+        """
+        try:
+            with self._transaction.translating:
+                yield
+        except DatabaseError as error:
+            self._transaction.doom(error)
+            raise
+
+    def _locked_rows(self, queryset: QuerySet[M]) -> list[M]:
+        """Evaluate a locking queryset; timed for ``lockkit.signals.lock_acquired`` only when it has receivers.
+
+        A database failure is typed and dooms the scope's block (``_evaluating``).
+        """
+        with self._evaluating():
+            if not signals.lock_acquired.receivers:
+                return list(queryset)
+            return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
+
+    def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
+        """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
+
+        PostgreSQL: ``pg_advisory_xact_lock`` (``_shared`` with ``shared``), released by the end of the outermost
+        transaction (or the rollback of the scope's savepoint); with the scope's ``nowait``,
+        ``pg_try_advisory_xact_lock``. MariaDB/MySQL: ``GET_LOCK`` with the scope's ``lock_timeout``, released
+        when the scope ends on every path (a nested scope that succeeds hands it to the enclosing scope), so it
+        never stays on a pooled connection. SQLite: the scope's ``BEGIN IMMEDIATE`` write lock already excludes
+        every other scope, so it covers every key. Inside a ``locked_operation`` a ``LockTimeout`` is retried like
+        a row lock's. See https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS.
+
+        Args:
+            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits) or a ``(namespace, key)`` pair.
+            shared: Take a shared lock (PostgreSQL): shared holders exclude exclusive ones, not each other.
+
+        Returns:
+            The ``HeldLock`` (alias, key with its 64-bit value, server session id).
+
+        Raises:
+            TypeError, ValueError: a bad key or flag, before any SQL runs.
+            NotInLockedScope: the scope is not active in this thread or task.
+            django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
+                nested in a transaction that does not hold the write lock.
+            LockNotAvailable: the scope has ``nowait`` and another session holds the key.
+            LockTimeout: the key was not granted within the scope's ``lock_timeout``.
+        """
+        checked = advisory_key(key)
+        flag(shared, "shared")
+        self._check_active()
+        backend = self._transaction.backend
+        backend.check_advisory(connections[self.alias], shared=shared, session=False)
+
+        def take() -> HeldLock:
+            return advisory_locks.take(
+                self.alias,
+                checked,
+                shared=shared,
+                session=False,
+                nowait=self.nowait,
+                lock_timeout=self.lock_timeout,
+                attempts=self.attempt,
+            )
+
+        held = (
+            take()
+            if not signals.lock_acquired.receivers
+            else events.timed_lock(LockScope, self, None, take, _one)
+        )
+        if not backend.advisory_locks_end_with_transaction:
+            self._advisory.append(held)
+        return held
+
+    def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
+        """Run ``func`` after the outermost transaction on the scope's alias commits.
+
+        Callbacks registered by an attempt that fails (or by a nested scope that rolls back) never run; those of
+        the successful attempt run once. See
+        https://docs.djangoproject.com/en/stable/topics/db/transactions/#performing-actions-after-commit.
+
+        Raises:
+            TypeError: ``func`` is not callable.
+            NotInLockedScope: the scope is not active in this thread or task.
+        """
+        if not callable(func):
+            raise TypeError(f"func must be callable, not {type(func).__name__}")
+        flag(robust, "robust")
+        self._check_active()
+        transaction.on_commit(func, using=self.alias, robust=robust)
+
+
+def _filtered(queryset: QuerySet[M], name: str, *args: Any, **lookups: Any) -> QuerySet[M]:
+    """``queryset.filter(...)``, with a value Django cannot convert raised as ``ValueError`` naming ``name``.
+
+    Django raises ``TypeError``/``ValueError`` for most such values but lets ``OverflowError`` escape from
+    ``int(float("inf"))``; nothing has been sent either way.
+    """
+    try:
+        return queryset.filter(*args, **lookups)
+    except ArithmeticError as exc:  # OverflowError, decimal.InvalidOperation
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _one(_: object) -> int:
+    return 1
+
+
+def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:
+    """Match text keys the database found under a case-insensitive collation (MariaDB's default); return the rest.
+
+    A row whose key equals no requested key exactly was found through the column's collation (``"A"`` found
+    ``"a"``): it is matched back to the requested key that differs only by case.
+    """
+    exact = set(wanted)
+    spare = {key.casefold(): row for key, row in rows.items() if isinstance(key, str) and key not in exact}
+    for pk in missing:
+        if isinstance(pk, str) and pk.casefold() in spare:
+            rows[pk] = spare[pk.casefold()]
+    return [pk for pk in missing if pk not in rows]
+
+
+def _primary_key(model: type[models.Model], value: Any) -> Any:
+    """``value`` as the primary key field stores it (``"7"`` -> ``7``), so rows can be matched back to ``pks``.
+
+    Raises:
+        ValueError: the field cannot hold ``value`` (Django's ``ValidationError`` names why).
+    """
+    field = model._meta.pk
+    assert field is not None
+    if value is None:  # to_python(None) is None, which pk__in drops: it would only surface as DoesNotExist
+        raise ValueError(
+            f"pks: None is not a valid {model.__name__} primary key: a primary key is never NULL"
+        )
+    try:
+        return field.to_python(value)
+    except ValidationError as exc:
+        raise ValueError(
+            f"pks: {value!r} is not a valid {model.__name__} primary key: {exc.messages[0]}"
+        ) from None
+    except ArithmeticError as exc:  # int(float("inf")): OverflowError, which Django lets escape
+        raise ValueError(f"pks: {value!r} is not a valid {model.__name__} primary key: {exc}") from None
+
+
+def _model_of(target: object) -> type[models.Model] | None:
+    if isinstance(target, type) and issubclass(target, models.Model):
+        return target
+    if isinstance(target, models.Model):
+        return type(target)
+    model = getattr(target, "model", None)  # a queryset or a manager; anything else is refused by aliases
+    return model if isinstance(model, type) and issubclass(model, models.Model) else None
+
+
+@functools.lru_cache(maxsize=512)
+def _parent_links(model: type[models.Model], prefix: str = "") -> tuple[str, ...]:
+    """The ``of=`` paths of a model's multi-table parents (``country_ptr``, ``country_ptr__entity_ptr``)."""
+    paths: list[str] = []
+    concrete = model._meta.concrete_model or model
+    for parent, link in concrete._meta.parents.items():
+        if link is None:  # pragma: no cover - only proxies have parents without a link, and they are resolved
+            continue
+        path = f"{prefix}{link.name}"
+        paths += [path, *_parent_links(parent, f"{path}__")]
+    return tuple(paths)
+
+
+class ScopeBlock:
+    """Opens one ``LockScope`` for a ``with`` block: its transaction, and its place on the stack of active scopes.
+
+    Used by ``Locked`` and ``locked_operation``; ``owner`` is the object that opened it, so that it exits its own.
+    """
+
+    def __init__(self, options: ScopeOptions, alias: str, attempt: int, *, owner: object = None) -> None:
+        """Prepare the scope (no SQL yet).
+
+        Raises:
+            django.db.NotSupportedError: the backend cannot honour the scope's locking options.
+        """
+        self.scope = LockScope(options, alias, attempt)
+        self.owner = owner
+
+    @property
+    def active(self) -> bool:
+        """Whether the block's scope is open."""
+        return self.scope._active
+
+    @property
+    def committed(self) -> bool:
+        """Whether the scope's own transaction has committed."""
+        return self.scope.committed
+
+    def __enter__(self) -> LockScope:
+        """Begin the transaction and push the scope on this thread's (or task's) stack.
+
+        Raises:
+            LockError: the database reported a classified failure while beginning.
+        """
+        self.scope._transaction.__enter__()
+        self.scope._active = True
+        _scopes.set((*_scopes.get(), self))
+        return self.scope
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Pop the scope and end its transaction, raising the typed error for a database failure.
+
+        A scope that committed while others are open tells those on other aliases (their attempt can no longer be
+        undone as a whole); a failing scope in which that happened says so in a note on its error.
+        """
+        scope = self.scope
+        scope._active = False
+        enclosing = tuple(block for block in _scopes.get() if block is not self)
+        _scopes.set(enclosing)
+        try:
+            scope._transaction.__exit__(exc_type, exc, tb)
+        except BaseException as raised:
+            self._end_advisory(succeeded=False)
+            if scope.committed_elsewhere:
+                _note_committed_elsewhere(raised, scope)
+            raise
+        finally:
+            if enclosing and scope._transaction.committed:
+                for block in enclosing:
+                    block.scope._committed_on(scope.alias)
+        self._end_advisory(succeeded=exc is None)
+        if exc is not None and scope.committed_elsewhere:
+            _note_committed_elsewhere(exc, scope)
+
+    def _end_advisory(self, *, succeeded: bool) -> None:
+        """Release the advisory locks the transaction does not release by itself (MariaDB), on every path.
+
+        A nested scope that succeeded hands them to the enclosing scope on its alias, as PostgreSQL keeps a
+        transaction-scoped lock until the outermost transaction ends; otherwise they are released now. Never
+        raises: the transaction's outcome is decided, and a lock that cannot be released has its connection closed
+        (the server drops the locks of a closed session).
+        """
+        held, self.scope._advisory = self.scope._advisory, []
+        if not held:
+            return
+        alias = self.scope.alias
+        enclosing = next(
+            (b.scope for b in reversed(_scopes.get()) if b.scope.alias == alias and b.active), None
+        )
+        if succeeded and enclosing is not None:
+            enclosing._advisory.extend(held)
+            return
+        for lock in reversed(held):
+            advisory_locks.give_back(lock, raise_errors=False)
+
+
+def _note_committed_elsewhere(error: BaseException, scope: LockScope) -> None:
+    """Add a note to ``error`` naming the aliases that committed during ``scope`` (once per error)."""
+    names = ", ".join(repr(alias) for alias in scope.committed_elsewhere)
+    note = (
+        f"lockkit: work committed on database {names} during this scope on {scope.alias!r} (a lockkit scope there "
+        f"ended with COMMIT); it stays committed although this scope failed, and the attempt is not retried: there "
+        "is no two-phase commit across databases (see 'Operations that touch two databases' in lockkit's usage "
+        "docs)"
+    )
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
+
+
+class Locked:
+    """The object ``locked()`` returns: a context manager yielding a ``LockScope``, and a decorator.
+
+    It holds only configuration; each ``with`` block gets its own ``LockScope``, so one ``Locked`` may be shared.
+    """
+
+    def __init__(self, options: ScopeOptions) -> None:
+        """Hold the validated options."""
+        self._options = options
+
+    def __enter__(self) -> LockScope:
+        """Open a scope on the alias the options resolve to.
+
+        Raises:
+            LockError: the database reported a classified failure while beginning.
+        """
+        alias = self._options.alias_for_call((), {})
+        return ScopeBlock(self._options, alias, 1, owner=self).__enter__()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """End the innermost scope this object opened.
+
+        A generator or another alias's scope may have opened others since, and exiting those instead would end
+        the wrong transaction.
+        """
+        for block in reversed(_scopes.get()):
+            if block.active and block.owner is self:
+                block.__exit__(exc_type, exc, tb)
+                return
+        raise NotInLockedScope("locked() exited without an active scope")  # pragma: no cover - misuse only
+
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        """Decorate ``func`` so each call runs inside this scope (never retried).
+
+        Raises:
+            TypeError: ``func`` is not a plain synchronous function.
+        """
+        refuse_unsupported(func, "locked")
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+def refuse_unsupported(func: object, name: str) -> None:
+    """Refuse what ``locked``/``locked_operation`` cannot decorate, naming it.
+
+    Raises:
+        TypeError: ``func`` is not callable, is a model class, an ``async`` function or a generator function.
+    """
+    if not callable(func):
+        raise TypeError(f"{name}(...) decorates a callable, not {type(func).__name__}")
+    if isinstance(func, type) and issubclass(func, models.Model):
+        raise TypeError(
+            f"{name}() got the model {func.__name__} as `using`; pass it as model={func.__name__}"
+        )
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"{name} cannot decorate the async function {getattr(func, '__qualname__', func)!r}: lockkit scopes "
+            "are synchronous; decorate a plain def with @locked_operation and await its awaitable form, "
+            "`await func.acall(...)`"
+        )
+    if inspect.isgeneratorfunction(func):
+        raise TypeError(
+            f"{name} cannot decorate the generator function {getattr(func, '__qualname__', func)!r}: its body "
+            "would run after the scope has ended; collect the results in a list inside a plain function"
+        )
+
+
+@overload
+def locked(using: Callable[P, R], /) -> Callable[P, R]: ...
+@overload
+def locked(
+    using: str | None = None,
+    *,
+    model: type[models.Model] | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    no_key: bool = False,
+) -> Locked: ...
+def locked(
+    using: Any = None,
+    *,
+    model: type[models.Model] | None = None,
+    lock_timeout: Duration | None = FROM_SETTINGS,
+    statement_timeout: Duration | None = FROM_SETTINGS,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    no_key: bool = False,
+) -> Any:
+    """Open a locked scope: a transaction on one alias with transaction-scoped lock and statement timeouts.
+
+    ``with locked("default") as scope:`` begins ``transaction.atomic(using=alias)`` (a savepoint when already in
+    a transaction on that alias), sets ``lock_timeout``/``statement_timeout`` for that transaction only
+    (``set_config(name, value, true)``), and yields a ``LockScope`` whose helpers lock rows on the same alias.
+    Database failures leave the block as lockkit's typed errors. It never retries: use ``locked_operation`` for
+    that. A nested scope restores the enclosing timeouts when it ends, with or without an error. See
+    https://www.postgresql.org/docs/current/explicit-locking.html#LOCKING-ROWS and
+    https://docs.djangoproject.com/en/stable/topics/db/transactions/.
+
+    Args:
+        using: The database alias; ``None`` means ``router.db_for_write(model)`` when ``model`` is given, else
+            ``"default"``. (Used bare as ``@locked``, it decorates the function.)
+        model: The model whose write database the scope uses when ``using`` is ``None``.
+        lock_timeout: Seconds (``int``/``float``) or a ``timedelta`` a lock may be waited for, rounded to whole
+            milliseconds; ``None`` leaves the connection's setting. Default ``settings.LOCKKIT["LOCK_TIMEOUT"]``
+            (5 seconds).
+        statement_timeout: Seconds or a ``timedelta`` any statement may run; ``None`` (default from
+            ``settings.LOCKKIT["STATEMENT_TIMEOUT"]``, itself ``None``) leaves the connection's setting.
+        nowait: Lock with ``NOWAIT``: a held row raises ``LockNotAvailable`` at once.
+        skip_locked: Lock with ``SKIP LOCKED``: held rows are left out of the result.
+        no_key: Lock with ``FOR NO KEY UPDATE`` (PostgreSQL), which does not block inserts referencing the row.
+
+    Returns:
+        A ``Locked`` context manager (also usable as a decorator, without retries) yielding a ``LockScope``.
+
+    Raises:
+        TypeError: a parameter has the wrong type (a ``bool`` or a string as a duration, a model instance).
+        ValueError: an unknown alias, a non-positive/NaN/infinite duration, ``nowait`` with ``skip_locked``.
+        django.db.NotSupportedError: on entry, the backend cannot honour ``nowait``/``skip_locked``/``no_key``.
+        LockNotAvailable: inside the block, a row was locked and the scope asked for ``nowait``.
+        LockTimeout: inside the block, a lock wait took longer than ``lock_timeout``.
+        DeadlockDetected: the database aborted the transaction to break a deadlock.
+        SerializationFailure: the database could not serialize the transaction (in the block or at commit).
+        StatementTimeout: a statement ran longer than ``statement_timeout``.
+        ReadOnlyDatabase: the alias is a read-only server (a hot standby).
+    """
+    options = ScopeOptions.build(
+        None if callable(using) else using,
+        model=model,
+        lock_timeout=lock_timeout,
+        statement_timeout=statement_timeout,
+        nowait=nowait,
+        skip_locked=skip_locked,
+        no_key=no_key,
+    )
+    if callable(using):
+        # ``@locked`` written bare decorates; locked() takes no alias resolver (locked_operation(using=...) does).
+        if options != ScopeOptions():
+            raise TypeError(f"using must be a database alias (str) or None, not {type(using).__name__}")
+        return Locked(options)(using)
+    return Locked(options)
+
+
+__all__ = ["LockScope", "Locked", "ScopeBlock", "classify", "current_scope", "lock", "locked"]

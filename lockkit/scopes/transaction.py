@@ -1,0 +1,299 @@
+"""The lifecycle of one scope's transaction or savepoint, as a context manager (private to lockkit).
+
+``ScopeTransaction`` begins the transaction (or savepoint) through the vendor backend, applies the scope's timeouts,
+marks the commit, restores what the backend changed, and turns database failures into lockkit's typed errors. It
+knows nothing of the stack of active scopes or of retries. See
+https://docs.djangoproject.com/en/stable/topics/db/transactions/#controlling-transactions-explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.transaction import TransactionManagementError
+
+from lockkit.backends import TimeoutToken, backend_for
+from lockkit.errorcodes.translate import translate, translating
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError
+from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
+
+logger = logging.getLogger("lockkit")
+
+# Seconds lockkit spends finding out whether a COMMIT whose reply was lost committed (reconnecting through a
+# fast restart included) before it gives up and raises CommitOutcomeUnknown.
+COMMIT_RESOLUTION_TIMEOUT = 3.0
+
+Callback = tuple[
+    Any, Callable[[], Any], bool
+]  # Django's run_on_commit entries: (savepoint ids, func, robust)
+
+
+def in_transaction(connection: Any) -> bool:
+    """Whether the connection is inside a transaction someone else began (``atomic`` or autocommit turned off).
+
+    A closed connection (never opened, or discarded after it died) holds no transaction: nothing is connected
+    here, so a server that is down shows up when the scope begins, as a ``ConnectionLost`` it can retry.
+    """
+    if connection.connection is None:
+        return bool(connection.in_atomic_block)
+    return bool(connection.in_atomic_block or not connection.get_autocommit())
+
+
+class ScopeTransaction:
+    """Begin, time-limit and end one scope's transaction (a savepoint when ``nested``) on one alias.
+
+    Attributes:
+        alias: The database alias.
+        nested: The transaction began inside an existing one on the alias (it is a savepoint).
+        committed: The scope's own transaction has committed (set by its first ``on_commit`` hook); an error
+            raised after that comes from a later callback, not from the commit, and is raised as
+            ``OnCommitError``.
+        xid: The PostgreSQL transaction id of an outermost scope (read by its opening statement), else ``None``.
+        doomed: The first database error lockkit's helpers raised in the block: the block is marked for
+            rollback, and the scope ends with this error even when the body caught it.
+        translating: The translator of the block's database errors (``lockkit.errorcodes.translate.translating``).
+    """
+
+    def __init__(
+        self,
+        alias: str,
+        *,
+        lock_timeout: float | None,
+        statement_timeout: float | None,
+        nowait: bool,
+        attempt: int,
+    ) -> None:
+        """Prepare the transaction (no SQL yet); ``nested`` is decided now, from the connection."""
+        # Django's wrapper for the alias in this thread: the same object for the thread's life (the driver
+        # connection inside it is what changes when Django reconnects).
+        self._connection = connection = connections[alias]
+        self.alias = alias
+        self.nested = in_transaction(connection)
+        self.committed = False
+        self.doomed: BaseException | None = None
+        self.backend = backend_for(connection)
+        self._lock_timeout = lock_timeout
+        self._statement_timeout = statement_timeout
+        self._atomic = transaction.atomic(using=alias)
+        self.translating = translating(
+            alias, nowait=nowait, attempts=attempt, timed=statement_timeout is not None
+        )
+        self._token: TimeoutToken | None = None
+        self._raw: Any = None  # the driver connection the transaction runs on
+        # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
+        self._restored = False
+        self._restore_error: BaseException | None = None
+
+    def __enter__(self) -> ScopeTransaction:
+        """Begin the transaction or savepoint and apply the timeouts.
+
+        Raises:
+            LockError: the database reported a classified failure (SQLite's BEGIN IMMEDIATE may wait for a lock).
+        """
+        connection = self._connection
+        if not self.nested and connection.errors_occurred:
+            discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
+        with self._lost_connection_discarded(), self.translating:
+            self.backend.open_transaction(
+                connection,
+                self._atomic,
+                lock_timeout=self._lock_timeout,
+                statement_timeout=self._statement_timeout,
+                nested=self.nested,
+            )
+        self._raw = connection.connection
+        try:
+            self._token = self.backend.apply_timeouts(
+                connection,
+                lock_timeout=self._lock_timeout,
+                statement_timeout=self._statement_timeout,
+                nested=self.nested,
+            )
+        except BaseException as exc:
+            with self._lost_connection_discarded():
+                try:
+                    self._atomic.__exit__(type(exc), exc, exc.__traceback__)
+                except BaseException as rollback_exc:
+                    # Django reconnects when it restores autocommit; during a restart that fails too.
+                    self._raise_translated(rollback_exc)
+                    raise
+                self._raise_translated(exc)
+            raise
+        if not self.nested:
+            # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
+            # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
+            transaction.on_commit(self._mark_committed, using=self.alias)
+        return self
+
+    @property
+    def opened(self) -> tuple[str | None, ...]:
+        """The values of the backend's opening columns, read by the statement that opened an outermost scope."""
+        return self._token.opened if self._token is not None else ()
+
+    @property
+    def xid(self) -> int | None:
+        """The PostgreSQL transaction id of an outermost scope, once its opening statement ran; else ``None``."""
+        return None if self.nested else self.backend.transaction_id(self._token)
+
+    def _mark_committed(self) -> None:
+        self.committed = True
+        if self._token is not None:
+            # Before the user's callbacks, which run after this hook: they see the connection's own session
+            # settings (MySQL), as they do on PostgreSQL where the scope's values ended with the transaction.
+            self._restored = True
+            try:
+                self.backend.after_transaction_end(self._connection, self._token, nested=False)
+            except Exception as exc:  # raised after the callbacks, by _after_end: they must still run
+                self._restore_error = exc
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """End the transaction: commit or release on success, roll back on error; raise typed errors.
+
+        A connection lost while COMMIT was in flight is resolved: committed (the callbacks run, nothing is
+        raised), rolled back (``ConnectionLost``), or unknown (``CommitOutcomeUnknown``).
+
+        Raises:
+            LockError: the block's database failure, or the commit's, as its typed error; the error a helper
+                raised in the block when the body swallowed it.
+            DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
+        """
+        connection = self._connection
+        restore_error: BaseException | None = None
+        doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
+        if doomed is not None:
+            exc = None  # the body swallowed a helper's error: roll back, then raise that error
+            transaction.set_rollback(True, using=self.alias)  # Django's public form of needs_rollback
+        # After an error swallowed inside the block the savepoint is rolled back anyway, which reverts the timeouts.
+        if exc is None and self.nested and self._token is not None and not connection.needs_rollback:
+            try:
+                self.backend.restore_before_release(connection, self._token)
+            except BaseException as restore_exc:
+                # Typically 25P02: the body swallowed a database error, so the savepoint cannot be released.
+                # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
+                exc = restore_error = restore_exc
+        committing = exc is None and not self.nested and not connection.needs_rollback
+        # Django forgets the callbacks when the COMMIT fails; kept here in case it turns out to have committed.
+        pending: list[Any] = list(connection.run_on_commit) if committing else []
+        callbacks: list[Callback] = [(entry[0], entry[1], bool(entry[2])) for entry in pending]
+        try:
+            self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+        except BaseException as commit_exc:
+            self._after_end(pending=True)
+            if self.committed:
+                if isinstance(commit_exc, Exception):
+                    # An on_commit callback failed after the COMMIT: not a failure of the transaction.
+                    raise self._on_commit_error(commit_exc) from commit_exc
+                raise
+            error = self._translate(commit_exc)
+            if committing and isinstance(error, ConnectionLost):
+                self._resolve_commit(error, callbacks)
+                return
+            with self._lost_connection_discarded():
+                if error is not None:
+                    raise error from commit_exc
+                raise
+        self._after_end(pending=exc is not None or doomed is not None)
+        if doomed is not None:
+            if isinstance(doomed, ConnectionLost):
+                discard_after_loss(self.alias)
+            raise doomed
+        error = None if exc is None else self._translate(exc)
+        if isinstance(error, ConnectionLost):
+            discard_after_loss(self.alias)
+        if error is not None and error is not exc:
+            raise error from exc
+        if restore_error is not None:
+            raise restore_error
+
+    def _on_commit_error(self, callback_error: Exception) -> OnCommitError:
+        return OnCommitError(
+            f"an on_commit callback failed after the transaction on {self.alias!r} committed "
+            f"({type(callback_error).__name__}: {callback_error}); the work is committed: do not retry it",
+            alias=self.alias,
+        )
+
+    def doom(self, error: BaseException) -> None:
+        """Mark the block for rollback because a lockkit helper raised ``error`` in it (kept: the first one)."""
+        transaction.set_rollback(True, using=self.alias)
+        if self.doomed is None:
+            self.doomed = error
+
+    def _translate(self, exc: BaseException) -> LockError | None:
+        if isinstance(exc, LockError):
+            if exc.alias is None:
+                exc.alias = self.alias
+            return exc
+        t = self.translating
+        return translate(
+            exc, alias=self.alias, nowait=t.nowait, attempts=t.attempts, timed=t.timed, raw=self._raw
+        )
+
+    def _resolve_commit(self, lost: ConnectionLost, callbacks: list[Callback]) -> None:
+        """The connection died while COMMIT was in flight: ask the server what became of the transaction."""
+        outcome = self.backend.commit_outcome(
+            connections[self.alias], self.xid, within=COMMIT_RESOLUTION_TIMEOUT
+        )
+        if outcome == "committed":
+            logger.info(
+                "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid
+            )
+            for _, func, robust in callbacks:  # Django's order and its robust semantics
+                try:
+                    func()
+                except Exception as callback_error:
+                    if not robust:
+                        raise self._on_commit_error(callback_error) from callback_error
+                    logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
+            return
+        discard_after_loss(self.alias)
+        cause = lost.__cause__ if lost.__cause__ is not None else lost
+        if outcome == "aborted":
+            raise lost from cause  # rolled back: a plain failure before the commit took effect
+        raise CommitOutcomeUnknown(
+            f"the connection to {self.alias!r} was lost while COMMIT was in flight and its outcome is unknown "
+            f"(transaction id {self.xid}): {cause}",
+            sqlstate=lost.sqlstate,
+            alias=self.alias,
+            attempts=lost.attempts,
+            xid=self.xid,
+        ) from cause
+
+    @contextlib.contextmanager
+    def _lost_connection_discarded(self) -> Iterator[None]:
+        """Discard the alias's connection when a ``ConnectionLost`` leaves the block (outside transactions)."""
+        try:
+            yield
+        except ConnectionLost:
+            discard_after_loss(self.alias)
+            raise
+
+    def _raise_translated(self, exc: BaseException) -> None:
+        """Raise the typed error for ``exc`` from ``exc``; return for anything else (a ``LockError`` gets the alias)."""
+        error = self._translate(exc)
+        if error is not None and error is not exc:
+            raise error from exc
+
+    def _after_end(self, *, pending: bool) -> None:
+        """Let the backend restore session settings a rollback does not revert (MySQL), after success or error.
+
+        A failure to restore is raised when nothing else is; otherwise the scope's own error wins (the backend has
+        already made sure the altered value cannot outlive the failure).
+        """
+        if self._token is None:
+            return
+        if self._restored:
+            if self._restore_error is not None and not pending:
+                raise self._restore_error
+            return
+        try:
+            self.backend.after_transaction_end(self._connection, self._token, nested=self.nested)
+        except BaseException:
+            if not pending:
+                raise
