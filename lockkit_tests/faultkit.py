@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connections, models
 
-from sample_project.faults.proxy import FaultProxy, Protocol
+from lockkit_harness.proxy import FaultProxy, Protocol
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ INSTALLED_APPS = [
     "lockkit_tests",
     "sample_project.inventory",
     "sample_project.jobs",
-    "sample_project.soak",
+    "lockkit_harness.soak",
 ]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

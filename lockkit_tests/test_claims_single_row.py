@@ -20,9 +20,9 @@ from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims import StaleClaim, claim_next, complete, heartbeat, release
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Job, QueuedJob
 from lockkit_tests.test_claims_hardening import queue_schema  # noqa: F401  # the fixture, used by name
-from sample_project.faults.proxy import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

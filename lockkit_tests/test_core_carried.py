@@ -20,8 +20,8 @@ from psycopg import sql as psql
 import lockkit
 from lockkit.claims import StaleClaim, claim, claim_next, complete
 from lockkit.testing import hold_lock
+from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Item, Job
-from sample_project.faults.proxy import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,8 @@ from django.test.utils import override_settings
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.testing import in_thread
+from lockkit_harness.sessions import cancel, session_of
 from lockkit_tests.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
-from sample_project.faults.sessions import cancel, session_of
 
 JOIN = 30.0
 SLEEP = {"postgresql": "SELECT pg_sleep(30)", "mysql": "SELECT SLEEP(30)"}

@@ -30,10 +30,10 @@ from lockkit.claims import (
     release_many,
 )
 from lockkit.testing import hold_lock
+from lockkit_harness.cluster import PgBouncer, missing_binaries
 from lockkit_tests.claims_helpers import expire
 from lockkit_tests.faultkit import extra_alias, upstream_of
 from lockkit_tests.models import Job, JobLog
-from sample_project.faults.cluster import PgBouncer, missing_binaries
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "bouncer"])
 

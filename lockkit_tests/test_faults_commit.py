@@ -16,10 +16,10 @@ from django.db import connections
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.claims import claim_next, held_by
+from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.faultkit import proxied
 from lockkit_tests.models import Item, Job, Stock
 from lockkit_tests.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
-from sample_project.faults.proxy import FaultProxy
 
 
 def _sale(alias: str, proxy: FaultProxy, action: str | None, *, on_attempt: int = 1):  # type: ignore[no-untyped-def]

@@ -27,12 +27,12 @@ from lockkit.claims import (
     release,
     release_many,
 )
+from lockkit_harness.sessions import session_of, terminate
 from lockkit_tests.claims_helpers import expire
 from lockkit_tests.faultkit import wait_until_gone
 from lockkit_tests.models import Job, Stock
 from lockkit_tests.util import reserve_one_on
 from lockkit_tests.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON, vendor_params
-from sample_project.faults.sessions import session_of, terminate
 
 # None: psycopg reports the closed socket without a code (the folded BEGIN reads no FATAL message first); the
 # driver's state makes it a ConnectionLost all the same.

@@ -15,9 +15,9 @@ from django.db import connections
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.claims import claim_next, complete, heartbeat
+from lockkit_harness.cluster import TempCluster, missing_binaries
 from lockkit_tests.faultkit import create_tables, extra_alias
 from lockkit_tests.models import Item, Job, JobLog, Owner, Stock
-from sample_project.faults.cluster import TempCluster, missing_binaries
 
 MISSING = missing_binaries()
 ALIAS = "restartable"

@@ -21,15 +21,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sample_project.faults.cluster import (
+from lockkit_harness.cluster import (
     PG_BIN,
     PGBOUNCER,
     as_postgres,
     free_port,
     owned_tempdir,
 )
-from sample_project.faults.cluster import run as _run
-from sample_project.faults.cluster import wait_for_port as _wait_for_port
+from lockkit_harness.cluster import run as _run
+from lockkit_harness.cluster import wait_for_port as _wait_for_port
 
 ALIASES = ("primary", "replica", "pgbouncer")
 # The test database pytest-django creates on the primary; the replica and PgBouncer aliases mirror it.

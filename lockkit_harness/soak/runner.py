@@ -16,12 +16,12 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from sample_project.faults.cluster import TempCluster
-from sample_project.faults.proxy import FaultProxy
-from sample_project.soak.injector import Injector
-from sample_project.soak.plan import PLENTIFUL, SCARCE, Fault, SoakOptions, schedule
-from sample_project.soak.reconcile import Check, Logs, read_logs, reconcile, table
-from sample_project.soak.worker import SETTINGS_MODULE, Shared, run_worker
+from lockkit_harness.cluster import TempCluster
+from lockkit_harness.proxy import FaultProxy
+from lockkit_harness.soak.injector import Injector
+from lockkit_harness.soak.plan import PLENTIFUL, SCARCE, Fault, SoakOptions, schedule
+from lockkit_harness.soak.reconcile import Check, Logs, read_logs, reconcile, table
+from lockkit_harness.soak.worker import SETTINGS_MODULE, Shared, run_worker
 
 WEDGE_SECONDS = 15.0  # a live worker that finished no operation for this long is wedged
 INITIAL_JOBS = 200
@@ -186,9 +186,9 @@ def _database_state() -> dict[str, Any]:
     from django.db import connections
     from django.db.models import Sum
 
+    from lockkit_harness.soak.models import Order
     from sample_project.inventory.models import Reservation, Stock
     from sample_project.jobs.models import Job, JobRun
-    from sample_project.soak.models import Order
 
     connections.close_all()  # the setup's connection did not survive the restarts
     runs: dict[int, list[int]] = defaultdict(list)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sample_project.soak.plan import FAULT_KINDS, SoakOptions, schedule
-from sample_project.soak.reconcile import Check, read_logs, reconcile
+from lockkit_harness.soak.plan import FAULT_KINDS, SoakOptions, schedule
+from lockkit_harness.soak.reconcile import Check, read_logs, reconcile
 
 
 def test_the_schedule_is_seeded_covers_every_kind_and_stays_inside_the_fault_window() -> None:

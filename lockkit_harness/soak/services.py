@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import lockkit
+from lockkit_harness.soak.models import Order
 from sample_project.inventory.services import reserve_stock
-from sample_project.soak.models import Order
 
 
 @lockkit.locked_operation

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sample_project.soak.plan import PLENTIFUL, SCARCE
+from lockkit_harness.soak.plan import PLENTIFUL, SCARCE
 
-SETTINGS_MODULE = "sample_project.soak.settings"
+SETTINGS_MODULE = "lockkit_harness.soak.settings"
 RECLAIM_EVERY = 2.0  # seconds between two reclaim_expired() calls of one worker
 LEAK_CHECK_EVERY = 250  # operations between two checks that no timeout leaked onto the session
 MAX_ATTEMPTS = 50  # a job is failed after this many claims: never reached unless something is wrong
@@ -60,6 +60,7 @@ def run_worker(
     _setup(url)
     from lockkit import CommitOutcomeUnknown
     from lockkit.claims import held_by
+    from lockkit_harness.soak.services import place_order
     from sample_project.inventory.errors import InsufficientStock
     from sample_project.jobs.models import Job
     from sample_project.jobs.services import (
@@ -69,7 +70,6 @@ def run_worker(
         heartbeat_job,
         reclaim_expired_jobs,
     )
-    from sample_project.soak.services import place_order
 
     log = Log(log_path)
     rng = random.Random(seed * 1000 + index * 100 + incarnation)

@@ -9,9 +9,9 @@ from typing import Any
 
 import psycopg
 
-from sample_project.faults.cluster import TempCluster
-from sample_project.faults.proxy import FaultProxy
-from sample_project.soak.plan import Fault
+from lockkit_harness.cluster import TempCluster
+from lockkit_harness.proxy import FaultProxy
+from lockkit_harness.soak.plan import Fault
 
 # Worker sessions only: not the soak's own monitoring connection (application_name "soak-monitor").
 _SESSIONS = (

@@ -4,6 +4,6 @@ from django.apps import AppConfig
 
 
 class SoakConfig(AppConfig):
-    name = "sample_project.soak"
+    name = "lockkit_harness.soak"
     label = "soak"
     default_auto_field = "django.db.models.BigAutoField"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sample_project import embedded
+from lockkit_harness import embedded
 
 
 @pytest.mark.parametrize("text", ["17", "15", "eighteen", "18.4", "-16"])
