@@ -1,9 +1,13 @@
-"""A throwaway PostgreSQL cluster (``initdb`` + ``pg_ctl`` on a free port) that can be stopped, restarted and
-killed at will, and a PgBouncer in front of any server.
+"""Throwaway PostgreSQL servers: a cluster (``initdb`` + ``pg_ctl`` on a free port) that can be stopped, restarted
+and killed at will, a hot standby streaming from one (``pg_basebackup -R``), a PgBouncer in front of any server, and
+``Topology``, the three together (a primary, its standby, a PgBouncer in front of the primary).
+
+The one implementation of these servers: the fault tests, the topology tests and the soak all start them here.
 
 The binaries come from ``$LOCKKIT_TEST_PG_BIN`` (default ``/usr/lib/postgresql/15/bin``). As root, every server
 runs as the ``postgres`` OS user (``initdb`` and PgBouncer refuse root). See
-https://www.postgresql.org/docs/current/app-pg-ctl.html.
+https://www.postgresql.org/docs/current/app-pg-ctl.html and
+https://www.postgresql.org/docs/current/app-pgbasebackup.html.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def missing_binaries(*, pgbouncer: bool = False) -> str | None:
-    """Why a cluster (and PgBouncer when asked) cannot be started here, or ``None`` when it can."""
-    needed = [PG_BIN / name for name in ("initdb", "pg_ctl", "postgres")]
+def missing_binaries(*, pgbouncer: bool = False, standby: bool = False) -> str | None:
+    """Why a cluster (and PgBouncer, a hot standby, when asked) cannot be started here, or ``None`` when it can."""
+    names = ["initdb", "pg_ctl", "postgres"] + (["pg_basebackup"] if standby else [])
+    needed = [PG_BIN / name for name in names]
     absent = [str(path) for path in needed if not os.access(path, os.X_OK)]
     if pgbouncer and not os.access(PGBOUNCER, os.X_OK):
         absent.append("pgbouncer (apt-get install pgbouncer)")
@@ -90,13 +95,24 @@ class TempCluster:
     Args:
         settings: Extra server settings (``-c name=value``), e.g. ``{"max_connections": "60"}``.
         prefix: The temporary directory's name prefix.
+        port: The TCP port on 127.0.0.1; ``None`` picks a free one.
+        standby_of: A running cluster to stream from: the first start makes this cluster a hot standby of it
+            (``pg_basebackup -X stream -R``) instead of running ``initdb``.
     """
 
-    def __init__(self, settings: dict[str, str] | None = None, prefix: str = "lockkit-cluster-") -> None:
+    def __init__(
+        self,
+        settings: dict[str, str] | None = None,
+        prefix: str = "lockkit-cluster-",
+        *,
+        port: int | None = None,
+        standby_of: TempCluster | None = None,
+    ) -> None:
         self.root = owned_tempdir(prefix)
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        self.port = free_port()
+        self.port = free_port() if port is None else port
+        self.standby_of = standby_of
         self.settings = {
             "listen_addresses": "127.0.0.1",
             "unix_socket_directories": str(self.root),
@@ -132,9 +148,23 @@ class TempCluster:
     def start(self) -> None:
         """Create the cluster (the first time) and start it; return once it accepts connections."""
         if not self._initialised:
-            run(
-                [str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
-            )
+            if self.standby_of is None:
+                run(
+                    [
+                        str(PG_BIN / "initdb"),
+                        "-D",
+                        str(self.data),
+                        "-U",
+                        "postgres",
+                        "--auth=trust",
+                        "-E",
+                        "UTF8",
+                    ]
+                )
+            else:
+                # -R writes standby.signal and primary_conninfo: a streaming hot standby of the primary.
+                primary = ["-h", "127.0.0.1", "-p", str(self.standby_of.port), "-U", "postgres"]
+                run([str(PG_BIN / "pg_basebackup"), "-D", str(self.data), *primary, "-X", "stream", "-R"])
             self._initialised = True
         self._ctl("start", "-w", "-l", str(self.log), "-o", self._options())
 
@@ -168,11 +198,14 @@ class PgBouncer:
     Args:
         host, port: The PostgreSQL server.
         settings: Extra ``[pgbouncer]`` settings, e.g. ``{"client_idle_timeout": "1"}``.
+        listen_port: PgBouncer's own TCP port on 127.0.0.1; ``None`` picks a free one.
     """
 
-    def __init__(self, host: str, port: int, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, settings: dict[str, str] | None = None, *, listen_port: int | None = None
+    ) -> None:
         self.root = owned_tempdir("lockkit-pgbouncer-")
-        self.port = free_port()
+        self.port = free_port() if listen_port is None else listen_port
         self.upstream = (host, port)
         self.settings = {
             "listen_addr": "127.0.0.1",
@@ -221,3 +254,82 @@ class PgBouncer:
                 self._process.wait(10)
             self._process = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Topology:
+    """A primary, a hot standby streaming from it, and a PgBouncer (transaction pooling) in front of the primary.
+
+    ``start()`` starts them in that order, ``stop()`` stops them in reverse and removes their directories; a
+    context manager too. The ports may be chosen beforehand (a settings module names them before any server runs).
+
+    Args:
+        primary_port, replica_port, pgbouncer_port: TCP ports on 127.0.0.1; ``None`` picks free ones.
+        settings: Extra server settings of both PostgreSQL servers.
+        pgbouncer_settings: Extra ``[pgbouncer]`` settings.
+    """
+
+    def __init__(
+        self,
+        *,
+        primary_port: int | None = None,
+        replica_port: int | None = None,
+        pgbouncer_port: int | None = None,
+        settings: dict[str, str] | None = None,
+        pgbouncer_settings: dict[str, str] | None = None,
+    ) -> None:
+        self.primary = TempCluster(settings, "lockkit-primary-", port=primary_port)
+        self.replica = TempCluster(settings, "lockkit-replica-", port=replica_port, standby_of=self.primary)
+        self.pgbouncer = PgBouncer(
+            "127.0.0.1", self.primary.port, pgbouncer_settings, listen_port=pgbouncer_port
+        )
+
+    def __enter__(self) -> Topology:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the primary, then its standby, then PgBouncer; return once all three accept connections."""
+        self.primary.start()
+        self.replica.start()
+        self.pgbouncer.start()
+
+    def stop_pgbouncer(self) -> None:
+        """Stop PgBouncer, which closes its server connections (a database behind it can then be dropped)."""
+        self.pgbouncer.stop()
+
+    def stop(self) -> None:
+        """Stop PgBouncer, the standby and the primary, and remove their directories."""
+        self.pgbouncer.stop()
+        self.replica.remove()
+        self.primary.remove()
+
+    def wait_for_replay(self, timeout: float = 10.0) -> None:
+        """Wait until the standby has replayed everything the primary has written so far (WAL positions are
+        per cluster, so this also covers a database created after the standby started).
+
+        Raises:
+            TimeoutError: The standby did not catch up within ``timeout`` seconds.
+        """
+        import psycopg  # only the topology's users need the driver
+
+        def connect(port: int) -> psycopg.Connection[tuple[object, ...]]:
+            return psycopg.connect(
+                host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True
+            )
+
+        with connect(self.primary.port) as primary, connect(self.replica.port) as replica:
+            row = primary.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert row is not None
+            deadline = time.monotonic() + timeout
+            while True:
+                done = replica.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [row[0]]).fetchone()
+                if done is not None and done[0]:
+                    return
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"the replica did not replay up to {row[0]} within {timeout}s")
+                time.sleep(0.01)
