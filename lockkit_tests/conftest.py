@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from lockkit_harness.proxy import FaultProxy
-from lockkit_tests.faultkit import proxied
+from lockkit_tests.support.faultkit import proxied
 
 
 @pytest.fixture
