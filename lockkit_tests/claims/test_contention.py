@@ -1,4 +1,9 @@
-"""lockkit.claims under real concurrency on PostgreSQL: worker threads, a killed process, a lock monitor."""
+"""lockkit.claims under real concurrency on PostgreSQL: worker threads, a killed process, a lock monitor.
+
+What PostgreSQL alone shows (pg_locks through a lock monitor, a killed child process, FK and heartbeat timing). The
+scenarios every vendor shares (one winner for one row, queued claimers, the limit under concurrency, the drain) are
+written once, over PostgreSQL, MariaDB and SQLite, in ``test_vendors.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +19,12 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
-from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from lockkit import RetryPolicy, current_scope, locked_operation
 from lockkit.claims import (
     Claim,
     StaleClaim,
-    claim,
     claim_next,
     complete,
     complete_many,
@@ -36,7 +39,6 @@ from lockkit.testing import (
     hold_lock,
     in_thread,
     run_concurrently,
-    wait_until_blocked,
 )
 from lockkit_tests.models import Job, JobLog
 from lockkit_tests.support.claim_worker import claim_then_hang
@@ -151,71 +153,6 @@ def test_claim_next_skips_rows_other_sessions_hold_without_waiting() -> None:
     assert [seen for seen in waits.waits if seen.waiting == pid] == []
     assert waits.polls >= 1
     assert claim_next(PENDING, worker="w", lease=30, limit=10) != []  # the held rows are free again
-
-
-@override_settings(LOCKKIT={"LOCK_TIMEOUT": 30})
-def test_claim_by_concurrent_callers_gives_exactly_one_claim() -> None:
-    (job,) = Job.objects.bulk_create([Job(name="contested")])
-    callers = 6
-
-    def contend(i: int) -> Claim | None:
-        return claim(job, worker=f"c{i}", lease=30, set={"state": "running"})
-
-    with hold_lock(job) as holder:
-        contending = in_thread(
-            run_concurrently, contend, callers, args=[(i,) for i in range(callers)], timeout=60
-        )
-        # The first caller waits for the holder; the others queue behind it for the row (their blocking pid is
-        # the first caller's, not the holder's): wait_until_blocked counts both.
-        assert len(wait_until_blocked(holder, count=callers, timeout=20)) == callers
-    results = contending.result(timeout=60)
-    assert [o.error for o in results] == [None] * callers
-    claims = [o.result for o in results if o.result is not None]
-    assert len(claims) == 1
-    row = snapshot(job.pk)
-    assert (row["claim_token"], row["attempts"], row["claimed_by"], row["state"]) == (
-        1,
-        1,
-        claims[0].worker,
-        "running",
-    )
-
-
-def test_claim_at_a_barrier_without_a_holder_gives_exactly_one_claim() -> None:
-    (job,) = Job.objects.bulk_create([Job(name="contested")])
-    outcomes = run_concurrently(
-        lambda i: claim(job, worker=f"c{i}", lease=30), 8, args=[(i,) for i in range(8)]
-    )
-    assert [o.error for o in outcomes] == [None] * 8
-    assert sum(o.result is not None for o in outcomes) == 1
-    assert snapshot(job.pk)["claim_token"] == 1
-
-
-def test_limit_is_never_exceeded_under_plans_that_could_over_claim() -> None:
-    Job.objects.bulk_create([Job(name=f"job-{i}") for i in range(200)])
-    limit, callers, rounds = 7, 6, 8
-
-    def claim_rounds(i: int) -> list[int]:
-        with connection.cursor() as cursor:
-            # Nested loops with re-scans: the plans under which "UPDATE ... WHERE id IN (SELECT ... LIMIT n
-            # FOR UPDATE SKIP LOCKED)" re-evaluates its subquery and updates more than n rows.
-            cursor.execute("SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off")
-        sizes = []
-        for r in range(rounds):
-            claims = claim_next(PENDING, worker=f"c{i}-{r}", lease=30, limit=limit, order_by=["-pk"])
-            sizes.append(len(claims))
-            assert len({c.pk for c in claims}) == len(claims)
-        return sizes
-
-    outcomes = run_concurrently(claim_rounds, callers, args=[(i,) for i in range(callers)], timeout=120)
-    assert [o.error for o in outcomes] == [None] * callers
-    sizes = [n for o in outcomes for n in (o.result or [])]
-    assert max(sizes) <= limit
-    marked = Counter(Job.objects.filter(lease_expires_at__isnull=False).values_list("claimed_by", flat=True))
-    assert max(marked.values()) <= limit
-    # 6 callers x 8 rounds x 7 = 336 asked for, 200 there: every row claimed once, the last calls came up short.
-    assert sum(marked.values()) == sum(sizes) == 200
-    assert Job.objects.exclude(claim_token__in=[0, 1]).count() == 0
 
 
 def test_claim_next_does_not_block_inserts_referencing_a_claimed_job() -> None:

@@ -114,7 +114,10 @@ def test_eight_workers_drain_the_jobs_each_completed_exactly_once(alias: str) ->
     if alias != "sqlite":
         assert busy == [0] * workers  # row locks: claim_next never waits for another worker's rows
     assert sum(done) == total
-    assert sum(1 for n in done if n) >= 2, done  # the work really was shared
+    if alias != "sqlite":
+        # Row locks let the workers claim side by side. SQLite serialises its writers (BEGIN IMMEDIATE): under load
+        # one worker may drain every job while the others wait for the write lock, which the design allows.
+        assert sum(1 for n in done if n) >= 2, done  # the work really was shared
     logged = Counter(JobLog.objects.using(alias).values_list("job_id", flat=True))
     assert set(logged) == set(Job.objects.using(alias).values_list("pk", flat=True))
     assert set(logged.values()) == {1}
@@ -126,6 +129,7 @@ def test_eight_workers_drain_the_jobs_each_completed_exactly_once(alias: str) ->
 
 @pytest.mark.parametrize("alias", VENDORS)
 def test_concurrent_claims_of_one_row_give_exactly_one_winner(alias: str) -> None:
+    """Callers released together at a barrier, no holder: exactly one claims the row (three rounds)."""
     callers = 8
     for _ in range(3):
         job = Job.objects.using(alias).create(name="contested")
@@ -150,13 +154,18 @@ def test_concurrent_claims_of_one_row_give_exactly_one_winner(alias: str) -> Non
 @pytest.mark.parametrize("alias", vendor_params())
 @override_settings(LOCKKIT={"LOCK_TIMEOUT": 30})
 def test_claimers_queued_behind_a_held_row_give_exactly_one_winner(alias: str) -> None:
-    """The callers really wait for the row (the database shows them blocked), then exactly one claims it."""
+    """The callers really wait for the row (the database shows them blocked), then exactly one claims it.
+
+    PostgreSQL and MariaDB: SQLite has no row lock another session could hold. The first caller waits for the
+    holder; on PostgreSQL the others queue behind it for the row (their blocking pid is the first caller's, not the
+    holder's): ``wait_until_blocked`` counts both.
+    """
     job = Job.objects.using(alias).create(name="contested")
-    callers = 4
+    callers = 6
     with hold_lock(Job.objects.using(alias).filter(pk=job.pk)) as holder:
         contending = in_thread(
             run_concurrently,
-            lambda i: claim(job, worker=f"c{i}", lease=30),
+            lambda i: claim(job, worker=f"c{i}", lease=30, set={"state": "running"}),
             callers,
             args=[(i,) for i in range(callers)],
             timeout=60,
@@ -164,20 +173,35 @@ def test_claimers_queued_behind_a_held_row_give_exactly_one_winner(alias: str) -
         assert len(wait_until_blocked(holder, count=callers, using=alias, timeout=20)) >= callers
     outcomes = contending.result(timeout=60)
     assert [o.error for o in outcomes] == [None] * callers
-    assert sum(o.result is not None for o in outcomes) == 1
-    assert Job.objects.using(alias).get(pk=job.pk).claim_token == 1
+    winners = [o.result for o in outcomes if o.result is not None]
+    assert len(winners) == 1
+    row = Job.objects.using(alias).get(pk=job.pk)
+    assert (row.claim_token, row.attempts, row.claimed_by, row.state) == (1, 1, winners[0].worker, "running")
+
+
+# Nested loops with re-scans: the PostgreSQL plans under which "UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR
+# UPDATE SKIP LOCKED)" re-evaluates its subquery and updates more than n rows.
+_OVER_CLAIMING_PLANS = {
+    "postgresql": "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off"
+}
 
 
 @pytest.mark.parametrize("alias", VENDORS)
 def test_concurrent_claim_next_never_exceeds_limit_nor_claims_a_row_twice(alias: str) -> None:
-    Job.objects.using(alias).bulk_create([Job(name=f"job-{i}") for i in range(300)])
+    total = 200
+    Job.objects.using(alias).bulk_create([Job(name=f"job-{i}") for i in range(total)])
     pending = Job.objects.using(alias).filter(state="pending")
-    limit, callers, rounds = 7, 6, 5
+    # 6 callers x 8 rounds x 7 = 336 asked for, 200 there: full batches first, then the last calls come up short.
+    limit, callers, rounds = 7, 6, 8
 
     def claim_rounds(i: int) -> list[list[Any]]:
+        connection = connections[alias]
+        if (plans := _OVER_CLAIMING_PLANS.get(connection.vendor)) is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(plans)
         return [
-            [c.pk for c in claim_next(pending, worker=f"c{i}", lease=30, limit=limit, order_by=["-pk"])]
-            for _ in range(rounds)
+            [c.pk for c in claim_next(pending, worker=f"c{i}-{r}", lease=30, limit=limit, order_by=["-pk"])]
+            for r in range(rounds)
         ]
 
     outcomes = run_concurrently(claim_rounds, callers, args=[(i,) for i in range(callers)], timeout=120)
@@ -185,9 +209,13 @@ def test_concurrent_claim_next_never_exceeds_limit_nor_claims_a_row_twice(alias:
     batches = [batch for o in outcomes for batch in (o.result or [])]
     assert max(len(batch) for batch in batches) == limit
     claimed = [pk for batch in batches for pk in batch]
-    assert len(claimed) == len(set(claimed)) == callers * rounds * limit
-    assert Job.objects.using(alias).filter(claim_token=1).count() == len(claimed)
-    assert Job.objects.using(alias).filter(claim_token__gt=1).count() == 0
+    assert len(claimed) == len(set(claimed)) == total  # every row claimed, none twice
+    # Each call has a worker name of its own: no call marked more rows than its limit.
+    marked = Counter(Job.objects.using(alias).values_list("claimed_by", flat=True))
+    assert max(marked.values()) <= limit
+    assert sum(marked.values()) == total
+    assert Job.objects.using(alias).filter(claim_token=1).count() == total
+    assert Job.objects.using(alias).exclude(claim_token=1).count() == 0
 
 
 # -- fenced effects ----------------------------------------------------------------------------------------------
