@@ -1,7 +1,7 @@
 """Runs every Python code block of README.md and of the pages in docs/ as a test (Sybil), on the test database.
 
 A block that cannot run in the suite is marked just before it with ``<!-- skip: next "why" -->`` and reported as
-skipped with that reason; ``lockkit_tests/test_docs.py`` checks that every block is one or the other.
+skipped with that reason; ``lockkit_tests/docs/test_docs.py`` checks that every block is one or the other.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from sybil import Sybil
 from sybil.integration.pytest import SybilItem
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
-from lockkit_tests import doc_examples
+from lockkit_tests.support import doc_examples
 
 # The test databases' session fixtures, for every directory of the suite (sample_project and the docs too).
-pytest_plugins = ["lockkit_tests.databases"]
+pytest_plugins = ["lockkit_tests.support.databases"]
 
 pytest_collect_file = Sybil(
     parsers=[PythonCodeBlockParser(), SkipParser()],

@@ -1,4 +1,4 @@
-"""Where the benchmarks find PostgreSQL: a URL, or an embedded throwaway server (``sample_project.embedded``).
+"""Where the benchmarks find PostgreSQL: a URL, or an embedded throwaway server (``lockkit_harness.embedded``).
 
 Also turns the URL into what libpq tools (pgbench) need, so that pgbench reaches the very same server and database.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import dj_database_url
 
-from sample_project.embedded import start_embedded
+from lockkit_harness.embedded import start_embedded
 
 
 @dataclass(frozen=True)

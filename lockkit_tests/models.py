@@ -146,7 +146,7 @@ class DottedJob(Claimable):
     state = models.CharField(max_length=20, default="pending")
 
 
-#: The schema of ``QueuedJob``'s table, made by the test that uses it (``test_claims_hardening.py``).
+#: The schema of ``QueuedJob``'s table, made by the test that uses it (``claims/test_hardening.py``).
 QUEUE_SCHEMA = "lockkit_queue"
 
 
@@ -183,7 +183,7 @@ class RankedJob(Claimable):
 
 
 class DocAccount(models.Model):
-    """A bank account for the transfer examples of the docs (lockkit_tests/doc_examples.py maps the names)."""
+    """A bank account for the transfer examples of the docs (lockkit_tests/support/doc_examples.py maps the names)."""
 
     owner = models.CharField(max_length=40, default="")
     balance = models.IntegerField(default=0)

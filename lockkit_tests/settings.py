@@ -17,7 +17,7 @@ from typing import Any
 
 import dj_database_url
 
-from lockkit_tests import topology
+from lockkit_tests.support import topology
 
 DATABASE_URL_ENV = "LOCKKIT_TEST_DATABASE_URL"
 
@@ -30,7 +30,7 @@ INSTALLED_APPS = [
     "lockkit_tests",
     "sample_project.inventory",
     "sample_project.jobs",
-    "sample_project.soak",
+    "lockkit_harness.soak",
 ]
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -65,15 +65,17 @@ DATABASES["sqlite"] = {
     "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_lockkit.sqlite3")},
     "OPTIONS": {"timeout": 5},
 }
-# Fault tests (test_faults_*.py): aliases they point at a cutting proxy, a throwaway cluster they restart, or a
-# PgBouncer they start, at run time (lockkit_tests/faultkit.py). Mirrors: Django creates no database for them.
+# Fault tests (lockkit_tests/faults/): aliases they point at a cutting proxy, a throwaway cluster they restart, or
+# a PgBouncer they start, at run time (lockkit_tests/support/faultkit.py). Mirrors: Django creates no database for
+# them.
 if DATABASE_URL:
     for _fault_alias in ("proxied", "restartable", "bouncer"):
         DATABASES[_fault_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 if MYSQL_URL:
     DATABASES["proxied_mariadb"] = {**DATABASES["mariadb"], "TEST": {"MIRROR": "mariadb"}}
 # Topology tests (a primary, its hot standby, PgBouncer in front of the primary): servers started by the tests
-# themselves (lockkit_tests/topology.py) when a collected test uses these aliases; absent without the binaries.
+# themselves (lockkit_tests/support/topology.py, through lockkit_harness.cluster) when a collected test uses these
+# aliases; absent without the binaries.
 DATABASES.update(topology.database_settings())
 DATABASE_ROUTERS = ["lockkit_tests.routers.TestRouter"]
 # The names before pytest-django switches each alias it sets up to its test database (conftest.py compares).

@@ -3,7 +3,7 @@
 Claims are made in short transactions that commit before the caller works on the job; every later write by the
 worker is fenced by the claim's token. Each function sends its ``lockkit.signals`` claim signal where the work is
 done (only when the signal has receivers), and has its awaitable twin right after it (``aclaim_next``...), run
-whole on one thread by ``lockkit.operations.aio.awaitable``. See docs/claims.md.
+whole on one thread by ``lockkit.aio.awaitable``. See docs/claims.md.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
 from lockkit import events, signals
+from lockkit.aio import awaitable
 from lockkit.backends import claims_sql_for
 from lockkit.backends.sql.claims import CLAIM_COLUMNS
 from lockkit.claims import inputs, runner
 from lockkit.claims.value import Claim, Claimed, instances
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, StaleClaim
-from lockkit.operations.aio import awaitable
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.scope import current_scope
 from lockkit.validation import Duration, flag
@@ -242,16 +242,18 @@ def claim_next(
         return []  # no row can match (.none(), pk__in=[]): no transaction either
     resolved: list[bool] = []
 
-    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+    def work() -> list[Any]:
+        return statements.claim_next(ordered, count, values, fields, reuse=reuse)
+
+    def found(message: Any, lost: ConnectionLost) -> list[Any]:
         resolved.append(True)
         return _claimed_by_lost_call(model, alias, name, count, message, lost)
 
-    rows = runner.in_one_message(
-        alias,
-        lock_timeout,
-        lambda: statements.claim_next(ordered, count, values, fields, reuse=reuse),
-        resolve,
-    )
+    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+        # The claims the lost call made; none means it changed nothing, and it is tried once more.
+        return found(message, lost) or runner.in_one_message(alias, lock_timeout, work, found)
+
+    rows = runner.in_one_message(alias, lock_timeout, work, resolve)
     claims = [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
     _made(claims)
     if not fields:

@@ -74,7 +74,13 @@ def in_one_message(
         for name, value in (("lock_timeout", lock), ("statement_timeout", statement))
         if value is not None
     }
-    if inside_transaction(connection) or not backend.claims_message_possible(connection):
+    # An execute wrapper may run statements of its own around the claims statement (an audit): in one message
+    # they could not join the claim's transaction, so with any wrapper installed the call runs in a scope.
+    if (
+        inside_transaction(connection)
+        or connection.execute_wrappers
+        or not backend.claims_message_possible(connection)
+    ):
         return in_transaction(alias, lock_timeout, work)
 
     def attempt(number: int) -> T:

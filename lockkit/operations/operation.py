@@ -15,8 +15,8 @@ import tenacity
 from django.db import connections, models
 
 from lockkit import conf, events
+from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
-from lockkit.operations.aio import awaitable
 from lockkit.operations.retry import RetryPolicy, RetrySetting, call_with_retry, check_retry, logger
 from lockkit.scopes.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
 from lockkit.scopes.scope import ScopeBlock, active_blocks, refuse_unsupported
@@ -134,7 +134,7 @@ class LockedFunction(Protocol[P, R_co]):
         """Awaitable form: run the whole call (retries, scope, ``on_commit`` callbacks) on one thread.
 
         Through ``asgiref.sync.sync_to_async(thread_sensitive=True)``, like Django's ``aget()``/``asave()``: see
-        ``lockkit.operations.aio.awaitable``.
+        ``lockkit.aio.awaitable``.
         """
         ...
 

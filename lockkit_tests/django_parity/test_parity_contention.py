@@ -12,9 +12,9 @@ from django.db import OperationalError, connections, transaction
 import lockkit
 from lockkit import Failure, LockNotAvailable, locked
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
-from lockkit_tests.django_parity.world import make_world
 from lockkit_tests.models import PeerPerson
-from lockkit_tests.vendors import vendor_params
+from lockkit_tests.support.parity_world import make_world
+from lockkit_tests.support.vendors import vendor_params
 
 pytestmark = pytest.mark.contention
 BOTH = vendor_params()

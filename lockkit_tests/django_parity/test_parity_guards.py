@@ -11,9 +11,9 @@ from django.db.transaction import TransactionManagementError
 import lockkit
 from lockkit import AliasMismatch, LockNotAvailable, NotInLockedScope, locked, locked_operation
 from lockkit.testing import assert_single_alias, hold_lock, in_thread, wait_until_blocked
-from lockkit_tests.django_parity.world import make_world
 from lockkit_tests.models import PeerPerson, RemoteItem
-from lockkit_tests.vendors import vendor_params
+from lockkit_tests.support.parity_world import make_world
+from lockkit_tests.support.vendors import vendor_params
 
 pytestmark = pytest.mark.contention
 BOTH = vendor_params()

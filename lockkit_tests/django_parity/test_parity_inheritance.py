@@ -15,7 +15,6 @@ from django.db import DatabaseError, connections, transaction
 
 from lockkit import LockNotAvailable, locked
 from lockkit.testing import assert_single_alias, hold_lock, in_thread
-from lockkit_tests.django_parity.world import make_world
 from lockkit_tests.models import (
     PeerCity,
     PeerCountry,
@@ -24,7 +23,8 @@ from lockkit_tests.models import (
     PeerEUCountry,
     PeerPerson,
 )
-from lockkit_tests.vendors import vendor_params
+from lockkit_tests.support.parity_world import make_world
+from lockkit_tests.support.vendors import vendor_params
 
 pytestmark = pytest.mark.contention
 BOTH = vendor_params()

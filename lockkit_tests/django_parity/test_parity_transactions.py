@@ -12,7 +12,7 @@ from django.db.transaction import TransactionManagementError
 from lockkit import DeadlockDetected, LockNotAvailable, locked
 from lockkit.testing import backend_pid, hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.models import PeerReporter
-from lockkit_tests.vendors import vendor_params
+from lockkit_tests.support.vendors import vendor_params
 
 pytestmark = pytest.mark.contention
 BOTH = vendor_params()

@@ -4,7 +4,7 @@
 ``demo``, ``serve`` and ``manage`` take ``--database-url`` (a PostgreSQL URL; default ``$SAMPLE_DATABASE_URL``,
 else an embedded PostgreSQL started here, before Django reads the settings, and removed afterwards). The sample's
 tables are created with ``migrate``. ``soak`` always starts a throwaway PostgreSQL cluster of its own, which it
-restarts on purpose. This is the demo harness's entry point; the project a user would copy is ``manage.py`` with
+restarts on purpose. The embedded server and the soak are the development harness's (``lockkit_harness``). This is the demo harness's entry point; the project a user would copy is ``manage.py`` with
 ``sample_project/settings.py``, ``urls.py``, ``wsgi.py`` and the ``inventory`` and ``jobs`` apps.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from sample_project import embedded
+from lockkit_harness import embedded
 from sample_project.demo.bootstrap import DATABASE_URL_ENV, SETTINGS_MODULE
 
 HTTP_DEFAULT_ORDERS = 3_000
@@ -186,9 +186,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from sample_project.faults.cluster import missing_binaries
-    from sample_project.soak.plan import SoakOptions
-    from sample_project.soak.runner import report, run_soak
+    from lockkit_harness.cluster import missing_binaries
+    from lockkit_harness.soak.plan import SoakOptions
+    from lockkit_harness.soak.runner import report, run_soak
 
     if not 0 <= args.proxied <= args.workers:
         parser.error("--proxied must be between 0 and --workers")

@@ -1,7 +1,7 @@
 """An async endpoint: ``POST /inventory/reserve-async`` awaits the same locked reservation as ``reserve``.
 
 An async view cannot run a transaction itself: it awaits the synchronous ``reserve_stock`` whole on one thread
-(``lockkit.operations.aio.awaitable``, the bridge behind ``locked_operation(...).acall``). It opts out of ``ATOMIC_REQUESTS``,
+(``lockkit.aio.awaitable``, the bridge behind ``locked_operation(...).acall``). It opts out of ``ATOMIC_REQUESTS``,
 which Django refuses for async views, so lockkit owns the transaction and retries it. See docs/async.md.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 
-from lockkit.operations.aio import awaitable
+from lockkit.aio import awaitable
 from sample_project.api import error_response, json_body
 from sample_project.inventory.services import reserve_stock
 

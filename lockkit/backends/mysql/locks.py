@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError
 
-from lockkit.advisory.keys import AdvisoryKey
 from lockkit.backends.base import ContentionSQL
 from lockkit.backends.waits import LockWait, Session
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory.keys import AdvisoryKey
 
 # GET_LOCK's timeout when the scope has none: a year, like lock_wait_timeout's default (a negative value, "wait
 # forever" on MySQL, makes MariaDB return NULL).

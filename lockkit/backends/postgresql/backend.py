@@ -251,10 +251,9 @@ class PostgreSQLBackend(Backend):
     # -- lockkit's own claims statements in one message -----------------------------------------------------
 
     def claims_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
-        """Psycopg 3 (Django's ``Database`` module) with client-side binding (Django's default)."""
-        # Django's PostgreSQL wrapper and features (not the base classes django-stubs types them as).
-        wrapper: Any = connection
-        return wrapper.Database.__name__ == "psycopg" and not wrapper.features.uses_server_side_binding
+        """The driver is psycopg 3 (Django's ``Database`` module); its cursor's binding is read on connecting."""
+        wrapper: Any = connection  # Django's PostgreSQL wrapper (django-stubs types it as the base class)
+        return bool(wrapper.Database.__name__ == "psycopg")
 
     def claims_message(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int]) -> Any:
         """A ``message.OneMessage`` for a claims call outside any transaction on psycopg 3's client-side cursor.

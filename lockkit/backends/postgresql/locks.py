@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lockkit.advisory.keys import AdvisoryKey
 from lockkit.backends.base import ContentionSQL
 from lockkit.backends.waits import LockWait, Session
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from lockkit.advisory.keys import AdvisoryKey
 
 
 def _function(*, session: bool, shared: bool, try_only: bool) -> str:

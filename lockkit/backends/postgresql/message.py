@@ -81,14 +81,17 @@ def _roll_back(raw: Any) -> None:
 def can_send(connection: Any) -> bool:
     """Whether ``connection`` can carry a claims call as one message: psycopg 3, client-side binding, autocommit.
 
-    Connects if needed (the call is about to).
+    Client-side binding is read from the driver connection's ``cursor_factory`` (Django's default is psycopg's
+    ``ClientCursor``; ``OPTIONS["server_side_binding"]`` makes it the server-binding ``Cursor``, which refuses a
+    message of several statements). Connects if needed (the call is about to).
     """
-    if psycopg is None or connection.features.uses_server_side_binding:
+    if psycopg is None:
         return False
     connection.ensure_connection()
     raw = connection.connection
     return (
         isinstance(raw, psycopg.Connection)
+        and issubclass(raw.cursor_factory, psycopg.ClientCursor)
         and raw.autocommit
         and raw.info.transaction_status == pq.TransactionStatus.IDLE
     )

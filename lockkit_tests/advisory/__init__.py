@@ -1,0 +1,1 @@
+"""Advisory locks: the API, their keys, and contention between sessions."""

@@ -1,0 +1,128 @@
+"""Advisory-lock keys: validation before any SQL, and a text hash pinned across processes and Python versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from lockkit.advisory.keys import MAX_LOCK_NAME, advisory_key, hash_text
+
+# Values computed once and pinned: a change here means two versions of an application would hold "the same"
+# lock at once. Never update them to make a test pass.
+PINNED: list[tuple[object, int]] = [
+    ("hello", 3238736544897475342),
+    ("nightly-report", 7440995589958059143),
+    ("ключ-🔒", 139055096217456843),
+    (("billing", 42), 7691460206370904420),
+    (("tenant-7", "invoice-19"), 3889297274377044018),
+    ((1, 2), 4294967298),
+    ((-1, -1), -1),
+    (2**63 - 1, 2**63 - 1),
+    (-(2**63), -(2**63)),
+]
+KEYS_MODULE = Path(__file__).resolve().parents[2] / "lockkit" / "advisory" / "keys.py"
+# Loads the keys module by path (it imports only the standard library), so any Python can run it.
+PROBE = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("keys", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["keys"] = module
+spec.loader.exec_module(module)
+keys = [tuple(k) if isinstance(k, list) else k for k in json.loads(sys.argv[2])]
+print(json.dumps([module.advisory_key(k).value for k in keys]))
+"""
+
+
+@pytest.mark.parametrize(("key", "value"), PINNED, ids=[repr(k) for k, _ in PINNED])
+def test_pinned_values(key: object, value: int) -> None:
+    assert advisory_key(key).value == value
+
+
+def _interpreters() -> list[str]:
+    found = [sys.executable]
+    for version in ("3.11.7", "3.12.1", "3.13.0"):
+        path = f"/root/.pyenv/versions/{version}/bin/python"
+        if os.path.exists(path):
+            found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("python", _interpreters())
+def test_same_values_in_another_process(python: str) -> None:
+    keys = [list(k) if isinstance(k, tuple) else k for k, _ in PINNED]
+    # PYTHONHASHSEED differs per process: the key must not depend on Python's hash().
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    result = subprocess.run(
+        [python, "-c", PROBE, str(KEYS_MODULE), json.dumps(keys, ensure_ascii=False)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
+    assert json.loads(result.stdout) == [value for _, value in PINNED]
+
+
+@pytest.mark.django_db(databases=["default"])
+def test_postgresql_computes_the_same_hash() -> None:
+    texts = ["hello", "nightly-report", "ключ-🔒", '["billing",42]']
+    with connections["default"].cursor() as cursor:
+        for text in texts:
+            cursor.execute(
+                "SELECT ('x' || left(encode(sha256(convert_to(%s, 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                [text],
+            )
+            assert cursor.fetchone() == (hash_text(text),)
+
+
+def test_pair_forms() -> None:
+    two_ints = advisory_key((1, 2))
+    assert two_ints.pair == (1, 2)
+    assert advisory_key((-(2**31), 2**31 - 1)).pair == (-(2**31), 2**31 - 1)
+    hashed = advisory_key(("billing", 42))
+    assert hashed.pair is None
+    assert hashed.value == hash_text('["billing",42]')
+    # The pair is not the same key as its parts joined: no accidental sharing of a key.
+    assert advisory_key(("a", "b:c")).value != advisory_key(("a:b", "c")).value
+
+
+@pytest.mark.parametrize(
+    ("key", "error", "words"),
+    [
+        (True, TypeError, "not bool"),
+        (1.0, TypeError, "not float"),
+        (None, TypeError, "not NoneType"),
+        (b"bytes", TypeError, "not bytes"),
+        (2**63, ValueError, "signed 64-bit"),
+        (-(2**63) - 1, ValueError, "signed 64-bit"),
+        ("", ValueError, "empty"),
+        ("\ud800", ValueError, "UTF-8"),
+        ((1, 2, 3), ValueError, "pair"),
+        ((2**31, 0), ValueError, "32-bit"),
+        ((0, -(2**31) - 1), ValueError, "32-bit"),
+        ((True, 1), TypeError, "namespace"),
+        (("ns", 1.5), TypeError, "key of key"),
+        (("", "x"), ValueError, "empty"),
+    ],
+)
+def test_bad_keys_are_refused_by_name(key: object, error: type[Exception], words: str) -> None:
+    with pytest.raises(error, match="key") as caught:
+        advisory_key(key)
+    assert words in str(caught.value)
+
+
+def test_lock_names_fit_get_lock() -> None:
+    key = advisory_key("nightly-report")
+    assert key.lock_name("test_lk_advisory") == "lockkit:test_lk_advisory:k6743ba10a2b2c487"
+    long_name = key.lock_name("d" * 64)
+    assert len(long_name) <= MAX_LOCK_NAME
+    assert long_name.endswith(":k6743ba10a2b2c487")
+    # A pair has a name of its own, so (1, 2) and the int 4294967298 stay apart as they do on PostgreSQL.
+    assert advisory_key((1, 2)).lock_name("db") != advisory_key(4294967298).lock_name("db")
+    assert advisory_key(-1).lock_name("db") == "lockkit:db:kffffffffffffffff"

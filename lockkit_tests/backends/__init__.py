@@ -1,0 +1,1 @@
+"""The vendor backends: the SQLSTATE/vendor code table, MariaDB and SQLite specifics, the capability report."""

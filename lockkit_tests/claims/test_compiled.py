@@ -1,0 +1,140 @@
+"""Claims compile what does not change per call once: the SET clause per shape, the locking SELECT per queryset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import F, Value
+
+from lockkit.backends.postgresql.claims import PostgreSQLClaimsSQL
+from lockkit.backends.sql import setclause
+from lockkit.claims import claim_next, complete, heartbeat, release
+from lockkit_tests.models import Job
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _make(n: int) -> list[Job]:
+    return Job.objects.bulk_create([Job(name=f"job-{i}") for i in range(n)])
+
+
+@contextmanager
+def counting(target: Any, name: str) -> Iterator[list[int]]:
+    calls = [0]
+    original = getattr(target, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    setattr(target, name, counted)
+    try:
+        yield calls
+    finally:
+        setattr(target, name, original)
+
+
+@contextmanager
+def statements() -> Iterator[list[tuple[str, Any]]]:
+    seen: list[tuple[str, Any]] = []
+
+    def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield seen
+
+
+def test_the_set_clause_is_compiled_once_per_shape_with_fresh_parameters() -> None:
+    _make(4)
+    pending = Job.objects.filter(state="pending")
+    with counting(setclause, "_django") as compiles, statements() as seen:
+        first = claim_next(pending, worker="w-1", lease=30, set={"state": "running", "result": "a"})
+        learned = compiles[0]  # this shape's first call (or none, when an earlier test taught it)
+        second = claim_next(pending, worker="w-2", lease=90, set={"state": "running", "result": "b"})
+        assert compiles[0] == learned  # same shape: nothing compiled again
+    rows = {j.pk: j for j in Job.objects.all()}
+    (one,), (two,) = first, second
+    assert (rows[one.pk].claimed_by, rows[one.pk].result) == ("w-1", "a")
+    assert (rows[two.pk].claimed_by, rows[two.pk].result) == ("w-2", "b")
+    expires, claimed_at = rows[two.pk].lease_expires_at, rows[two.pk].claimed_at
+    assert expires is not None
+    assert claimed_at is not None
+    assert round((expires - claimed_at).total_seconds()) == 90
+    assert (rows[one.pk].claim_token, rows[one.pk].attempts) == (1, 1)
+    # Every value is a parameter: the worker names and results travel in params, never in the SQL text.
+    claiming = [
+        (sql, params) for sql, params in seen if "UPDATE" in sql
+    ]  # not the transaction's own statements
+    for (sql, params), worker, result in zip(claiming, ("w-1", "w-2"), ("a", "b"), strict=True):
+        assert worker not in sql
+        assert f"'{result}'" not in sql
+        assert worker in params
+        assert result in params
+
+
+def test_shapes_are_told_apart() -> None:
+    jobs = _make(3)
+    pending = Job.objects.filter(state="pending")
+    (a,) = claim_next(pending, worker="w", lease=30, set={"result": "x"})
+    (b,) = claim_next(pending, worker="w", lease=30, set={"state": "running"})  # other field: another shape
+    (c,) = claim_next(
+        pending, worker="w", lease=30, set={"result": F("name")}
+    )  # an expression: Django per call
+    rows = {j.pk: j for j in Job.objects.all()}
+    assert (rows[a.pk].result, rows[a.pk].state) == ("x", "pending")
+    assert (rows[b.pk].result, rows[b.pk].state) == ("", "running")
+    assert rows[c.pk].result == rows[c.pk].name
+    assert {a.pk, b.pk, c.pk} == {j.pk for j in jobs}
+
+
+def test_completion_heartbeat_and_release_reuse_their_compiled_statements() -> None:
+    _make(4)
+    pending = Job.objects.filter(state="pending")
+    claims = [claim_next(pending, worker="w", lease=30)[0] for _ in range(4)]
+    complete(claims[0], set={"state": "done", "result": "r0"})
+    with counting(setclause, "_django") as compiles:
+        complete(claims[1], set={"state": "done", "result": "r1"})
+        assert compiles == [0]  # the same shape as the first completion
+        renewed = heartbeat(claims[2], lease=120)
+        learned = compiles[0]  # at most the heartbeat's shape, once (another test may have taught it already)
+        heartbeat(claims[3], lease=60)
+        assert compiles[0] == learned <= 1
+        release(claims[3], set={"state": "pending"})
+    rows = {j.pk: j for j in Job.objects.all()}
+    assert (rows[claims[1].pk].state, rows[claims[1].pk].result, rows[claims[1].pk].lease_expires_at) == (
+        "done",
+        "r1",
+        None,
+    )
+    assert rows[claims[2].pk].lease_expires_at == renewed.lease_expires_at
+    assert (rows[claims[3].pk].state, rows[claims[3].pk].lease_expires_at) == ("pending", None)
+
+
+def test_the_locking_select_is_compiled_once_per_queryset_object() -> None:
+    _make(6)
+    pending = Job.objects.filter(state="pending")
+    with counting(PostgreSQLClaimsSQL, "select_pks") as compiles:
+        claim_next(pending, worker="w", lease=30)
+        claim_next(pending, worker="w", lease=30)
+        assert compiles == [1]
+        claim_next(pending, worker="w", lease=30, limit=2)  # another limit
+        claim_next(pending, worker="w", lease=30, order_by=["-pk"])  # another ordering
+        assert compiles == [3]
+        claim_next(Job.objects.filter(state="pending"), worker="w", lease=30)  # a new queryset object
+        assert compiles == [4]
+    assert Job.objects.filter(lease_expires_at__isnull=False).count() == 6
+
+
+def test_a_cached_select_still_sees_new_rows_and_values_of_its_queryset() -> None:
+    pending = Job.objects.filter(state="pending")
+    assert claim_next(pending, worker="w", lease=30) == []
+    (job,) = _make(1)
+    (taken,) = claim_next(pending, worker="w", lease=30)
+    assert taken.pk == job.pk
+    assert claim_next(Job.objects.filter(state=Value("other")), worker="w", lease=30) == []

@@ -1,0 +1,1 @@
+"""lockkit's locking core: scopes, options, retries, classification, composition, imports, hostile inputs."""

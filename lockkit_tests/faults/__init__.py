@@ -1,0 +1,1 @@
+"""Faults on real servers: terminated sessions, cancelled statements, cut COMMIT replies, restarts, PgBouncer."""

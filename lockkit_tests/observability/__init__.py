@@ -1,0 +1,1 @@
+"""Observability: signals, OpenTelemetry and Prometheus exporters, awaitable forms, lock inspection."""

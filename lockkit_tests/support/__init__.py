@@ -1,0 +1,1 @@
+"""Helpers shared by the test subpackages: vendor parameters, fault aliases, the topology's aliases, workers."""

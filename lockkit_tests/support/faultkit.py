@@ -1,0 +1,95 @@
+"""Helpers of the fault tests: extra aliases (through a cutting proxy, on a restartable cluster, behind a
+PgBouncer), and waiting for a server to have closed a session.
+
+An extra alias is registered with Django at run time (``connections.settings``) as a copy of an existing one
+with another host and port, and removed afterwards; the tables it needs are created with the schema editor when
+it points at a server of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import connections, models
+
+from lockkit_harness.proxy import FaultProxy, Protocol
+
+
+@contextlib.contextmanager
+def extra_alias(name: str, like: str, **overrides: Any) -> Iterator[str]:
+    """Point alias ``name`` (declared in the test settings as a mirror) at ``like``'s database with
+    ``overrides`` (``HOST``, ``PORT``, ``NAME``, ``OPTIONS``...) while the block runs; put it back after."""
+    wrapper = connections[name]
+    saved = copy.deepcopy(wrapper.settings_dict)
+    wrapper.close()
+    wrapper.settings_dict.update(copy.deepcopy(connections[like].settings_dict))
+    wrapper.settings_dict.update(overrides)
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(Exception):
+            wrapper.close()
+        wrapper.settings_dict.clear()
+        wrapper.settings_dict.update(saved)
+
+
+def upstream_of(alias: str) -> tuple[str, int] | str:
+    """The address a proxy in front of ``alias``'s server connects to (a Unix socket path for a socket dir)."""
+    settings = connections[alias].settings_dict
+    vendor = connections[alias].vendor
+    host = str(settings.get("HOST") or ("127.0.0.1" if vendor == "mysql" else "/var/run/postgresql"))
+    port = int(settings.get("PORT") or (3306 if vendor == "mysql" else 5432))
+    if host.startswith("/"):
+        return f"{host}/.s.PGSQL.{port}"
+    return (host, port)
+
+
+@contextlib.contextmanager
+def proxied(like: str, name: str = "proxied") -> Iterator[tuple[str, FaultProxy]]:
+    """An alias that reaches ``like``'s database through a ``FaultProxy``; yields ``(alias, proxy)``."""
+    protocol: Protocol = "mysql" if connections[like].vendor == "mysql" else "postgresql"
+    options = copy.deepcopy(connections[like].settings_dict.get("OPTIONS", {}))
+    if protocol == "postgresql":
+        options["sslmode"] = "disable"  # the proxy reads the protocol: no TLS
+    with FaultProxy(upstream_of(like), protocol) as proxy:
+        with extra_alias(name, like, HOST="127.0.0.1", PORT=proxy.port, OPTIONS=options) as alias:
+            yield alias, proxy
+
+
+def create_tables(alias: str, *model_classes: type[models.Model]) -> None:
+    """Create the tables of ``model_classes`` on ``alias`` (a database of its own, outside migrations)."""
+    with connections[alias].schema_editor() as editor:
+        for model in model_classes:
+            editor.create_model(model)
+    connections[alias].close()
+
+
+def wait_until_gone(alias: str, session: int, *, timeout: float = 15.0, poll: float = 0.05) -> None:
+    """Return once the server of ``alias`` no longer lists session ``session`` (it closed the connection).
+
+    The check runs on a separate connection. MariaDB closes an idle session after ``wait_timeout``; PgBouncer
+    drops an idle client after ``client_idle_timeout``.
+    """
+    control = connections.create_connection(alias)
+    sql = (
+        "SELECT count(*) FROM information_schema.processlist WHERE id = %s"
+        if control.vendor == "mysql"
+        else "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with control.cursor() as cursor:
+                cursor.execute(sql, [session])
+                row = cursor.fetchone()
+            if row is not None and row[0] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"session {session} on {alias!r} still open after {timeout}s")
+            time.sleep(poll)
+    finally:
+        control.close()

@@ -1,0 +1,1 @@
+"""The testing toolkit (lockkit.testing) and its pytest plugin."""

@@ -1,9 +1,0 @@
-from __future__ import annotations
-
-from django.apps import AppConfig
-
-
-class SoakConfig(AppConfig):
-    name = "sample_project.soak"
-    label = "soak"
-    default_auto_field = "django.db.models.BigAutoField"
