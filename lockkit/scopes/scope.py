@@ -227,7 +227,7 @@ class LockScope:
             target, self.alias, "target", instances=True, routed=True, **kwargs
         )
 
-    def get(self, target: QuerySet[M] | type[M] | M, *args: Any, **lookups: Any) -> M:
+    def get(self, target: QuerySet[M] | type[M] | M, /, *args: Any, **lookups: Any) -> M:
         """Lock and return the one row matching ``lookups`` (``QuerySet.get`` semantics), evaluated now.
 
         Given a model instance, its row is read again under the lock and returned as a new object (the instance
@@ -398,7 +398,7 @@ class LockScope:
         transaction.on_commit(func, using=self.alias, robust=robust)
 
 
-def _filtered(queryset: QuerySet[M], name: str, *args: Any, **lookups: Any) -> QuerySet[M]:
+def _filtered(queryset: QuerySet[M], name: str, /, *args: Any, **lookups: Any) -> QuerySet[M]:
     """``queryset.filter(...)``, with a value Django cannot convert raised as ``ValueError`` naming ``name``.
 
     Django raises ``TypeError``/``ValueError`` for most such values but lets ``OverflowError`` escape from

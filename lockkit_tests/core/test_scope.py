@@ -266,3 +266,14 @@ def test_a_scope_exit_ends_its_own_scope_not_the_innermost() -> None:
         assert connections["other"].in_atomic_block
         assert not connections["default"].in_atomic_block
     assert RemoteItem.objects.filter(name="x").exists()
+
+
+def test_get_takes_any_field_name_as_a_lookup_name_included() -> None:
+    """``get()``'s own parameters are positional-only: a model's ``name`` (or ``target``) field is a lookup."""
+    Item.objects.create(name="a", value=1)
+    Item.objects.create(name="b", value=2)
+    with lockkit.locked() as scope:
+        assert scope.get(Item, name="b").value == 2
+        assert scope.get(Item.objects.all(), name="a", value=1).value == 1
+        with pytest.raises(Item.DoesNotExist):
+            scope.get(Item, name="c")
