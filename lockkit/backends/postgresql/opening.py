@@ -95,17 +95,25 @@ def begin_with_settings(
     raw = connection.connection
     sql = _opening_sql(_begin_statement(raw), tuple(timeouts.items()), tuple(columns))
     connection.validate_thread_sharing()
-    # Through Django's cursor wrapper, so execute_wrapper() hooks and Django's error wrapping (DatabaseError,
-    # marking a broken connection unusable) see this statement like any other; with queries logged (DEBUG,
-    # CaptureQueriesContext), Django's public debug_sql() records it in connection.queries.
     # Django's stubs type the argument as a CursorWrapper; at run time it is any DB-API cursor.
     cursor: Any = _SimpleQueryCursor(raw, first_column=len(timeouts))
-    wrapped = connection.make_cursor(cursor)
-    if connection.queries_logged:
-        with connection.make_debug_cursor(cursor).debug_sql(sql):
+    if connection.execute_wrappers:
+        # Through Django's cursor wrapper, so execute_wrapper() hooks see this statement like any other.
+        wrapped = connection.make_cursor(cursor)
+        if connection.queries_logged:
+            with connection.make_debug_cursor(cursor).debug_sql(sql):
+                wrapped.execute(sql)
+        else:
             wrapped.execute(sql)
+    elif connection.queries_logged:
+        # DEBUG, CaptureQueriesContext: Django's public debug_sql() records it in connection.queries.
+        with connection.make_debug_cursor(cursor).debug_sql(sql), connection.wrap_database_errors:
+            cursor.execute(sql)
     else:
-        wrapped.execute(sql)
+        # What Django's cursor wrapper does for a statement when no hook is installed: its error wrapping
+        # (DatabaseError, marking a broken connection unusable), without building a wrapper per statement.
+        with connection.wrap_database_errors:
+            cursor.execute(sql)
     row: tuple[str | None, ...] = cursor.row
     return row
 
