@@ -247,7 +247,7 @@ def claim_next(
 
     def found(message: Any, lost: ConnectionLost) -> list[Any]:
         resolved.append(True)
-        return _claimed_by_lost_call(model, alias, name, count, message, lost)
+        return _claimed_by_lost_call(model, alias, name, count, message, lost, ordered().query.order_by)
 
     def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
         # The claims the lost call made; none means it changed nothing, and it is tried once more.
@@ -260,7 +260,7 @@ def claim_next(
         return claims
     if resolved:  # read back by primary key: the claiming statement's own columns were lost with its reply
         by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
-        return [Claimed(by_pk[c.pk], c) for c in claims]
+        return [Claimed(by_pk[c.pk], c) for c in claims]  # in the order the claims were found in
     loaded = instances(model, alias, fields, rows)
     return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
 
@@ -269,18 +269,25 @@ aclaim_next = awaitable(claim_next)
 
 
 def _claimed_by_lost_call(
-    model: type[Any], alias: str, worker: str, limit: int, message: Any, lost: ConnectionLost
+    model: type[Any],
+    alias: str,
+    worker: str,
+    limit: int,
+    message: Any,
+    lost: ConnectionLost,
+    ordering: Sequence[Any] = (),
 ) -> list[Any]:
     """The claims a ``claim_next`` whose reply was lost made, read from the rows once its session ended.
 
-    A claim's ``claimed_at`` is the database clock when the server received the claiming message, so the call's
-    claims are the rows claimed by ``worker`` (still claimed) since the server's time when the message was sent,
-    bounded from below by the server's clock now less the time since sending (measured here). A row claimed under
-    the same worker name by another caller in that moment would be counted too: more than ``limit`` found, the
-    outcome is unknown.
+    A claim's ``claimed_at`` is the database clock when the server received the claiming message (one value for
+    every row of one statement), so the call's claims are the rows claimed by ``worker`` (still claimed) since the
+    server's time when the message was sent, bounded from below by the server's clock now less the time since
+    sending (measured here). Claims made under the same worker name by another caller in that moment would be
+    counted too: more than ``limit`` found, or claims of more than one statement, and the outcome is unknown. They
+    come back in the call's ``ordering``.
 
     Raises:
-        CommitOutcomeUnknown: the session did not end in time, or more claims than ``limit`` were found.
+        CommitOutcomeUnknown: the session did not end in time, or the claims found cannot all be the call's.
     """
     runner.await_session_end(alias, message, lost)
     connection = connections[alias]
@@ -291,10 +298,10 @@ def _claimed_by_lost_call(
     rows = list(
         model._base_manager.using(alias)
         .filter(claimed_by=worker, lease_expires_at__isnull=False, claimed_at__gte=since)
-        .order_by("pk")
-        .values(*CLAIM_COLUMNS)
+        .order_by(*ordering, "pk")
+        .values(*CLAIM_COLUMNS, "claimed_at")
     )
-    if len(rows) > limit:
+    if len(rows) > limit or len({row["claimed_at"] for row in rows}) > 1:
         raise runner.unknown(alias, lost) from lost
     return rows
 
@@ -333,10 +340,12 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeo
         live = {row["pk"] for row in rows}
         stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
         holders, already_done = _now_holding(stale, values)
-        if resolving:
+        if resolving and not live:
+            # No claim is live any more: the lost statement may have ended them (all or none).
             if already_done and len(stale) == len(claims):
                 return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
             raise runner.unknown(alias, resolving[0]) from resolving[0]
+        # A claim still live after the re-send: the lost statement (all rows or none) wrote nothing; stale.
         listing = ", ".join(
             f"pk={c.pk!r} token={c.token} worker={c.worker!r} (held by {holders.get(c.pk)})" for c in stale
         )
@@ -384,9 +393,17 @@ def _now_holding(
             and row["lease_expires_at"] is None
             and row["claim_token"] == claim.token
             and row["claimed_by"] == claim.worker
-            and all(row[name] == value for name, value in plain.items())
+            and all(_stored(first.model, name, value) == row[name] for name, value in plain.items())
         )
     return holders, already_done
+
+
+def _stored(model: type[Any], name: str, value: Any) -> Any:
+    """``value`` as the field reads it back (``5`` for a ``CharField`` is ``"5"``); itself when it cannot say."""
+    try:
+        return model._meta.get_field(name).to_python(value)
+    except Exception:
+        return value
 
 
 def heartbeat(
@@ -587,7 +604,8 @@ def reclaim_expired(
             ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
     Returns:
-        The number of rows changed (handed back plus exhausted).
+        The number of rows changed (handed back plus exhausted). After a lost reply (resolved by running the
+        statement again, which is harmless), the rows the lost statement itself handed back are not counted.
 
     Raises:
         TypeError, ValueError: a wrong type, a non-positive ``max_attempts``, ``max_attempts`` without

@@ -16,7 +16,15 @@ from django.db import connection, transaction
 from django.db.models.expressions import RawSQL
 from django.test.utils import CaptureQueriesContext
 
-from lockkit.claims import claim_next, complete, heartbeat, reclaim_expired, release
+from lockkit.claims import (
+    StaleClaim,
+    claim_next,
+    complete,
+    complete_many,
+    heartbeat,
+    reclaim_expired,
+    release,
+)
 from lockkit.errors import LockTimeout
 from lockkit.testing import hold_lock
 from lockkit_harness.proxy import Action, FaultProxy
@@ -195,3 +203,46 @@ def test_a_release_whose_reply_was_lost_is_resolved_from_the_row(
     assert proxy.cuts[action] == 1
     row = Job.objects.get()
     assert (row.lease_expires_at, row.claim_token, row.state) == (None, 1, "pending")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_the_claims_of_a_lost_reply_come_back_in_the_order_asked(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    Job.objects.bulk_create([Job(name=str(n)) for n in range(5)])
+    pks = sorted(Job.objects.values_list("pk", flat=True))
+    proxy.arm("deliver")
+    claimed = claim_next(Job.objects.using(alias), worker="w", lease=30, limit=3, order_by=["-pk"])
+    assert proxy.cuts["deliver"] == 1
+    assert [c.pk for c in claimed] == pks[::-1][:3]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_a_lost_completion_is_done_when_the_row_holds_the_value_as_its_column_stores_it(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    Job.objects.create(name="a")
+    (made,) = claim_next(Job.objects.using(alias), worker="w", lease=30)
+    proxy.arm("deliver")
+    complete(made, set={"result": 5})  # the column stores "5": the row says the lost statement committed
+    assert proxy.cuts["deliver"] == 1
+    row = Job.objects.get()
+    assert (row.result, row.lease_expires_at) == ("5", None)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_a_lost_complete_many_with_a_stale_claim_is_stale_not_unknown(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    first, second = claim_next(Job.objects.using(alias).order_by("pk"), worker="w", lease=30, limit=2)
+    complete(second)  # ended: the pair can no longer be ended together
+    proxy.arm("abort")  # the statement never reaches the server
+    with pytest.raises(StaleClaim) as raised:
+        complete_many([first, second], set={"state": "done"})
+    assert proxy.cuts["abort"] == 1
+    assert [c.pk for c in raised.value.claims] == [second.pk]
+    assert Job.objects.get(pk=first.pk).lease_expires_at is not None  # written nothing: all rows or none
