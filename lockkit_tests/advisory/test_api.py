@@ -15,7 +15,8 @@ import lockkit
 import lockkit.inspection
 from lockkit import AdvisoryLockLost, LockNotAvailable, locked
 from lockkit.advisory.keys import advisory_key
-from lockkit.testing import in_thread, wait_until_blocked
+from lockkit.testing import backend_pid, in_thread, wait_until_blocked
+from lockkit_tests.support.faultkit import wait_until_gone
 from lockkit_tests.support.vendors import vendor_params
 
 BOTH = vendor_params()
@@ -120,9 +121,12 @@ def test_advisory_waits_show_in_lock_inspection(alias: str) -> None:
 def test_a_session_lock_whose_connection_was_replaced_is_reported_lost(alias: str) -> None:
     with pytest.raises(AdvisoryLockLost, match="replaced") as caught:
         with lockkit.advisory_lock("replaced", using=alias, session=True):
+            old_session = backend_pid(alias)
             connections[alias].close()  # the server drops the lock with the session
             connections[alias].ensure_connection()
     assert caught.value.alias == alias
+    # The server ends the old session (and drops its lock) when it sees the disconnect, not when close() returns.
+    wait_until_gone(alias, old_session)
     with lockkit.advisory_lock("replaced", using=alias, nowait=True):
         pass
 
