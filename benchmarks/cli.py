@@ -7,6 +7,7 @@ Only the benchmark's own tables (``lkbench_*``) are created, written and dropped
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import datetime
 import json
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import dbserver, plan
+from benchmarks import dbserver, network, plan
 from benchmarks.plan import Settings
 from benchmarks.results import Run
 
@@ -60,20 +61,40 @@ def _parser() -> argparse.ArgumentParser:
         "the figures show round trips and CPU rather than the disk's fsync latency; 'server' keeps the server's)",
     )
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile of the hot path")
+    parser.add_argument(
+        "--rtt",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="run every workload (and pgbench) through a latency relay adding MS milliseconds of round trip on "
+        "loopback (compiled with cc; calibrated with a SELECT 1 loop; default 0: plain loopback)",
+    )
     return parser  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.rtt <= 100:
+        parser.error(f"--rtt must be between 0 and 100 milliseconds, got {args.rtt}")
     started = time.monotonic()
     log = _printer()
-    target = _connect(args)
+    target, net = _connect(args)
     # Imported after Django's setup: they define or use models.
     from benchmarks import schema, stats, sysinfo
 
     out = _out_dir(args)
     load_before = sysinfo.load()
     log(f"database: {'embedded ' if target.embedded else ''}{target.host}:{target.port}/{target.dbname}")
+    if net["measured"]:
+        m = net["measured"]
+        log(
+            f"network: latency relay, {net['rtt_ms']} ms asked (relay delay {net['relay_delay_ms']} ms): SELECT 1 "
+            f"round trip {m['median_ms']:.3f} ms ({m['min_ms']:.3f}-{m['max_ms']:.3f}); "
+            f"loopback {net['loopback']['median_ms']:.3f} ms"
+        )
+    else:
+        log(f"network: loopback, SELECT 1 round trip {net['loopback']['median_ms']:.3f} ms")
     log(f"load average before: {load_before}")
     schema.create()
     system = sysinfo.collect(target.embedded)
@@ -83,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = {"interleaved": _interleaved(args, log), "roundtrips": _roundtrips(log)}
     profile = None if args.no_profile else _profile(args.quick, log)
     summaries = stats.summarise(runs)
+    extra["network"] = net
     data = _results(args, argv, settings, load_before, system, skipped, runs, summaries, profile, extra)
     _write(out, args.json, data, summaries, log)
     for t in data["targets"]:
@@ -93,20 +115,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _connect(args: argparse.Namespace) -> dbserver.Target:
-    """Set the sessions' ``synchronous_commit``, find or start the server, and set Django up on it."""
+def _connect(args: argparse.Namespace) -> tuple[dbserver.Target, dict[str, Any]]:
+    """Set the sessions' ``synchronous_commit``, find or start the server (behind the relay with ``--rtt``), and set
+    Django up on it. Returns the target and the network's figures (``benchmarks.network``)."""
     if args.synchronous_commit != "server":
         # libpq reads PGOPTIONS, so Django's connections and pgbench's start with the same session setting.
         os.environ["PGOPTIONS"] = (
             f"{os.environ.get('PGOPTIONS', '')} -c synchronous_commit={args.synchronous_commit}"
         )
     target = dbserver.target(args.database_url or None)
+    if args.rtt:
+        target, relay, figures = network.through_relay(target, args.rtt)
+        atexit.register(relay.close)
+    else:
+        figures = network.loopback(target)
     os.environ["LOCKKIT_BENCH_DATABASE_URL"] = target.url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     import django
 
     django.setup()
-    return target
+    return target, figures
 
 
 def _out_dir(args: argparse.Namespace) -> Path:

