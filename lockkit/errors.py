@@ -28,6 +28,7 @@ class Failure(enum.Enum):
     READ_ONLY = "read_only_sql_transaction"
     QUERY_CANCELED = "query_canceled"
     CONNECTION_LOST = "connection_lost"
+    IDLE_IN_TRANSACTION_TIMEOUT = "idle_in_transaction_session_timeout"
 
 
 # Filled by LockError.__init_subclass__: the one class that declares each failure kind.
@@ -103,10 +104,14 @@ class SerializationFailure(TransientLockError):
 
 
 class StatementTimeout(LockError, OperationalError):
-    """A statement ran longer than the ``statement_timeout`` lockkit set for it (SQLSTATE 57014). Never retried.
+    """A statement ran longer than the ``statement_timeout`` in force (SQLSTATE 57014). Never retried.
 
-    PostgreSQL reports a cancel (``pg_cancel_backend``) with the same code: it is a ``StatementTimeout`` only when
-    the scope (or ``settings.LOCKKIT["STATEMENT_TIMEOUT"]``) set a statement timeout, else ``QueryCanceled``.
+    The timeout may come from lockkit (the scope's ``statement_timeout``, ``settings.LOCKKIT["STATEMENT_TIMEOUT"]``)
+    or from anywhere else: a role or database setting, ``OPTIONS={"options": "-c statement_timeout=..."}``, a
+    managed platform's default, ``SET LOCAL`` in your own code. PostgreSQL reports a cancel (``pg_cancel_backend``)
+    with the same code; the server's primary message tells the two apart ("canceling statement due to statement
+    timeout" / "... due to user request"). A server whose ``lc_messages`` translates them gives no such sign: then it
+    is a ``StatementTimeout`` when lockkit set a statement timeout, else a ``QueryCanceled``.
     """
 
     failure = Failure.STATEMENT_TIMEOUT
@@ -115,7 +120,8 @@ class StatementTimeout(LockError, OperationalError):
 class QueryCanceled(LockError, OperationalError):
     """The statement was cancelled from outside (``pg_cancel_backend``, ``KILL QUERY``). Never retried.
 
-    SQLSTATE 57014 with no statement timeout set by lockkit, or MariaDB/MySQL 1317: someone asked for it to stop.
+    SQLSTATE 57014 reported as a cancel ("canceling statement due to user request"; see ``StatementTimeout``), or
+    MariaDB/MySQL 1317: someone asked for it to stop.
     """
 
     failure = Failure.QUERY_CANCELED
@@ -125,7 +131,7 @@ class ConnectionLost(LockError, OperationalError):
     """The connection to the database was lost, or connecting failed.
 
     The server ended the session (a restart, ``pg_terminate_backend``, an idle timeout, a pooler) or the network
-    failed. SQLSTATE class 08, 57P01/57P02/57P03/57P05, 25P03; MariaDB/MySQL 2006, 2013, 2055, 4031, 1927; or no code at
+    failed. SQLSTATE class 08, 57P01/57P02/57P03/57P05; MariaDB/MySQL 2006, 2013, 2055, 4031, 1927; or no code at
     all, when the driver reports its connection closed or broken. A ``ConnectionLost`` raised by a scope means the
     transaction did not commit (a loss at COMMIT is resolved first, see ``CommitOutcomeUnknown``), so
     ``locked_operation`` retries it by default; lockkit has already discarded the dead connection, and the next
@@ -133,6 +139,23 @@ class ConnectionLost(LockError, OperationalError):
     """
 
     failure = Failure.CONNECTION_LOST
+
+
+class IdleInTransactionTimeout(ConnectionLost):
+    """The server ended the session because its transaction sat idle too long (SQLSTATE 25P03). Not retried by default.
+
+    PostgreSQL's ``idle_in_transaction_session_timeout`` expired between two statements of the scope's transaction:
+    the body spent longer than that outside the database (an HTTP call, a slow computation) while holding its
+    transaction open. The server rolled the transaction back and closed the session: nothing committed, and lockkit
+    has discarded the connection (the next call reconnects). Retrying would repeat the slow body and its external
+    effects, so ``locked_operation`` does not retry it unless ``Failure.IDLE_IN_TRANSACTION_TIMEOUT`` is in
+    ``retry_on``. Move the slow work out of the transaction, or raise the timeout for the role. See
+    https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-IDLE-IN-TRANSACTION-SESSION-TIMEOUT.
+
+    A subclass of ``ConnectionLost``: the connection is gone either way.
+    """
+
+    failure = Failure.IDLE_IN_TRANSACTION_TIMEOUT
 
 
 class CommitOutcomeUnknown(ConnectionLost):

@@ -58,7 +58,8 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("postgresql", "55P03", "lock_not_available", Failure.LOCK_NOT_AVAILABLE, ambiguous_nowait=True),
     CodeRow("postgresql", "40P01", "deadlock_detected", Failure.DEADLOCK_DETECTED),
     CodeRow("postgresql", "40001", "serialization_failure", Failure.SERIALIZATION_FAILURE),
-    # 57014 is both an expired statement_timeout and a pg_cancel_backend: the statement's own timeout tells.
+    # 57014 is both an expired statement_timeout and a pg_cancel_backend: the server's message tells (untranslated),
+    # else whether lockkit set a statement timeout.
     CodeRow("postgresql", "57014", "query_canceled", Failure.QUERY_CANCELED, ambiguous_timeout=True),
     CodeRow("postgresql", "25006", "read_only_sql_transaction", Failure.READ_ONLY),
     # The server ended the session: a stop or restart, pg_terminate_backend, recovery, an idle timeout.
@@ -66,7 +67,15 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("postgresql", "57P02", "crash_shutdown", Failure.CONNECTION_LOST),
     CodeRow("postgresql", "57P03", "cannot_connect_now", Failure.CONNECTION_LOST),
     CodeRow("postgresql", "57P05", "idle_session_timeout", Failure.CONNECTION_LOST),
-    CodeRow("postgresql", "25P03", "idle_in_transaction_session_timeout", Failure.CONNECTION_LOST),
+    CodeRow(
+        "postgresql",
+        "25P03",
+        "idle_in_transaction_session_timeout",
+        Failure.IDLE_IN_TRANSACTION_TIMEOUT,
+        hint="the transaction sat idle between statements longer than idle_in_transaction_session_timeout, so the "
+        "server rolled it back and closed the session: nothing committed. Retrying repeats the slow body; move "
+        "slow work (external calls) out of the transaction or raise the timeout",
+    ),
     # Class 08, connection exception (08000, 08003, 08006, 08001, 08004, 08007, 08P01...): a code of the class
     # that has no row of its own falls back to this one, as psycopg's error registry does.
     CodeRow("postgresql", "08", "connection_exception", Failure.CONNECTION_LOST),
@@ -206,9 +215,10 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
     an error raised by the server's lock timer is always ``Failure.LOCK_TIMEOUT`` (``timer_fired``: NOWAIT
     covers row locks only, so a NOWAIT statement can still wait for a table lock); otherwise ``nowait`` decides, and when it is ``None`` the code's own meaning is reported (``Failure.LOCK_NOT_AVAILABLE`` for 55P03 and
     ORA-00054, ``Failure.LOCK_TIMEOUT`` for MariaDB's 1205).
-    Likewise SQLSTATE 57014 is an expired statement timeout or a cancel (both raised by the same server
-    function): ``timed`` tells them apart, and without it the code's own name, ``Failure.QUERY_CANCELED``, is
-    reported. A lost connection is recognised by its code (class 08, 57P01...) or by the driver's code-less
+    Likewise SQLSTATE 57014 is an expired statement timeout (from any source: lockkit, a role setting, the
+    connection's options, ``SET LOCAL``) or a cancel, both raised by the same server function: the server's primary
+    message tells them apart (``statement_timer_fired``); a translated message (``lc_messages``) cannot, and then
+    ``timed`` does, and without it the code's own name, ``Failure.QUERY_CANCELED``, is reported. A lost connection is recognised by its code (class 08, 57P01...) or by the driver's code-less
     ``InterfaceError``; ``lockkit.errorcodes.translate`` also reads the driver's connection state, which this function
     cannot see.
     See https://www.postgresql.org/docs/current/errcodes-appendix.html.
@@ -234,8 +244,11 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
     row = lookup(exc)
     if row is None:
         return None
-    if row.ambiguous_timeout and timed:
-        return Failure.STATEMENT_TIMEOUT
+    if row.ambiguous_timeout:
+        fired = statement_timer_fired(exc)
+        if fired is None:
+            fired = bool(timed)
+        return Failure.STATEMENT_TIMEOUT if fired else Failure.QUERY_CANCELED
     if not row.ambiguous_nowait:
         return row.failure
     if row.vendor == "postgresql" and timer_fired(exc):
@@ -245,6 +258,36 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
     if nowait is None:
         return row.failure
     return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
+
+
+# The primary messages PostgreSQL's ProcessInterrupts gives a 57014, untranslated (src/backend/tcop/postgres.c).
+_STATEMENT_TIMEOUT_MESSAGE = "canceling statement due to statement timeout"
+_CANCEL_MESSAGES = frozenset({"canceling statement due to user request", "canceling autovacuum task"})
+
+
+def statement_timer_fired(exc: BaseException) -> bool | None:
+    """Whether a PostgreSQL 57014 came from an expired ``statement_timeout`` rather than from a cancel request.
+
+    Both carry SQLSTATE 57014 and the same source function; the server's primary message (psycopg's
+    ``diag.message_primary``) is the only difference the error carries. It is compared whole with the server's
+    untranslated texts, so a server whose ``lc_messages`` translates them gives ``None``.
+    See https://www.postgresql.org/docs/current/errcodes-appendix.html.
+
+    Returns:
+        ``True`` for "canceling statement due to statement timeout", ``False`` for a cancel ("... due to user
+        request", "canceling autovacuum task"), ``None`` when the error carries neither (translated, or no
+        PostgreSQL diagnostics).
+    """
+    for link in chain(exc):
+        diag = getattr(link, "diag", None)
+        message = getattr(diag, "message_primary", None)
+        if type(link).__module__.startswith("psycopg") and isinstance(message, str):
+            if message == _STATEMENT_TIMEOUT_MESSAGE:
+                return True
+            if message in _CANCEL_MESSAGES:
+                return False
+            return None
+    return None
 
 
 # The server function that raises the errors of PostgreSQL's timers (lock_timeout, statement_timeout): every

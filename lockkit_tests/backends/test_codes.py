@@ -72,7 +72,13 @@ TABLE = [
     ("postgresql", "57P02", F.CONNECTION_LOST, False, "terminating connection because of crash of another"),
     ("postgresql", "57P03", F.CONNECTION_LOST, False, "the database system is shutting down"),
     ("postgresql", "57P05", F.CONNECTION_LOST, False, "terminating connection due to idle-session timeout"),
-    ("postgresql", "25P03", F.CONNECTION_LOST, False, "terminating connection due to idle-in-transaction"),
+    (
+        "postgresql",
+        "25P03",
+        F.IDLE_IN_TRANSACTION_TIMEOUT,
+        False,
+        "terminating connection due to idle-in-transaction",
+    ),
     # MariaDB's NOWAIT failure is 1205 too (pinned on the real server in test_backend_mariadb.py).
     ("mysql", "1205", F.LOCK_TIMEOUT, True, "Lock wait timeout exceeded; try restarting transaction"),
     ("mysql", "1213", F.DEADLOCK_DETECTED, False, "Deadlock found when trying to get lock"),

@@ -1,5 +1,6 @@
-"""A cancelled statement is ``QueryCanceled``; only a statement timeout lockkit set is ``StatementTimeout``
-(issue 11, item 5). Both arrive as SQLSTATE 57014 on PostgreSQL; the message is never read.
+"""A cancelled statement is ``QueryCanceled``; a statement timeout lockkit set is ``StatementTimeout``
+(issue 11, item 5). Both arrive as SQLSTATE 57014 on PostgreSQL; the server's primary message tells them apart
+(test_server_timeouts.py covers timeouts lockkit did not set).
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ RTT = 0.002  # seconds: far above loopback's own round trip, so the lower bound 
 def _conninfo(port: int) -> str:
     settings = connections["default"].settings_dict
     return psycopg.conninfo.make_conninfo(
-        host="127.0.0.1", port=port, user=settings["USER"], dbname=settings["NAME"], password=settings["PASSWORD"]
+        host="127.0.0.1",
+        port=port,
+        user=settings["USER"],
+        dbname=settings["NAME"],
+        password=settings["PASSWORD"],
     )
 
 
@@ -38,7 +42,8 @@ def test_the_relay_forwards_results_and_a_terminated_session_then_a_new_one() ->
         with psycopg.connect(_conninfo(relay.port), autocommit=True) as first:
             pid = first.info.backend_pid
             rows = first.execute("SELECT g, repeat('x', 100000) FROM generate_series(1, 20) AS g").fetchall()
-            assert [r[0] for r in rows] == list(range(1, 21)) and all(len(r[1]) == 100000 for r in rows)
+            assert [r[0] for r in rows] == list(range(1, 21))
+            assert all(len(r[1]) == 100000 for r in rows)
             with psycopg.connect(_conninfo(relay.port), autocommit=True) as killer:
                 assert killer.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone() == (True,)
             with pytest.raises(psycopg.OperationalError):
