@@ -30,6 +30,7 @@ from lockkit.errors import (
     SerializationFailure,
     StaleClaim,
     StatementTimeout,
+    TransactionAborted,
     TransientLockError,
 )
 from lockkit.operations.operation import locked_operation
@@ -59,6 +60,7 @@ __all__ = [
     "SerializationFailure",
     "StaleClaim",
     "StatementTimeout",
+    "TransactionAborted",
     "TransientLockError",
     "__version__",
     "advisory_lock",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from typing import Any, ClassVar
 
-from django.db import OperationalError
+from django.db import DatabaseError, OperationalError
 from django.db.transaction import TransactionManagementError
 
 
@@ -189,6 +189,29 @@ class ReadOnlyDatabase(LockError, OperationalError):
     """The alias is read-only (a hot standby, a read-only role or transaction) (SQLSTATE 25006). Never retried."""
 
     failure = Failure.READ_ONLY
+
+
+class TransactionAborted(LockError, DatabaseError):
+    """The scope's transaction was aborted by a database error its body caught; nothing committed. Never retried.
+
+    On PostgreSQL a failed statement aborts the whole transaction; a body that catches the error (a raw cursor in
+    ``try``/``except DatabaseError``, a library that swallows it) and returns normally would otherwise get a COMMIT
+    that the server answers with ROLLBACK, and a caller told "done" for writes that are gone. An outermost scope
+    checks the driver's transaction status before it commits (no round trip) and raises this instead. Fix the body:
+    let the error propagate, or wrap the statement that may fail in its own ``transaction.atomic()`` (a savepoint),
+    as Django documents. See
+    https://docs.djangoproject.com/en/stable/topics/db/transactions/#handling-exceptions-within-postgresql-transactions.
+
+    Attributes:
+        swallowed: The server's message of the error that aborted the transaction, when the driver kept it.
+    """
+
+    def __init__(
+        self, message: str = "", *, alias: str | None = None, attempts: int = 1, swallowed: str = ""
+    ) -> None:
+        """Record the message, alias, attempts and the swallowed error's message."""
+        super().__init__(message, alias=alias, attempts=attempts)
+        self.swallowed = swallowed
 
 
 class AliasMismatch(LockError, TransactionManagementError):

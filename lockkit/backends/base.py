@@ -173,6 +173,18 @@ class Backend:
         """
         return not connection.is_usable()
 
+    def aborted_by(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Whether the connection's transaction was aborted by an error, read locally (no round trip).
+
+        Called before an outermost scope commits, when the body raised nothing: a body that caught a failed
+        statement leaves PostgreSQL's transaction aborted, and its COMMIT is answered with ROLLBACK, not an error.
+
+        Returns:
+            The server's message of the error that aborted the transaction (``""`` when the driver keeps none), or
+            ``None`` when the transaction is not known to be aborted (generic: never known).
+        """
+        return None
+
     def transaction_id(self, token: TimeoutToken | None) -> int | None:
         """The id of the transaction an outermost scope opened, read by its opening statement; ``None`` here."""
         return None

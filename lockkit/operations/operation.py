@@ -143,6 +143,13 @@ def _retry_setting(value: object) -> RetrySetting:
     return check_retry(value, "LOCKKIT['RETRY']")
 
 
+def _policy(option: RetrySetting | Default) -> RetrySetting:
+    """The operation's retry setting: its own, else ``settings.LOCKKIT["RETRY"]`` (cached), else the default."""
+    if isinstance(option, Default):
+        return conf.resolved("RETRY", _DEFAULT_POLICY, _retry_setting)
+    return option
+
+
 def _unwrap(error: BaseException) -> BaseException:
     return error.error if isinstance(error, _Committed) else error
 
@@ -167,7 +174,11 @@ class LockedOperation:
         operation = getattr(func, "__qualname__", repr(func))
 
         def attempt(alias: str, number: int, args: Any, kwargs: Any) -> R:
-            block = ScopeBlock(options, alias, number, owner=self)
+            # A COMMIT whose reply was lost is resolved for as long as the policy rides out a lost connection.
+            policy = _policy(retry_option)
+            # (RetryPolicy normalises its durations to float seconds.)
+            within = cast(float, policy.reconnect_within) if isinstance(policy, RetryPolicy) else None
+            block = ScopeBlock(options, alias, number, owner=self, resolve_within=within)
             result: Any = _NO_RESULT
             try:
                 with block:
@@ -187,9 +198,7 @@ class LockedOperation:
         def run(
             alias: str, args: Any, kwargs: Any, attempt: Callable[[str, int, Any, Any], R] = attempt
         ) -> R:
-            retry = retry_option
-            if isinstance(retry, Default):
-                retry = conf.resolved("RETRY", _DEFAULT_POLICY, _retry_setting)
+            retry = _policy(retry_option)
             try:
                 if retry is None:
                     return attempt(alias, 1, args, kwargs)

@@ -122,7 +122,9 @@ class LockScope:
         nested (bool): The scope began inside an existing transaction on its alias (it runs in a savepoint).
     """
 
-    def __init__(self, options: ScopeOptions, alias: str, attempt: int) -> None:
+    def __init__(
+        self, options: ScopeOptions, alias: str, attempt: int, *, resolve_within: float | None = None
+    ) -> None:
         """Prepare a scope; ``ScopeBlock`` opens it. Validates the options against the backend, runs no SQL.
 
         Raises:
@@ -140,6 +142,7 @@ class LockScope:
             statement_timeout=self.statement_timeout,
             nowait=self.nowait,
             attempt=attempt,
+            resolve_within=resolve_within,
         )
         self.nested = self._transaction.nested
         # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
@@ -478,13 +481,24 @@ class ScopeBlock:
     Used by ``Locked`` and ``locked_operation``; ``owner`` is the object that opened it, so that it exits its own.
     """
 
-    def __init__(self, options: ScopeOptions, alias: str, attempt: int, *, owner: object = None) -> None:
+    def __init__(
+        self,
+        options: ScopeOptions,
+        alias: str,
+        attempt: int,
+        *,
+        owner: object = None,
+        resolve_within: float | None = None,
+    ) -> None:
         """Prepare the scope (no SQL yet).
+
+        ``resolve_within`` is how long a COMMIT whose reply was lost is resolved for (the operation's retry policy's
+        ``reconnect_within``); ``None`` for the default, ``COMMIT_RESOLUTION_TIMEOUT``.
 
         Raises:
             django.db.NotSupportedError: the backend cannot honour the scope's locking options.
         """
-        self.scope = LockScope(options, alias, attempt)
+        self.scope = LockScope(options, alias, attempt, resolve_within=resolve_within)
         self.owner = owner
 
     @property

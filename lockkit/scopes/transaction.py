@@ -19,14 +19,15 @@ from django.db.transaction import TransactionManagementError
 
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.errorcodes.translate import translate, translating
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
 from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 
 logger = logging.getLogger("lockkit")
 
 # Seconds lockkit spends finding out whether a COMMIT whose reply was lost committed (reconnecting through a
-# fast restart included) before it gives up and raises CommitOutcomeUnknown.
-COMMIT_RESOLUTION_TIMEOUT = 3.0
+# restart included) before it gives up and raises CommitOutcomeUnknown, when the scope is not given its own budget:
+# the default RetryPolicy's reconnect_within. A locked_operation resolves for its policy's reconnect_within.
+COMMIT_RESOLUTION_TIMEOUT = 5.0
 
 Callback = tuple[
     Any, Callable[[], Any], bool
@@ -67,6 +68,7 @@ class ScopeTransaction:
         statement_timeout: float | None,
         nowait: bool,
         attempt: int,
+        resolve_within: float | None = None,
     ) -> None:
         """Prepare the transaction (no SQL yet); ``nested`` is decided now, from the connection."""
         # Django's wrapper for the alias in this thread: the same object for the thread's life (the driver
@@ -79,6 +81,7 @@ class ScopeTransaction:
         self.backend = backend_for(connection)
         self._lock_timeout = lock_timeout
         self._statement_timeout = statement_timeout
+        self._resolve_within = COMMIT_RESOLUTION_TIMEOUT if resolve_within is None else resolve_within
         self._atomic = transaction.atomic(using=alias)
         self.translating = translating(
             alias, nowait=nowait, attempts=attempt, timed=statement_timeout is not None
@@ -167,6 +170,10 @@ class ScopeTransaction:
         connection = self._connection
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
+        if doomed is None and exc is None and not self.nested:
+            # Also when Django marked the block for rollback (an ORM write's own atomic(savepoint=False) failed):
+            # the driver says "aborted by an error", which a deliberate set_rollback(True) never does.
+            doomed = self._swallowed_error()
         if doomed is not None:
             exc = None  # the body swallowed a helper's error: roll back, then raise that error
             transaction.set_rollback(True, using=self.alias)  # Django's public form of needs_rollback
@@ -212,6 +219,21 @@ class ScopeTransaction:
         if restore_error is not None:
             raise restore_error
 
+    def _swallowed_error(self) -> TransactionAborted | None:
+        """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""
+        swallowed = self.backend.aborted_by(self._connection)
+        if swallowed is None:
+            return None
+        said = f": {swallowed}" if swallowed else ""
+        return TransactionAborted(
+            f"the transaction on {self.alias!r} was aborted by a database error the scope's body caught{said}; "
+            "nothing was committed. Let the error propagate, or run the statement that may fail in its own "
+            "transaction.atomic() block (a savepoint)",
+            alias=self.alias,
+            attempts=self.translating.attempts,
+            swallowed=swallowed,
+        )
+
     def _on_commit_error(self, callback_error: Exception) -> OnCommitError:
         return OnCommitError(
             f"an on_commit callback failed after the transaction on {self.alias!r} committed "
@@ -237,9 +259,7 @@ class ScopeTransaction:
 
     def _resolve_commit(self, lost: ConnectionLost, callbacks: list[Callback]) -> None:
         """The connection died while COMMIT was in flight: ask the server what became of the transaction."""
-        outcome = self.backend.commit_outcome(
-            connections[self.alias], self.xid, within=COMMIT_RESOLUTION_TIMEOUT
-        )
+        outcome = self.backend.commit_outcome(connections[self.alias], self.xid, within=self._resolve_within)
         if outcome == "committed":
             logger.info(
                 "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid

@@ -16,6 +16,7 @@ from django.db import connections
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.claims import claim_next, held_by
+from lockkit.testing import in_thread
 from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Item, Job, Stock
 from lockkit_tests.support.faultkit import proxied
@@ -171,3 +172,44 @@ def test_mariadb_cannot_resolve_a_lost_commit_and_says_so() -> None:
         assert record["attempts"] == [1]
         assert record["callbacks"] == []
     assert Item.objects.using("mariadb").count() == 1  # committed, and reported as unknown, never as failed
+
+
+def _outage(proxy: FaultProxy, seconds: float) -> None:
+    """Refuse new connections from the COMMIT's cut for ``seconds`` (a server restart that long), then accept."""
+    deadline = time.monotonic() + 30
+    while proxy.cuts["deliver"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(seconds)  # the fault's duration, not a synchronisation
+    proxy.refuse_new = False
+
+
+@pytest.mark.parametrize(("reconnect_within", "outcome"), [(15.0, "committed"), (0.5, "unknown")])
+def test_a_lost_commit_is_resolved_for_as_long_as_the_policy_reconnects(
+    through_proxy: tuple[str, FaultProxy], reconnect_within: float, outcome: str
+) -> None:
+    alias, proxy = through_proxy
+    Stock.objects.create(sku="widget", available=5)
+    record: dict[str, list[object]] = {"callbacks": []}
+
+    @lockkit.locked_operation(alias, retry=RetryPolicy(reconnect_within=reconnect_within))
+    def sell() -> int:
+        scope = lockkit.current_scope()
+        row = scope.get(Stock, pk="widget")
+        row.available -= 1
+        row.save(using=alias)
+        scope.on_commit(lambda: record["callbacks"].append("sent"))
+        proxy.refuse_new = True  # the outage starts with the cut: reconnecting fails until it ends
+        proxy.arm("deliver")
+        return row.available
+
+    connections[alias].ensure_connection()
+    outage = in_thread(_outage, proxy, 4.0)  # longer than the fixed 3 s lockkit used to resolve for
+    if outcome == "committed":
+        assert sell() == 4
+        assert record["callbacks"] == ["sent"]
+    else:
+        with pytest.raises(lockkit.CommitOutcomeUnknown):
+            sell()
+        assert record["callbacks"] == []
+    outage.result(30)
+    assert Stock.objects.get().available == 4  # it committed either way: only the budget differs

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 _NAMES = ("lock_timeout", "statement_timeout")
 
 
+# libpq's PQTRANS_INERROR: idle, in a failed transaction block.
+_PQTRANS_INERROR = 3
+
+
 class PostgreSQLBackend(Backend):
     """Timeouts with ``is_local = true``: they end with the transaction.
 
@@ -201,6 +205,18 @@ class PostgreSQLBackend(Backend):
         """
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
+
+    def aborted_by(self, connection: BaseDatabaseWrapper) -> str | None:
+        """The driver's transaction status is ``INERROR``: return the connection's last error message.
+
+        Both drivers expose libpq's ``PQtransactionStatus`` and ``PQerrorMessage`` as ``info.transaction_status``
+        and ``info.error_message`` (psycopg 3; psycopg2 2.8+). See
+        https://www.psycopg.org/psycopg3/docs/api/objects.html#psycopg.ConnectionInfo.transaction_status.
+        """
+        driver: Any = connection.connection
+        if driver is None or int(driver.info.transaction_status) != _PQTRANS_INERROR:
+            return None
+        return str(driver.info.error_message or "").strip()
 
     def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
         """The transaction id, read by the statement that opens an outermost scope (no extra round trip).
