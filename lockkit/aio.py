@@ -2,18 +2,30 @@
 
 Django runs transactions synchronously: an async caller hands the whole call to one thread with
 ``asgiref.sync.sync_to_async``. See https://docs.djangoproject.com/en/stable/topics/async/#async-safety.
+A cancelled caller cancels the call in its thread too (``lockkit.cancellation``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from lockkit.scopes.transaction import in_transaction
+from lockkit import cancellation
+from lockkit.errors import CommitOutcomeUnknown
+from lockkit.scopes.transaction import COMMIT_RESOLUTION_TIMEOUT, in_transaction
+
+logger = logging.getLogger("lockkit")
+
+# How long a caller cancelled after COMMIT was sent waits for the commit's outcome: the COMMIT, and resolving it
+# when its reply was lost, before the caller is told the outcome is unknown.
+COMMIT_OUTCOME_WAIT = COMMIT_RESOLUTION_TIMEOUT + 5.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,6 +56,14 @@ def awaitable(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     are tidied after the call (``tidy_connections``); a dead connection before it is discarded by lockkit's
     scopes themselves.
 
+    When the awaiting task is cancelled (a client disconnect, ``asyncio.timeout``) before the call sent its COMMIT,
+    the call is cancelled in its thread: the statement in flight is cancelled on the server, the transaction rolls
+    back, no retry starts, and the caller gets its ``asyncio.CancelledError`` right away; nothing committed. When
+    the COMMIT was already sent, a cancellation can no longer undo it, so the caller waits for the outcome (up to
+    ``COMMIT_OUTCOME_WAIT`` seconds) and is told the truth instead of a plain cancellation: the call's result when
+    it committed (the cancellation is then not raised), its error when it failed, ``CommitOutcomeUnknown`` when
+    the outcome did not arrive in time.
+
     Args:
         func: A synchronous function.
 
@@ -58,7 +78,50 @@ def awaitable(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
             tidy_connections()
 
     functools.update_wrapper(call_and_tidy, func)
-    return sync_to_async(call_and_tidy, thread_sensitive=True)
+    in_thread = sync_to_async(call_and_tidy, thread_sensitive=True)
+
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with cancellation.activated(cancellation.Cancellation()) as waiting:
+            # The task copies this context, cancellation included, and sync_to_async copies it into the thread.
+            task = asyncio.ensure_future(in_thread(*args, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if waiting.cancel():
+                _forget(task)  # it rolls back in its thread; nothing of it commits
+                raise
+            return await _outcome_after_commit(task)
+
+    functools.update_wrapper(call, func)
+    return call
+
+
+async def _outcome_after_commit(task: asyncio.Future[R]) -> R:
+    """The caller was cancelled after the call sent COMMIT: its outcome, or ``CommitOutcomeUnknown``."""
+    with contextlib.suppress(asyncio.CancelledError):  # cancelled again: stop waiting, say what is known
+        await asyncio.wait({task}, timeout=COMMIT_OUTCOME_WAIT)
+    if not task.done():
+        _forget(task)
+        raise CommitOutcomeUnknown(
+            "the awaiting caller was cancelled after COMMIT was sent, and its outcome did not arrive within "
+            f"{COMMIT_OUTCOME_WAIT:g} s: the work may have committed"
+        )
+    error = task.exception()
+    if isinstance(error, cancellation.CallCancelled):
+        # The COMMIT sent did not commit (its reply was lost, the transaction was found aborted), and no retry
+        # started after the cancellation: nothing committed, a plain cancellation is the truth.
+        raise asyncio.CancelledError() from error
+    return task.result()  # the committed result, or the call's own error (the truth about the commit)
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    """Let ``task`` finish unobserved: its outcome is logged at debug level, never "never retrieved"."""
+
+    def retrieved(done: asyncio.Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            logger.debug("lockkit: a cancelled call ended with %r", done.exception())
+
+    task.add_done_callback(retrieved)
 
 
 __all__ = ["awaitable", "tidy_connections"]

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.db import NotSupportedError
+from django.db import NotSupportedError, connections
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -284,6 +284,24 @@ class Backend:
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
         """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent."""
         raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
+
+    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
+        """The server session id of the open connection, read from the driver (no round trip); ``None`` here."""
+        return None
+
+    def cancel_statement(self, alias: str, session: int) -> None:
+        """Cancel what session ``session`` of ``alias`` runs now, from a connection of its own.
+
+        Called from another thread than the session's (an awaiting caller was cancelled: ``lockkit.cancellation``).
+
+        Raises:
+            django.db.NotSupportedError: the vendor has no way to signal a session.
+        """
+        control = connections.create_connection(alias)
+        try:
+            self.signal_session(control, session, terminate=False)
+        finally:
+            control.close()
 
     # -- bounded DDL -----------------------------------------------------------------------------------------
 

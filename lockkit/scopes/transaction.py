@@ -9,6 +9,7 @@ https://docs.djangoproject.com/en/stable/topics/db/transactions/#controlling-tra
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -17,6 +18,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
+from lockkit import cancellation
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
@@ -87,6 +89,7 @@ class ScopeTransaction:
             alias, nowait=nowait, attempts=attempt, timed=statement_timeout is not None
         )
         self._token: TimeoutToken | None = None
+        self._cancellation: cancellation.Cancellation | None = None  # an awaiting caller's (outermost only)
         self._raw: Any = None  # the driver connection the transaction runs on
         # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
         self._restored = False
@@ -99,6 +102,9 @@ class ScopeTransaction:
             LockError: the database reported a classified failure (SQLite's BEGIN IMMEDIATE may wait for a lock).
         """
         connection = self._connection
+        waiting = None if self.nested else cancellation.current()
+        if waiting is not None:
+            waiting.raise_if_cancelled()  # the caller is gone: no new attempt
         if not self.nested and connection.errors_occurred:
             discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
         with self._lost_connection_discarded(), self.translating:
@@ -110,6 +116,11 @@ class ScopeTransaction:
                 nested=self.nested,
             )
         self._raw = connection.connection
+        self._cancellation = waiting
+        if waiting is not None:
+            session = self.backend.local_session_id(connection)
+            if session is not None:
+                waiting.attach(functools.partial(self.backend.cancel_statement, self.alias, session))
         try:
             self._token = self.backend.apply_timeouts(
                 connection,
@@ -157,6 +168,34 @@ class ScopeTransaction:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """End the transaction (``_end``); a call whose awaiting caller was cancelled ends with ``CallCancelled``.
+
+        Raises:
+            lockkit.cancellation.CallCancelled: the awaiting caller was cancelled before the COMMIT was sent; the
+                scope rolled back (raised from the statement's error when the server-side cancel interrupted it).
+        """
+        try:
+            self._end(exc)
+        except BaseException as error:
+            self._raise_if_abandoned(error)
+            raise
+        if exc is not None:
+            self._raise_if_abandoned(exc)
+
+    def _raise_if_abandoned(self, error: BaseException) -> None:
+        """Raise ``CallCancelled`` from ``error`` when the scope failed because its awaiting caller was cancelled."""
+        waiting = self._cancellation
+        if (
+            waiting is not None
+            and waiting.cancelled
+            and not waiting.committing
+            and not isinstance(error, cancellation.CallCancelled)
+        ):
+            raise cancellation.CallCancelled(
+                f"the awaiting caller was cancelled; {self.alias!r} rolled back"
+            ) from error
+
+    def _end(self, exc: BaseException | None) -> None:
         """End the transaction: commit or release on success, roll back on error; raise typed errors.
 
         A connection lost while COMMIT was in flight is resolved: committed (the callbacks run, nothing is
@@ -170,6 +209,16 @@ class ScopeTransaction:
         connection = self._connection
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
+        waiting = self._cancellation
+        if waiting is not None:
+            if doomed is None and exc is None and not waiting.begin_commit():
+                # The awaiting caller was cancelled before COMMIT: roll back (lockkit.cancellation).
+                doomed = cancellation.CallCancelled(
+                    f"the awaiting caller was cancelled; {self.alias!r} rolled back"
+                )
+            if waiting.cancelled:
+                waiting.settle()  # the server-side cancel is sent before the session runs anything else
+            waiting.attach(None)
         if doomed is None and exc is None and not self.nested:
             # Also when Django marked the block for rollback (an ORM write's own atomic(savepoint=False) failed):
             # the driver says "aborted by an error", which a deliberate set_rollback(True) never does.

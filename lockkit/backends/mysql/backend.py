@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError
 
@@ -82,6 +82,11 @@ class _NamedLocks:
 
     def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
         return mysql_locks.session_database(connection, pid)
+
+    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
+        """The connection id mysqlclient recorded (``thread_id()``, no round trip)."""
+        driver: Any = connection.connection
+        return None if driver is None else int(driver.thread_id())
 
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
         return mysql_locks.signal(connection, pid, terminate=terminate)

@@ -206,6 +206,11 @@ class PostgreSQLBackend(Backend):
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
 
+    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
+        """The backend pid the driver recorded when it connected (``info.backend_pid``, no round trip)."""
+        driver: Any = connection.connection
+        return None if driver is None else int(driver.info.backend_pid)
+
     def aborted_by(self, connection: BaseDatabaseWrapper) -> str | None:
         """The driver's transaction status is ``INERROR``: return the connection's last error message.
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from lockkit import cancellation
 from lockkit.backends.postgresql.opening import settings_select
 from lockkit.backends.sql.claims import Row, read_rows
 
@@ -57,6 +58,11 @@ class OneMessage:
         driver = cursor.cursor
         raw = driver.connection
         self.pid = raw.info.backend_pid
+        waiting = cancellation.current()
+        if waiting is not None and not waiting.begin_commit():  # the message carries the COMMIT
+            raise cancellation.CallCancelled(
+                "the awaiting caller was cancelled before the claims call was sent"
+            )
         self.sent_at = time.monotonic()
         self.sent = True
         try:
