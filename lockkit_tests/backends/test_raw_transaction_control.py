@@ -1,0 +1,117 @@
+"""A body that ends the scope's transaction with its own statement never leaves a timeout on the connection.
+
+``cursor.execute("BEGIN")`` (or ``COMMIT``, ``ROLLBACK``, ``START TRANSACTION``, ``SET autocommit``) inside a scope
+ends the transaction or savepoint behind Django's back; MariaDB keeps ``SET SESSION`` values across it, and the
+savepoint the scope would restore them around is gone. Whatever the body does, once the scope and the transaction
+around it have ended the session's timeouts are the server's defaults and the next scope on the connection works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connections, transaction
+
+import lockkit
+from lockkit_tests.support.vendors import vendor_params
+
+STATEMENTS = {
+    "postgresql": ["BEGIN", "COMMIT", "ROLLBACK", "START TRANSACTION", "SET autocommit = on"],
+    "mysql": ["BEGIN", "COMMIT", "ROLLBACK", "START TRANSACTION", "SET autocommit = 1", "SET autocommit = 0"],
+}
+# Statements that leave an open transaction and its savepoints alone (PostgreSQL only warns about BEGIN there).
+NO_OP_INSIDE_A_TRANSACTION = {
+    "postgresql": {"BEGIN", "START TRANSACTION"},
+    "mysql": {"SET autocommit = 0"},
+}
+OUTER = ["outermost", "nested in atomic", "nested in locked"]
+
+
+def session_timeouts(alias: str) -> tuple[str, str]:
+    """The session's lock timeout and what a fresh session of this server starts with."""
+    with connections[alias].cursor() as cursor:
+        if connections[alias].vendor == "postgresql":
+            cursor.execute("SELECT setting, reset_val FROM pg_settings WHERE name = 'lock_timeout'")
+        else:
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout")
+        row = cursor.fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
+
+
+def scope_timeout(alias: str) -> str:
+    with connections[alias].cursor() as cursor:
+        if connections[alias].vendor == "postgresql":
+            cursor.execute("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'")
+        else:
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+        row = cursor.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@contextlib.contextmanager
+def around(outer: str, alias: str) -> Iterator[None]:
+    if outer == "outermost":
+        yield
+    elif outer == "nested in atomic":
+        with transaction.atomic(using=alias):
+            yield
+    else:
+        with lockkit.locked(alias, lock_timeout=3):
+            yield
+
+
+def cases() -> list[Any]:
+    params = []
+    for vendor in vendor_params():
+        statements = STATEMENTS["postgresql" if vendor.id == "postgresql" else "mysql"]
+        for statement in statements:
+            for outer in OUTER:
+                for fails in (True, False):
+                    params.append(
+                        pytest.param(
+                            vendor.values[0],
+                            statement,
+                            outer,
+                            fails,
+                            id=f"{vendor.id}-{statement}-{outer}-{'fails' if fails else 'succeeds'}",
+                            marks=vendor.marks,
+                        )
+                    )
+    return params
+
+
+@pytest.mark.parametrize(("alias", "statement", "outer", "fails"), cases())
+def test_raw_transaction_control_in_a_scope_leaves_no_timeout_behind(
+    alias: str, statement: str, outer: str, fails: bool
+) -> None:
+    connection = connections[alias]
+    _, default = session_timeouts(alias)
+    assert session_timeouts(alias) == (default, default)
+    raised: BaseException | None = None
+    try:
+        with around(outer, alias):
+            with lockkit.locked(alias, lock_timeout=1):
+                with connection.cursor() as cursor:
+                    cursor.execute(statement)  # the body's first statement ends the scope's transaction
+                    cursor.execute("SELECT 1")
+                if fails:
+                    raise ZeroDivisionError
+    except (ZeroDivisionError, DatabaseError) as exc:
+        raised = exc
+    if fails:
+        assert raised is not None
+    elif outer != "outermost" and statement not in NO_OP_INSIDE_A_TRANSACTION[connection.vendor]:
+        # The savepoint is gone: a nested scope that ended "successfully" says so rather than report success.
+        assert isinstance(raised, DatabaseError), raised
+        assert "does not exist" in str(raised) or "autocommit" in statement  # PostgreSQL has no such setting
+    assert not connection.in_atomic_block
+    assert session_timeouts(alias) == (default, default)
+    # The next scope on the same connection sets its own timeout, and puts the default back.
+    with lockkit.locked(alias, lock_timeout=4):
+        assert scope_timeout(alias) in {"4", "4000"}  # seconds (MariaDB), milliseconds (PostgreSQL)
+    assert session_timeouts(alias) == (default, default)
