@@ -34,11 +34,12 @@ class LockkitConfig(AppConfig):
         The settings and configuration checks, and the (deploy-only) database capability check. A bad
         ``LOCKKIT`` never stops the app from loading: the checks report it (``lockkit.E001``-``E004``) and
         lockkit's calls refuse it. Observers are installed only when ``OBSERVERS`` is a list of dotted paths
-        in a ``LOCKKIT`` dict; a path that cannot be imported is logged (ERROR, the ``lockkit`` logger), reported
-        by ``lockkit.E004`` and skipped.
+        in a ``LOCKKIT`` dict; a path that cannot be imported, or names something that is not callable, is logged
+        (ERROR, the ``lockkit`` logger), reported by ``lockkit.E004`` and skipped.
 
         Raises:
-            Exception: what an observer itself raises when it is called (its own failure, not a setting's).
+            Exception: what an observer's module raises when imported (other than ``ImportError``), or the
+                observer when called: its own failure, not a setting's.
         """
         checks.register(check_settings)
         checks.register(check_configuration)
@@ -52,11 +53,15 @@ class LockkitConfig(AppConfig):
             try:
                 observer = import_string(path)
             except ImportError as exc:
-                logger.error(
-                    "lockkit: settings.LOCKKIT['OBSERVERS'] names %r, which cannot be imported (%s): not "
-                    "installed; see `manage.py check` (lockkit.E004)",
-                    path,
-                    exc,
-                )
-                continue
-            observer()
+                problem = f"which cannot be imported ({exc})"
+            else:
+                if callable(observer):
+                    observer()
+                    continue
+                problem = f"which is a {type(observer).__name__}, not a callable"
+            logger.error(
+                "lockkit: settings.LOCKKIT['OBSERVERS'] names %r, %s: not installed; see `manage.py check` "
+                "(lockkit.E004)",
+                path,
+                problem,
+            )

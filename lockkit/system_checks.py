@@ -30,7 +30,8 @@ _DURATION_KEYS = ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT")
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``settings.LOCKKIT``: ``lockkit.E001`` (not a dict), ``E002`` (unknown key), ``E003`` (bad value).
 
-    ``lockkit.E004``: a path in ``OBSERVERS`` cannot be imported (the app logs it and installs the others). The
+    ``lockkit.E004``: a path in ``OBSERVERS`` cannot be imported or is not callable (the app logs it and
+    installs the others). The
     same rules the first locked call applies (``lockkit.conf``), found by ``manage.py check`` instead; each
     unknown key's hint names the closest valid key.
     """
@@ -86,9 +87,9 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
 
 def _unimportable(path: str) -> Error | None:
-    """``lockkit.E004`` when an ``OBSERVERS`` path cannot be imported, with the closest name its module has."""
+    """``lockkit.E004``: an ``OBSERVERS`` path that cannot be imported (hinting its module's closest name) or is not callable."""
     try:
-        import_string(path)
+        observer = import_string(path)
     except ImportError as exc:
         hint = ""
         module_path, _, name = path.rpartition(".")
@@ -104,6 +105,12 @@ def _unimportable(path: str) -> Error | None:
         return Error(
             f"LOCKKIT['OBSERVERS'] names {path!r}, which cannot be imported: {exc}",
             hint=hint + 'A dotted path to a callable, e.g. "lockkit.contrib.prometheus.install".',
+            id="lockkit.E004",
+        )
+    if not callable(observer):
+        return Error(
+            f"LOCKKIT['OBSERVERS'] names {path!r}, which is a {type(observer).__name__}, not a callable",
+            hint='A dotted path to a callable, e.g. "lockkit.contrib.prometheus.install".',
             id="lockkit.E004",
         )
     return None

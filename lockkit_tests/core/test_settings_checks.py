@@ -57,6 +57,12 @@ BAD = {
             "Did you mean lockkit.contrib.prometheus.install?",
         ],
     ),
+    "observer not callable": (
+        '{"OBSERVERS": ["lockkit.conf.KNOWN_KEYS"]}',
+        "lockkit.E004",
+        ["'lockkit.conf.KNOWN_KEYS', which is a frozenset, not a callable"],
+    ),
+    "observer path not dotted": ('{"OBSERVERS": [""]}', "lockkit.E004", ["doesn't look like a module path"]),
     "observer module missing": (
         '{"OBSERVERS": ["lockkit.contrib.prometheos.install"]}',
         "lockkit.E004",
