@@ -16,6 +16,7 @@ import pytest
 from django.db import DatabaseError, connections, transaction
 
 import lockkit
+from lockkit_tests.models import Stock
 from lockkit_tests.support.vendors import vendor_params
 
 STATEMENTS = {
@@ -30,27 +31,34 @@ NO_OP_INSIDE_A_TRANSACTION = {
 OUTER = ["outermost", "nested in atomic", "nested in locked"]
 
 
-def session_timeouts(alias: str) -> tuple[str, str]:
-    """The session's lock timeout and what a fresh session of this server starts with."""
+def session_timeouts(alias: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(lock timeout, statement timeout), each as (the session's value, what a fresh session starts with)."""
     with connections[alias].cursor() as cursor:
         if connections[alias].vendor == "postgresql":
-            cursor.execute("SELECT setting, reset_val FROM pg_settings WHERE name = 'lock_timeout'")
+            cursor.execute(
+                "SELECT setting, reset_val FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout') "
+                "ORDER BY name"
+            )
+            rows = cursor.fetchall()
         else:
-            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout")
-        row = cursor.fetchone()
-    assert row is not None
-    return str(row[0]), str(row[1])
+            cursor.execute(
+                "SELECT @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout, "
+                "@@SESSION.max_statement_time, @@GLOBAL.max_statement_time"
+            )
+            row = cursor.fetchone()
+            assert row is not None
+            rows = [row[:2], row[2:]]
+    (lock, lock_default), (statement, statement_default) = ((str(a), str(b)) for a, b in rows)
+    return (lock, lock_default), (statement, statement_default)
+
+
+def defaults(alias: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    (_, lock), (_, statement) = session_timeouts(alias)
+    return (lock, lock), (statement, statement)
 
 
 def scope_timeout(alias: str) -> str:
-    with connections[alias].cursor() as cursor:
-        if connections[alias].vendor == "postgresql":
-            cursor.execute("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'")
-        else:
-            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
-        row = cursor.fetchone()
-    assert row is not None
-    return str(row[0])
+    return session_timeouts(alias)[0][0]
 
 
 @contextlib.contextmanager
@@ -85,22 +93,31 @@ def cases() -> list[Any]:
     return params
 
 
+@pytest.mark.parametrize("position", ["first", "after a locked read"])
 @pytest.mark.parametrize(("alias", "statement", "outer", "fails"), cases())
 def test_raw_transaction_control_in_a_scope_leaves_no_timeout_behind(
-    alias: str, statement: str, outer: str, fails: bool
+    alias: str, statement: str, outer: str, fails: bool, position: str
 ) -> None:
     connection = connections[alias]
-    _, default = session_timeouts(alias)
-    assert session_timeouts(alias) == (default, default)
+    Stock.objects.using(alias).create(sku="widget", available=1)
+    expected = defaults(alias)
+    assert session_timeouts(alias) == expected
     raised: BaseException | None = None
+    in_outer: list[str] = []
     try:
         with around(outer, alias):
-            with lockkit.locked(alias, lock_timeout=1):
-                with connection.cursor() as cursor:
-                    cursor.execute(statement)  # the body's first statement ends the scope's transaction
-                    cursor.execute("SELECT 1")
-                if fails:
-                    raise ZeroDivisionError
+            try:
+                with lockkit.locked(alias, lock_timeout=1, statement_timeout=2) as scope:
+                    if position != "first":
+                        scope.get(Stock, pk="widget")
+                    with connection.cursor() as cursor:
+                        cursor.execute(statement)  # ends the scope's transaction (or savepoint) behind Django
+                        cursor.execute("SELECT 1")
+                    if fails:
+                        raise ZeroDivisionError
+            finally:
+                if outer == "nested in locked" and not connection.needs_rollback:
+                    in_outer.append(scope_timeout(alias))
     except (ZeroDivisionError, DatabaseError) as exc:
         raised = exc
     if fails:
@@ -109,9 +126,12 @@ def test_raw_transaction_control_in_a_scope_leaves_no_timeout_behind(
         # The savepoint is gone: a nested scope that ended "successfully" says so rather than report success.
         assert isinstance(raised, DatabaseError), raised
         assert "does not exist" in str(raised) or "autocommit" in statement  # PostgreSQL has no such setting
+    # The enclosing scope, where it could go on, had its own value back once the inner one ended.
+    assert in_outer in ([], ["3"], ["3000"])
     assert not connection.in_atomic_block
-    assert session_timeouts(alias) == (default, default)
+    assert session_timeouts(alias) == expected
     # The next scope on the same connection sets its own timeout, and puts the default back.
-    with lockkit.locked(alias, lock_timeout=4):
+    with lockkit.locked(alias, lock_timeout=4) as scope:
         assert scope_timeout(alias) in {"4", "4000"}  # seconds (MariaDB), milliseconds (PostgreSQL)
-    assert session_timeouts(alias) == (default, default)
+        assert scope.get(Stock, pk="widget").available == 1
+    assert session_timeouts(alias) == expected

@@ -199,8 +199,10 @@ def _restore(connection: BaseDatabaseWrapper, values: Mapping[str, str | float |
     savepoint could not be rolled back to; the value then goes through the driver's own cursor (DB-API), with
     Django's error wrapping, so it never stays behind on the connection.
     """
+    if connection.connection is None:
+        return  # closed (it died, or was discarded): the next connection starts from the server's own values
     try:
-        if connection.needs_rollback and connection.connection is not None:
+        if connection.needs_rollback:
             connection.validate_thread_sharing()
             with connection.wrap_database_errors, connection.connection.cursor() as cursor:
                 _set(cursor, values)
