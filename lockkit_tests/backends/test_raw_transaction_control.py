@@ -16,7 +16,7 @@ import pytest
 from django.db import DatabaseError, connections, transaction
 
 import lockkit
-from lockkit_tests.models import Stock
+from lockkit_tests.models import Owner, Stock
 from lockkit_tests.support.vendors import vendor_params
 
 STATEMENTS = {
@@ -135,3 +135,33 @@ def test_raw_transaction_control_in_a_scope_leaves_no_timeout_behind(
         assert scope_timeout(alias) in {"4", "4000"}  # seconds (MariaDB), milliseconds (PostgreSQL)
         assert scope.get(Stock, pk="widget").available == 1
     assert session_timeouts(alias) == expected
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_work_before_a_raw_commit_stays_committed_although_the_scope_failed(alias: str) -> None:
+    """What docs/usage.md warns about: a raw COMMIT ends the scope's transaction there and then."""
+    connection = connections[alias]
+    with pytest.raises(ZeroDivisionError), lockkit.locked(alias, lock_timeout=1):
+        Owner.objects.using(alias).create(name="before")
+        with connection.cursor() as cursor:
+            cursor.execute("COMMIT")
+        Owner.objects.using(alias).create(name="after")
+        raise ZeroDivisionError
+    assert list(Owner.objects.using(alias).values_list("name", flat=True)) == ["before"]
+    assert session_timeouts(alias) == defaults(alias)
+
+
+@pytest.mark.parametrize("alias", [p for p in vendor_params() if p.id == "mariadb"])
+def test_after_a_raw_set_autocommit_the_body_commits_statement_by_statement(alias: str) -> None:
+    connection = connections[alias]
+    with pytest.raises(ZeroDivisionError), lockkit.locked(alias, lock_timeout=1):
+        with connection.cursor() as cursor:
+            cursor.execute("SET autocommit = 1")
+        Owner.objects.using(alias).create(name="after")
+        raise ZeroDivisionError
+    assert list(Owner.objects.using(alias).values_list("name", flat=True)) == ["after"]
+    assert session_timeouts(alias) == defaults(alias)
+    with lockkit.locked(alias, lock_timeout=1):  # Django turned autocommit off again for the next scope
+        Owner.objects.using(alias).create(name="rolled back")
+        transaction.set_rollback(True, using=alias)
+    assert list(Owner.objects.using(alias).values_list("name", flat=True)) == ["after"]
