@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.apps import AppConfig
 from django.core import checks
 from django.utils.module_loading import import_string
@@ -17,6 +19,8 @@ from lockkit.system_checks import (
     check_settings,
 )
 
+logger = logging.getLogger("lockkit")
+
 
 class LockkitConfig(AppConfig):
     """lockkit's app config: registers the system checks."""
@@ -27,18 +31,37 @@ class LockkitConfig(AppConfig):
     def ready(self) -> None:
         """Register the checks, and install the observers listed in ``settings.LOCKKIT["OBSERVERS"]``.
 
-        The settings and configuration checks, and the (deploy-only) database capability check.
+        The settings and configuration checks, and the (deploy-only) database capability check. A bad
+        ``LOCKKIT`` never stops the app from loading: the checks report it (``lockkit.E001``-``E004``) and
+        lockkit's calls refuse it. Observers are installed only when ``OBSERVERS`` is a list of dotted paths
+        in a ``LOCKKIT`` dict; a path that cannot be imported, or names something that is not callable, is logged
+        (ERROR, the ``lockkit`` logger), reported by ``lockkit.E004`` and skipped.
 
         Raises:
-            TypeError: ``OBSERVERS`` is not a list or tuple of dotted paths.
-            ImportError: a path cannot be imported.
+            Exception: what an observer's module raises when imported (other than ``ImportError``), or the
+                observer when called: its own failure, not a setting's.
         """
         checks.register(check_settings)
         checks.register(check_configuration)
         checks.register(check_memory_databases)
         checks.register(check_capabilities, checks.Tags.database, deploy=True)
-        observers = conf.setting("OBSERVERS", ())
-        if not isinstance(observers, list | tuple) or not all(isinstance(path, str) for path in observers):
-            raise TypeError('settings.LOCKKIT["OBSERVERS"] must be a list of dotted paths to callables')
+        value = conf.raw_settings()
+        observers = value.get("OBSERVERS", ()) if isinstance(value, dict) else ()
+        if not conf.observers_are_paths(observers):
+            return  # lockkit.E003, and every locked call raises SettingTypeError
         for path in observers:
-            import_string(path)()
+            try:
+                observer = import_string(path)
+            except ImportError as exc:
+                problem = f"which cannot be imported ({exc})"
+            else:
+                if callable(observer):
+                    observer()
+                    continue
+                problem = f"which is a {type(observer).__name__}, not a callable"
+            logger.error(
+                "lockkit: settings.LOCKKIT['OBSERVERS'] names %r, %s: not installed; see `manage.py check` "
+                "(lockkit.E004)",
+                path,
+                problem,
+            )

@@ -5,6 +5,12 @@ Values are read on first use, validated, and kept until Django's ``setting_chang
 re-validate its settings on every call. Changing ``settings.LOCKKIT`` at run time without that signal (mutating the
 dict in place) is not seen until the next change is signalled.
 
+A bad ``LOCKKIT`` never stops Django from loading: ``manage.py check`` (and every command that runs the checks)
+reports it as ``lockkit.E001``-``E004`` (``lockkit.system_checks``), and every lockkit call that reads the settings
+raises ``SettingTypeError``/``SettingValueError`` with the same message (Django's ``ImproperlyConfigured``, and a
+``TypeError``/``ValueError`` as well): a server that runs no checks (gunicorn, uvicorn) fails at the first locked
+call rather than run with defaults it was not given.
+
 Keys:
     ``LOCK_TIMEOUT`` (seconds, default 5.0): the ``lock_timeout`` of a scope that does not set one; ``None`` leaves
         the connection's own setting alone (not recommended: it is unbounded by default on PostgreSQL).
@@ -19,10 +25,12 @@ Keys:
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 T = TypeVar("T")
@@ -38,13 +46,54 @@ _MISSING = object()
 _resolved: dict[tuple[str, Callable[[Any], Any]], Any] = {}
 
 
+class SettingTypeError(ImproperlyConfigured, TypeError):
+    """``settings.LOCKKIT`` (or one of its values) has the wrong type; ``manage.py check`` names it too."""
+
+
+class SettingValueError(ImproperlyConfigured, ValueError):
+    """``settings.LOCKKIT`` has an unknown key or a value lockkit refuses; ``manage.py check`` names it too."""
+
+
+def valid_keys() -> str:
+    """The valid keys of ``settings.LOCKKIT``, for messages: ``"LOCK_TIMEOUT, OBSERVERS, ..."``."""
+    return ", ".join(sorted(KNOWN_KEYS))
+
+
+def closest_key(key: object) -> str | None:
+    """The valid key an unknown one was probably meant to be (``difflib``, ignoring case), or ``None``."""
+    close = difflib.get_close_matches(str(key).upper(), sorted(KNOWN_KEYS), n=1)
+    return close[0] if close else None
+
+
+def unknown_key_hint(key: object) -> str:
+    """``"Did you mean 'LOCK_TIMEOUT'? Valid keys: ..."``: the hint for an unknown key, at run time and in checks."""
+    close = closest_key(key)
+    return (f"Did you mean {close!r}? " if close else "") + f"Valid keys: {valid_keys()}."
+
+
+def observers_are_paths(value: object) -> bool:
+    """Whether ``OBSERVERS`` has its documented shape: a list or tuple of dotted paths (strings)."""
+    return isinstance(value, list | tuple) and all(isinstance(path, str) for path in value)
+
+
 def _user_settings() -> dict[str, Any]:
-    value = getattr(settings, "LOCKKIT", None) or {}
+    value = getattr(settings, "LOCKKIT", None)
+    if value is None:
+        return {}
     if not isinstance(value, dict):
-        raise TypeError(f"settings.LOCKKIT must be a dict, got {type(value).__name__}")
-    unknown = set(value) - KNOWN_KEYS
-    if unknown:
-        raise ValueError(f"settings.LOCKKIT has unknown keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
+        raise SettingTypeError(
+            f"settings.LOCKKIT must be a dict, not {type(value).__name__} (lockkit.E001). Valid keys: {valid_keys()}."
+        )
+    for key in value:
+        if key not in KNOWN_KEYS:
+            raise SettingValueError(
+                f"settings.LOCKKIT has an unknown key {key!r} (lockkit.E002). {unknown_key_hint(key)}"
+            )
+    if not observers_are_paths(value.get("OBSERVERS", [])):
+        raise SettingTypeError(
+            "LOCKKIT['OBSERVERS'] must be a list of dotted paths to callables (lockkit.E003), "
+            f"not {type(value['OBSERVERS']).__name__}"
+        )
     return value
 
 
@@ -54,7 +103,12 @@ def raw_settings() -> object:
 
 
 def setting(name: str, default: Any) -> Any:
-    """Return ``settings.LOCKKIT[name]``, or ``default`` when the key is absent."""
+    """Return ``settings.LOCKKIT[name]``, or ``default`` when the key is absent.
+
+    Raises:
+        SettingTypeError: ``settings.LOCKKIT`` is not a dict, or ``OBSERVERS`` is not a list of dotted paths.
+        SettingValueError: ``settings.LOCKKIT`` has an unknown key.
+    """
     value = _user_settings().get(name, _MISSING)
     return default if value is _MISSING else value
 
@@ -63,14 +117,23 @@ def resolved(name: str, default: Any, convert: Callable[[Any], T]) -> T:
     """Return ``convert(setting(name, default))``, computed once per settings change.
 
     Raises:
-        TypeError, ValueError: ``settings.LOCKKIT`` is not a dict, has unknown keys, or ``convert`` refuses the
-            value (raised on every call until the setting is fixed).
+        SettingTypeError: ``settings.LOCKKIT`` is not a dict, ``OBSERVERS`` is not a list of dotted paths, or
+            ``convert`` refuses the value's type (raised on every call until the setting is fixed).
+        SettingValueError: ``settings.LOCKKIT`` has an unknown key (the message names the closest valid one), or
+            ``convert`` refuses the value.
     """
     key = (name, convert)
     try:
         value: T = _resolved[key]
     except KeyError:
-        value = _resolved[key] = convert(setting(name, default))
+        raw = setting(name, default)
+        try:
+            value = convert(raw)
+        except TypeError as exc:
+            raise SettingTypeError(str(exc)) from exc
+        except ValueError as exc:
+            raise SettingValueError(str(exc)) from exc
+        _resolved[key] = value
     return value
 
 

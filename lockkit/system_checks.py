@@ -9,12 +9,14 @@ https://docs.djangoproject.com/en/stable/topics/checks/
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error, Info, Warning
 from django.db import connections
+from django.utils.module_loading import import_string
 
 from lockkit import conf
 from lockkit.capabilities import capabilities, configuration_warnings, memory_database_warnings
@@ -28,7 +30,10 @@ _DURATION_KEYS = ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT")
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``settings.LOCKKIT``: ``lockkit.E001`` (not a dict), ``E002`` (unknown key), ``E003`` (bad value).
 
-    The same rules the first locked call applies, found by ``manage.py check`` instead.
+    ``lockkit.E004``: a path in ``OBSERVERS`` cannot be imported or is not callable (the app logs it and
+    installs the others). The
+    same rules the first locked call applies (``lockkit.conf``), found by ``manage.py check`` instead; each
+    unknown key's hint names the closest valid key.
     """
     value = conf.raw_settings()
     if value is None:
@@ -37,23 +42,17 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         return [
             Error(
                 f"settings.LOCKKIT must be a dict, not {type(value).__name__}",
-                hint=f"Valid keys: {', '.join(sorted(conf.KNOWN_KEYS))}.",
+                hint=f"Valid keys: {conf.valid_keys()}.",
                 id="lockkit.E001",
             )
         ]
-    messages: list[CheckMessage] = []
-    for key in value:
-        if key in conf.KNOWN_KEYS:
-            continue
-        close = difflib.get_close_matches(str(key), sorted(conf.KNOWN_KEYS), n=1)
-        messages.append(
-            Error(
-                f"settings.LOCKKIT has an unknown key {key!r}",
-                hint=(f"Did you mean {close[0]!r}? " if close else "")
-                + f"Valid keys: {', '.join(sorted(conf.KNOWN_KEYS))}.",
-                id="lockkit.E002",
-            )
+    messages: list[CheckMessage] = [
+        Error(
+            f"settings.LOCKKIT has an unknown key {key!r}", hint=conf.unknown_key_hint(key), id="lockkit.E002"
         )
+        for key in value
+        if key not in conf.KNOWN_KEYS
+    ]
     for key in _DURATION_KEYS:
         if key in value:
             try:
@@ -63,7 +62,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                     Error(str(exc), hint="Seconds (int or float), a timedelta, or None.", id="lockkit.E003")
                 )
     observers = value.get("OBSERVERS", [])
-    if not isinstance(observers, list | tuple) or not all(isinstance(path, str) for path in observers):
+    if not conf.observers_are_paths(observers):
         messages.append(
             Error(
                 "LOCKKIT['OBSERVERS'] must be a list of dotted paths to callables",
@@ -71,6 +70,8 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="lockkit.E003",
             )
         )
+    else:
+        messages.extend(error for path in observers if (error := _unimportable(path)) is not None)
     if "RETRY" in value:
         try:
             check_retry(value["RETRY"], "LOCKKIT['RETRY']")
@@ -83,6 +84,36 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 )
             )
     return messages
+
+
+def _unimportable(path: str) -> Error | None:
+    """``lockkit.E004``: an ``OBSERVERS`` path that cannot be imported (hinting its module's closest name) or is not callable."""
+    try:
+        observer = import_string(path)
+    except ImportError as exc:
+        hint = ""
+        module_path, _, name = path.rpartition(".")
+        if module_path:
+            try:
+                module = importlib.import_module(module_path)
+            except ImportError:
+                pass
+            else:
+                names = [attr for attr in dir(module) if not attr.startswith("_")]
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"Did you mean {module_path}.{close[0]}? " if close else ""
+        return Error(
+            f"LOCKKIT['OBSERVERS'] names {path!r}, which cannot be imported: {exc}",
+            hint=hint + 'A dotted path to a callable, e.g. "lockkit.contrib.prometheus.install".',
+            id="lockkit.E004",
+        )
+    if not callable(observer):
+        return Error(
+            f"LOCKKIT['OBSERVERS'] names {path!r}, which is a {type(observer).__name__}, not a callable",
+            hint='A dotted path to a callable, e.g. "lockkit.contrib.prometheus.install".',
+            id="lockkit.E004",
+        )
+    return None
 
 
 def check_memory_databases(

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, models, transaction
@@ -34,7 +34,16 @@ from lockkit.validation import flag
 
 P = ParamSpec("P")
 R = TypeVar("R")
-M = TypeVar("M", bound=models.Model)
+if TYPE_CHECKING:
+    # Without django-stubs ``models.Model`` is ``Any`` to a type checker, and a model class (a subclass of Any)
+    # matches every arm of ``QuerySet[M] | type[M] | M``: mypy solves M as ``Never``. A PEP 696 default makes the
+    # result ``Any`` there instead (typing_extensions: annotations only, Python 3.11 has no ``default=``); with
+    # django-stubs M is still the model (``scope.get(Job, pk=1)`` is ``Job``).
+    from typing_extensions import TypeVar as _TypeVarWithDefault
+
+    M = _TypeVarWithDefault("M", bound=models.Model, default=Any)
+else:
+    M = TypeVar("M", bound=models.Model)
 
 _scopes: ContextVar[tuple[ScopeBlock, ...]] = ContextVar("lockkit_scopes", default=())
 

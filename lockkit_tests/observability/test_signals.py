@@ -202,8 +202,13 @@ def test_observers_setting_runs_each_callable_when_the_app_is_ready() -> None:
     ):
         config.ready()
     assert INSTALLED == ["installed"]
-    with (
-        override_settings(LOCKKIT={"OBSERVERS": "lockkit.contrib.prometheus.install"}),
-        pytest.raises(TypeError, match="OBSERVERS"),
+    INSTALLED.clear()
+    # A bad OBSERVERS never stops the app from loading: nothing is installed, the check reports it (E003) and
+    # every locked call refuses it.
+    with override_settings(
+        LOCKKIT={"OBSERVERS": "lockkit_tests.observability.test_signals.install_for_test"}
     ):
         config.ready()
+        with pytest.raises(TypeError, match="OBSERVERS"):
+            lockkit.locked_operation(lambda: None)()
+    assert INSTALLED == []

@@ -109,13 +109,7 @@ class _NamedLocks:
         return TimeoutToken(previous)
 
     def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        try:
-            with connection.cursor() as cursor:
-                _set(cursor, token.previous)
-        except BaseException:
-            if not connection.in_atomic_block:
-                connection.close()
-            raise
+        _restore(connection, token.previous)
 
 
 class MySQLBackend(_NamedLocks, Backend):
@@ -182,15 +176,12 @@ class MySQLBackend(_NamedLocks, Backend):
     def after_transaction_end(
         self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
     ) -> None:
-        """Put the previous session values back; close the connection if that fails outside a transaction."""
-        try:
-            with connection.cursor() as cursor:
-                _set(cursor, token.previous)
-        except BaseException:
-            if not connection.in_atomic_block:
-                # A session whose settings could not be put back must not serve anyone else.
-                connection.close()
-            raise
+        """Put the previous session values back; close the connection if that fails outside a transaction.
+
+        On every path, including a body that ended the transaction with its own ``BEGIN``, ``COMMIT``,
+        ``ROLLBACK`` or ``SET autocommit`` (the savepoint is then gone and Django marks the block for rollback).
+        """
+        _restore(connection, token.previous)
 
     # -- the testing toolkit ---------------------------------------------------------------------------------
 
@@ -202,3 +193,29 @@ class MySQLBackend(_NamedLocks, Backend):
 def _set(cursor: object, values: Mapping[str, str | float | int]) -> None:
     assignments = ", ".join(f"SESSION {name} = %s" for name in values)
     cursor.execute(f"SET {assignments}", list(values.values()))  # type: ignore[attr-defined]
+
+
+def _restore(connection: BaseDatabaseWrapper, values: Mapping[str, str | float | int]) -> None:
+    """Put session variables back, even in a block Django has marked for rollback.
+
+    ``SET SESSION`` is not transactional here: neither a rollback nor an aborted block reverts it, and the server
+    runs it in any transaction state. Django's cursor refuses every statement once a block needs rollback
+    (``TransactionManagementError``), which happens when the body ended the scope's transaction itself and the
+    savepoint could not be rolled back to; the value then goes through the driver's own cursor (DB-API), with
+    Django's error wrapping, so it never stays behind on the connection.
+    """
+    if connection.connection is None:
+        return  # closed (it died, or was discarded): the next connection starts from the server's own values
+    try:
+        if connection.needs_rollback:
+            connection.validate_thread_sharing()
+            with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+                _set(cursor, values)
+        else:
+            with connection.cursor() as cursor:
+                _set(cursor, values)
+    except BaseException:
+        if not connection.in_atomic_block:
+            # A session whose settings could not be put back must not serve anyone else.
+            connection.close()
+        raise
