@@ -76,4 +76,27 @@ class LockWait:
         return data
 
 
-__all__ = ["LockWait", "Session"]
+@dataclass(frozen=True)
+class SessionTarget:
+    """What the server says of a session about to be cancelled or terminated (``lockkit.inspection``).
+
+    Attributes:
+        pid: The session id.
+        database: The database it is connected to, or ``None`` (a background process connected to none).
+        same_database: Whether that is the inspecting connection's database.
+        own: Whether it is the inspecting connection's own session.
+        kind: What the process is: PostgreSQL's ``backend_type`` (``client backend``, ``walsender``,
+            ``parallel worker``, ``autovacuum worker``, ``checkpointer``...), MariaDB/MySQL's ``COMMAND``
+            (``Query``, ``Sleep``, ``Daemon``, ``Binlog Dump``...).
+        client: Whether it is a client's session (the only kind lockkit signals).
+    """
+
+    pid: int
+    database: str | None
+    same_database: bool
+    own: bool
+    kind: str
+    client: bool
+
+
+__all__ = ["LockWait", "Session", "SessionTarget"]

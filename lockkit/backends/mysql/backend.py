@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from lockkit.advisory.keys import AdvisoryKey
-    from lockkit.backends.waits import LockWait
+    from lockkit.backends.waits import LockWait, SessionTarget
 
 # innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
 _MAX_LOCK_WAIT = 1_073_741_824
@@ -82,6 +82,9 @@ class _NamedLocks:
 
     def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
         return mysql_locks.session_database(connection, pid)
+
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        return mysql_locks.signal_target(connection, pid)
 
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
         return mysql_locks.signal(connection, pid, terminate=terminate)
