@@ -252,4 +252,14 @@ def terminate(pid: int, *, using: str | None = None) -> Signalled:
     return _signal(pid, using, terminate=True)
 
 
-__all__ = ["LockWait", "Session", "SignalNotPermitted", "Signalled", "blocking", "cancel", "roots", "terminate", "with_chains"]
+__all__ = [
+    "LockWait",
+    "Session",
+    "SignalNotPermitted",
+    "Signalled",
+    "blocking",
+    "cancel",
+    "roots",
+    "terminate",
+    "with_chains",
+]

@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: The ``state`` of a blocker that is not a session of the inspected database (another database's: they can meet on
+#: a shared catalog; or one that ended meanwhile): only its pid is reported, never its query, user or application.
+OTHER_DATABASE = "not a session of this database"
+
 
 @dataclass(frozen=True)
 class Session:
@@ -99,4 +103,4 @@ class SessionTarget:
     client: bool
 
 
-__all__ = ["LockWait", "Session", "SessionTarget"]
+__all__ = ["OTHER_DATABASE", "LockWait", "Session", "SessionTarget"]

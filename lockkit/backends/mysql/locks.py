@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from lockkit.backends.base import ContentionSQL
-from lockkit.backends.waits import LockWait, Session, SessionTarget
+from lockkit.backends.waits import OTHER_DATABASE, LockWait, Session, SessionTarget
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -118,7 +118,8 @@ def _sessions(cursor: Any, pids: list[int]) -> dict[int, Session]:
         "TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1000000 "
         "FROM information_schema.processlist AS p "
         "LEFT JOIN information_schema.innodb_trx AS t ON t.trx_mysql_thread_id = p.id "
-        f"WHERE p.id IN ({placeholders})",
+        # Sessions of this database only: another database's blocker is named by its id alone.
+        f"WHERE p.id IN ({placeholders}) AND p.db <=> DATABASE()",
         pids,
     )
     found: dict[int, Session] = {}
@@ -181,7 +182,9 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
             LockWait(
                 alias=alias,
                 waiting=sessions.get(waiter, Session(waiter)),
-                blocking=tuple(sessions.get(pid, Session(pid)) for pid in sorted(blockers)),
+                blocking=tuple(
+                    sessions.get(pid, Session(pid, state=OTHER_DATABASE)) for pid in sorted(blockers)
+                ),
                 lock_kind=kind,
                 mode=mode,
                 target=target,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lockkit.backends.base import ContentionSQL
-from lockkit.backends.waits import LockWait, Session, SessionTarget
+from lockkit.backends.waits import OTHER_DATABASE, LockWait, Session, SessionTarget
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -80,11 +80,18 @@ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
 ORDER BY a.pid
 """
 
+# The blockers, of this database only: a session of another database (which can block this one's sessions on a
+# shared catalog) is named by its pid alone, never with its query, user or application.
 _SESSIONS = """
 SELECT pid, application_name, usename, query, state,
        EXTRACT(EPOCH FROM clock_timestamp() - xact_start)::float8
-FROM pg_stat_activity WHERE pid = ANY(%s)
+FROM pg_stat_activity WHERE pid = ANY(%s) AND datname = current_database()
 """
+
+
+def _elsewhere(pid: int) -> Session:
+    """A blocker that is not a session of this database (another database's, or one that has just ended)."""
+    return Session(pid, state=OTHER_DATABASE)
 
 
 def _int32(value: int) -> int:
@@ -131,7 +138,7 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
     waits = []
     for row in rows:
         waiting = Session(int(row[0]), row[1], row[2], row[3], row[4], row[5])
-        blocking = tuple(sessions.get(int(pid), Session(int(pid))) for pid in row[6])
+        blocking = tuple(sessions.get(int(pid), _elsewhere(int(pid))) for pid in row[6])
         waits.append(
             LockWait(
                 alias=alias,
