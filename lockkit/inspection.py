@@ -120,27 +120,35 @@ class Signalled:
 
 
 class SignalNotPermitted(DatabaseError):
-    """The database refused to let this role signal the session (nothing was signalled).
+    """This database user may not signal the session, or may not check what it is; nothing was signalled.
 
-    PostgreSQL: SQLSTATE 42501 (a non-superuser signalling a superuser's session, or another role's without
-    ``pg_signal_backend``); MariaDB/MySQL: error 1095 (another user's session, without ``CONNECTION ADMIN`` or
-    ``SUPER``). A ``django.db.DatabaseError``, raised from the database's error.
+    Raised when the database refuses the signal (PostgreSQL SQLSTATE 42501: a non-superuser signalling a
+    superuser's session, or another role's without ``pg_signal_backend``; MariaDB/MySQL error 1095: another user's
+    session without ``CONNECTION ADMIN`` or ``SUPER``), raised from the database's error; and, with ``code``
+    ``None``, before any signal when PostgreSQL hides what the session is (another role's ``backend_type``,
+    without ``pg_read_all_stats``): lockkit signals only sessions it has checked are clients'. A
+    ``django.db.DatabaseError``.
 
     Attributes:
         alias: The database alias.
         pid: The session that was not signalled.
         action: ``"cancel"`` or ``"terminate"``.
-        code: The SQLSTATE or vendor error code.
+        code: The SQLSTATE or vendor error code, or ``None`` when lockkit refused before signalling.
     """
 
-    def __init__(self, alias: str, pid: int, action: Literal["cancel", "terminate"], code: str) -> None:
+    def __init__(
+        self, alias: str, pid: int, action: Literal["cancel", "terminate"], code: str | None, reason: str = ""
+    ) -> None:
         """Record what was refused, with a message for people."""
         self.alias, self.pid, self.action, self.code = alias, pid, action, code
+        if not reason:
+            reason = (
+                f"database error {code}: the database user may not signal that session (PostgreSQL: a "
+                "superuser's session, or another role's without pg_signal_backend; MariaDB/MySQL: another "
+                "user's session without CONNECTION ADMIN or SUPER)"
+            )
         super().__init__(
-            f"not permitted to {action} session {pid} on {alias!r} (database error {code}): the database user "
-            "may not signal that session (PostgreSQL: a superuser's session, or another role's without "
-            "pg_signal_backend; MariaDB/MySQL: another user's session without CONNECTION ADMIN or SUPER); "
-            "nothing was signalled"
+            f"not permitted to {action} session {pid} on {alias!r} ({reason}); nothing was signalled"
         )
 
 
@@ -180,6 +188,16 @@ def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
         target = backend.signal_target(connection, pid)
         if target is None:
             raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
+        if not target.known:
+            raise SignalNotPermitted(
+                alias,
+                pid,
+                action,
+                None,
+                "this database user may not see what the session is: PostgreSQL shows another role's "
+                "backend_type only to members of pg_read_all_stats, and lockkit signals only sessions it has "
+                "checked are clients'",
+            )
         refusal = _refusal(target, alias)
         if refusal is not None:
             raise ValueError(f"{refusal}; nothing was signalled")
@@ -218,7 +236,8 @@ def cancel(pid: int, *, using: str | None = None) -> Signalled:
             this user's), it is not a client's session (a walsender, a background worker, a server thread), or it
             belongs to another database. Nothing was signalled.
         SignalNotPermitted: the database refused (PostgreSQL SQLSTATE 42501, MariaDB/MySQL error 1095): this
-            database user may not signal that session. Nothing was signalled.
+            database user may not signal that session; or (``code`` ``None``) it may not see what the session
+            is (PostgreSQL: another role's, without ``pg_read_all_stats``). Nothing was signalled.
         django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     return _signal(pid, using, terminate=False)
@@ -246,7 +265,8 @@ def terminate(pid: int, *, using: str | None = None) -> Signalled:
             this user's), it is not a client's session (a walsender, a background worker, a server thread), or it
             belongs to another database. Nothing was signalled.
         SignalNotPermitted: the database refused (PostgreSQL SQLSTATE 42501, MariaDB/MySQL error 1095): this
-            database user may not signal that session. Nothing was signalled.
+            database user may not signal that session; or (``code`` ``None``) it may not see what the session
+            is (PostgreSQL: another role's, without ``pg_read_all_stats``). Nothing was signalled.
         django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     return _signal(pid, using, terminate=True)

@@ -93,6 +93,8 @@ class SessionTarget:
             ``parallel worker``, ``autovacuum worker``, ``checkpointer``...), MariaDB/MySQL's ``COMMAND``
             (``Query``, ``Sleep``, ``Daemon``, ``Binlog Dump``...).
         client: Whether it is a client's session (the only kind lockkit signals).
+        known: Whether the server showed what the process is: PostgreSQL hides ``backend_type`` of other roles'
+            sessions from a role without ``pg_read_all_stats`` (``kind`` is then ``""``, ``client`` ``False``).
     """
 
     pid: int
@@ -101,6 +103,7 @@ class SessionTarget:
     own: bool
     kind: str
     client: bool
+    known: bool = True
 
 
 __all__ = ["OTHER_DATABASE", "LockWait", "Session", "SessionTarget"]

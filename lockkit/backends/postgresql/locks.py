@@ -177,13 +177,15 @@ def signal_target(connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT datname, datname IS NOT DISTINCT FROM current_database(), pid = pg_backend_pid(), "
-            "COALESCE(backend_type, '') FROM pg_stat_activity WHERE pid = %s",
+            "backend_type FROM pg_stat_activity WHERE pid = %s",
             [pid],
         )
         row = cursor.fetchone()
     if row is None:
         return None
-    return SessionTarget(pid, row[0], bool(row[1]), bool(row[2]), str(row[3]), row[3] == "client backend")
+    # backend_type is NULL for another role's session unless this role has pg_read_all_stats (or is a member).
+    kind = row[3] or ""
+    return SessionTarget(pid, row[0], bool(row[1]), bool(row[2]), kind, kind == "client backend", bool(kind))
 
 
 def signal(connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
