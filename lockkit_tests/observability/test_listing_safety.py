@@ -136,6 +136,7 @@ def _other_database_advisory(
     pids: dict[str, int], name: str, holding: threading.Event, release: threading.Event
 ) -> None:
     with lockkit.advisory_lock("cross-database-key", using="other", lock_timeout=30) as held:
+        assert held.pid is not None
         pids[name] = held.pid
         holding.set()
         release.wait(30)
