@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
@@ -174,35 +174,73 @@ def _refusal(target: SessionTarget, alias: str) -> str | None:
     return None
 
 
-def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
+def _checked(connection: Any, alias: str, pid: int, action: Literal["cancel", "terminate"]) -> SessionTarget:
+    """Check in one statement that ``pid`` is a client session of the alias's database; raise if not."""
+    target = backend_for(connection).signal_target(connection, pid)
+    if target is None:
+        raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
+    if not target.known:
+        raise SignalNotPermitted(
+            alias,
+            pid,
+            action,
+            None,
+            "this database user may not see what the session is: PostgreSQL shows another role's "
+            "backend_type only to members of pg_read_all_stats, and lockkit signals only sessions it has "
+            "checked are clients'",
+        )
+    refusal = _refusal(target, alias)
+    if refusal is not None:
+        raise ValueError(f"{refusal}; nothing was signalled")
+    return target
+
+
+def _arguments(pid: int, using: str | None) -> str:
     if isinstance(pid, bool) or not isinstance(pid, int):
         raise TypeError(f"pid must be an int, not {type(pid).__name__}")
     if pid <= 0:
         raise ValueError(f"pid must be a positive session id, got {pid}")
-    alias = check_alias(using if using is not None else DEFAULT_DB_ALIAS)
+    return check_alias(using if using is not None else DEFAULT_DB_ALIAS)
+
+
+def check_signal(
+    pid: int, *, using: str | None = None, action: Literal["cancel", "terminate"] = "terminate"
+) -> SessionTarget:
+    """Say whether ``cancel()``/``terminate()`` would signal session ``pid``, without signalling it.
+
+    The same check they make first (a client's session of the alias's database), for a confirmation prompt
+    (``manage.py lockkit_locks``). The session may still end, or be refused by the database's privileges, when
+    it is signalled.
+
+    Args:
+        pid: The session id, as ``blocking()`` reports it.
+        using: The database alias (default ``"default"``).
+        action: What the caller means to do, for the messages.
+
+    Returns:
+        What the server says of the session.
+
+    Raises:
+        TypeError, ValueError, SignalNotPermitted: as ``cancel()``/``terminate()`` would, before any signal.
+        django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+    """
+    alias = _arguments(pid, using)
+    connection = connections.create_connection(alias)
+    try:
+        return _checked(connection, alias, pid, action)
+    finally:
+        connection.close()
+
+
+def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
+    alias = _arguments(pid, using)
     action: Literal["cancel", "terminate"] = "terminate" if terminate else "cancel"
     connection = connections.create_connection(alias)
     try:
-        backend = backend_for(connection)
         # Two statements: check the session, then signal it (PostgreSQL's signalling statement checks again).
-        target = backend.signal_target(connection, pid)
-        if target is None:
-            raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
-        if not target.known:
-            raise SignalNotPermitted(
-                alias,
-                pid,
-                action,
-                None,
-                "this database user may not see what the session is: PostgreSQL shows another role's "
-                "backend_type only to members of pg_read_all_stats, and lockkit signals only sessions it has "
-                "checked are clients'",
-            )
-        refusal = _refusal(target, alias)
-        if refusal is not None:
-            raise ValueError(f"{refusal}; nothing was signalled")
+        target = _checked(connection, alias, pid, action)
         try:
-            sent = backend.signal_session(connection, pid, terminate=terminate)
+            sent = backend_for(connection).signal_session(connection, pid, terminate=terminate)
         except DatabaseError as exc:
             code = code_of(exc)
             if code in _NOT_PERMITTED:
@@ -275,10 +313,12 @@ def terminate(pid: int, *, using: str | None = None) -> Signalled:
 __all__ = [
     "LockWait",
     "Session",
+    "SessionTarget",
     "SignalNotPermitted",
     "Signalled",
     "blocking",
     "cancel",
+    "check_signal",
     "roots",
     "terminate",
     "with_chains",

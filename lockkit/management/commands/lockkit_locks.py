@@ -12,7 +12,7 @@ import re
 import sys
 import textwrap
 import time
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connections
@@ -208,9 +208,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-input",
             "--noinput",
+            "-y",
+            "--yes",
             action="store_false",
             dest="interactive",
-            help="Signal without asking for confirmation (needed when stdin is not a terminal).",
+            help="Signal without asking for confirmation (needed when stdin is not a terminal; -y/--yes as in "
+            "django-pglock).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -247,6 +250,7 @@ class Command(BaseCommand):
 
     def _signal(self, alias: str, pid: int, *, terminate: bool, options: dict[str, Any]) -> None:
         verb = "terminate" if terminate else "cancel the statement of"
+        action: Literal["cancel", "terminate"] = "terminate" if terminate else "cancel"
         if options["interactive"]:
             stdin: TextIO | None = options.get("stdin")
             if stdin is None:
@@ -256,15 +260,19 @@ class Command(BaseCommand):
                         "pass --no-input to signal without asking; nothing was signalled"
                     )
                 stdin = sys.stdin
+            try:  # refused before the question, not after the answer
+                inspection.check_signal(pid, using=alias, action=action)
+            except (ValueError, NotSupportedError, inspection.SignalNotPermitted) as exc:
+                raise CommandError(str(exc)) from exc
             self.stdout.write(self._what_would_be_signalled(alias, pid, verb))
             self.stdout.write(f"{verb.capitalize()} session {pid}? [y/N] ", ending="")
             self.stdout.flush()
             answer = stdin.readline().strip()
             if not _YES.match(answer):
                 raise CommandError("aborted: nothing was signalled")
-        action = inspection.terminate if terminate else inspection.cancel
+        signal = inspection.terminate if terminate else inspection.cancel
         try:
-            done = action(pid, using=alias)
+            done = signal(pid, using=alias)
         except (ValueError, NotSupportedError, inspection.SignalNotPermitted) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(str(done))
