@@ -7,6 +7,7 @@ printed (``lockkit.management.text``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -34,7 +35,10 @@ def _positive_float(text: str) -> float:
 
 
 def _min_wait(text: str) -> float:
-    return locks_options.min_wait(text)
+    try:
+        return locks_options.min_wait(text)
+    except ValueError as exc:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _describe(session: Session, what: str) -> str:
