@@ -221,9 +221,12 @@ def check_signal(
         What the server says of the session.
 
     Raises:
-        TypeError, ValueError, SignalNotPermitted: as ``cancel()``/``terminate()`` would, before any signal.
+        TypeError, ValueError, SignalNotPermitted: as ``cancel()``/``terminate()`` would, before any signal;
+            ``ValueError`` also when ``action`` is neither ``"cancel"`` nor ``"terminate"``.
         django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
+    if action not in ("cancel", "terminate"):
+        raise ValueError(f"action must be 'cancel' or 'terminate', got {action!r}")
     alias = _arguments(pid, using)
     connection = connections.create_connection(alias)
     try:

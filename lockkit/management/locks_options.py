@@ -68,9 +68,12 @@ def min_wait(value: object) -> float:
     Raises:
         ValueError: not a finite number at least 0.
     """
-    number = (
-        float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
-    )
+    number = math.nan
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:  # text that is no number
+            number = math.nan
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"the minimum wait must be a finite number of seconds, at least 0, got {value!r}")
     return number

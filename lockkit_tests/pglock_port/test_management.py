@@ -344,3 +344,49 @@ def test_a_terminal_is_asked_and_answered(alias: str, answer: bytes, signalled: 
     finally:
         os.close(master)
         victim.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-inf", "soon", ""])
+def test_a_bad_minimum_wait_is_refused_before_any_sql(value: str) -> None:
+    """Beyond pglock (whose ``-f wait_duration__gt=...`` reaches the ORM as text): ``--min-wait`` must be a finite
+    number of seconds, at least 0, refused by the parser with the reason."""
+    with pytest.raises(CommandError, match="minimum wait must be a finite number of seconds"):
+        _run(f"--min-wait={value}")
+
+
+@pytest.mark.parametrize("alias", vendor_params("other"))
+def test_a_session_that_may_not_be_signalled_is_refused_before_the_question(alias: str) -> None:
+    """Beyond pglock (which asks, then fails or signals): a session of another database is refused before the
+    question is asked, so nobody confirms what would be refused."""
+    stranger = connections.create_connection("other" if alias == "default" else alias)
+    try:
+        if alias != "default":
+            with stranger.cursor() as cursor:
+                cursor.execute("USE information_schema")
+        pid = _session_id(stranger)
+        out = io.StringIO()
+        with pytest.raises(CommandError, match="another database"):
+            call_command(
+                "lockkit_locks",
+                "--database",
+                alias,
+                "--terminate",
+                str(pid),
+                stdout=out,
+                stdin=io.StringIO("y\n"),
+            )
+        assert "[y/N]" not in out.getvalue()
+        assert _session_id(stranger) == pid
+    finally:
+        stranger.close()
+
+
+@pytest.mark.parametrize(("action", "error"), [("kill", ValueError), ("", ValueError)])
+def test_check_signal_checks_its_arguments_before_any_sql(action: Any, error: type[Exception]) -> None:
+    """Beyond pglock: ``lockkit.inspection.check_signal`` refuses an unknown action, and a bad pid, by name."""
+    import lockkit.inspection
+
+    with pytest.raises(error, match="action"):
+        lockkit.inspection.check_signal(1, action=action)
+    with pytest.raises(TypeError, match="pid"):
+        lockkit.inspection.check_signal("1")  # type: ignore[arg-type]
