@@ -7,11 +7,11 @@ to a dict of the command's options; options given on the command line win over t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from lockkit import conf
-from lockkit.backends.waits import LockWait
+from lockkit.backends.waits import LockWait, Session
 
 #: The options a preset may set, with the types each accepts.
 PRESET_OPTIONS: dict[str, tuple[type, ...]] = {
@@ -107,16 +107,20 @@ class Filters:
 
 @dataclass(frozen=True)
 class Blocker:
-    """A session others wait for, for ``--blocking``: who waits behind it, directly or further down."""
+    """A session others wait for, for ``--blocking``: who waits behind it, directly or further down.
 
-    session: Any
+    Attributes:
+        session: The blocking session.
+        blocked_pids: The sessions waiting behind it, directly or behind another waiter.
+        longest_wait: The longest of their waits, in seconds, or ``None`` when the server does not say.
+    """
+
+    session: Session
     blocked_pids: tuple[int, ...]
     longest_wait: float | None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready data."""
-        from dataclasses import asdict
-
         return {
             "session": asdict(self.session),
             "blocked_pids": list(self.blocked_pids),
@@ -126,7 +130,7 @@ class Blocker:
 
 def blockers(waits: list[LockWait]) -> list[Blocker]:
     """The sessions that block others (root blockers and the waiters queued ahead of others), most blocking first."""
-    found: dict[int, Any] = {}
+    found: dict[int, Session] = {}
     behind: dict[int, set[int]] = {}
     longest: dict[int, float] = {}
     for wait in waits:

@@ -25,7 +25,8 @@ def operation_name(func: object) -> str:
     """Return the name of the code ``func`` runs: ``module.qualname`` of the function, never its ``repr()``.
 
     A ``functools.partial`` (or ``partialmethod``) is named after the function it wraps, a bound method after its
-    function, a callable object after its class: bound arguments, instances and memory addresses never appear.
+    function, a callable object after the function it wraps (``functools.update_wrapper``) or else its class:
+    bound arguments, instances and memory addresses never appear.
     The result depends on the code only, so the set of names (and of metric label values) is bounded by it.
 
     Args:
@@ -40,6 +41,8 @@ def operation_name(func: object) -> str:
             target = target.func
         elif inspect.ismethod(target):
             target = target.__func__
+        elif not inspect.isfunction(target) and callable(wrapped := getattr(target, "__wrapped__", None)):
+            target = wrapped  # a callable object made with functools.update_wrapper: its function
         else:
             break
     if inspect.isfunction(target) or inspect.isbuiltin(target) or inspect.isclass(target):

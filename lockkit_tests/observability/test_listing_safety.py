@@ -219,3 +219,38 @@ def test_a_blocker_of_another_database_is_named_by_its_pid_only() -> None:
         release.set()
     assert holder.outcome(timeout=30).error is None
     assert waiter.outcome(timeout=30).error is None
+
+
+@pytest.mark.contention
+@pytest.mark.parametrize("alias", vendor_params()[1:])  # MariaDB: a session of another database locks our row
+def test_a_mariadb_blocker_using_another_database_is_named_by_its_id_only(alias: str) -> None:
+    item = Item.objects.using(alias).create(name="x")
+    stranger = connections.create_connection(alias)
+    try:
+        quote = stranger.ops.quote_name
+        table = f"{quote(stranger.settings_dict['NAME'])}.{quote(Item._meta.db_table)}"
+        with stranger.cursor() as cursor:
+            cursor.execute("USE information_schema")
+            cursor.execute("SELECT CONNECTION_ID()")
+            (stranger_pid,) = cursor.fetchone()
+        stranger.set_autocommit(False)
+        with stranger.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE {SECRET}", [item.pk])
+        waiter = in_thread(_wait, alias, item.pk)
+        wait_until_blocked(int(stranger_pid), using=alias, contenders=waiter)
+        (wait,) = lockkit.inspection.blocking(alias)
+        (blocker,) = wait.blocking
+        assert (blocker.pid, blocker.query, blocker.user, blocker.state) == (
+            stranger_pid,
+            None,
+            None,
+            OTHER_DATABASE,
+        )
+        for args in ((), ("--blocking",), ("--expanded",), ("--json",)):
+            out = _run("--database", alias, *args)
+            assert "another database's secret" not in out, out
+            assert str(stranger_pid) in out
+        stranger.rollback()
+        assert waiter.outcome(timeout=30).error is None
+    finally:
+        stranger.close()

@@ -55,7 +55,19 @@ def _callables() -> dict[str, tuple[Any, str]]:
         "lambda": (lambda pk: rename(pk, EMAIL), f"{MODULE}._callables.<locals>.<lambda>"),
         "bound method": (renamer.method, f"{MODULE}.Renamer.method"),
         "partial of a bound method": (functools.partial(renamer.method), f"{MODULE}.Renamer.method"),
+        "wrapping object": (Wrapper(functools.partial(rename, name=EMAIL)), f"{MODULE}.rename"),
     }
+
+
+class Wrapper:
+    """A callable object made to look like the function it wraps (``functools.update_wrapper``)."""
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __call__(self, pk: int) -> str:
+        return str(self.func(pk))
 
 
 def _assert_clean(text: str) -> None:
