@@ -38,7 +38,7 @@ T = TypeVar("T")
 DEFAULT_LOCK_TIMEOUT = 5.0
 
 #: The keys ``settings.LOCKKIT`` may hold (checked by ``manage.py check``, lockkit.E002).
-KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY", "OBSERVERS"})
+KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY", "OBSERVERS", "LOCKS_PRESETS"})
 _MISSING = object()
 
 # (name, converter) -> the converted value; emptied whenever LOCKKIT changes. Only successful conversions are kept,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from lockkit.backends import backend_for
-from lockkit.backends.waits import LockWait, Session
+from lockkit.backends.waits import LockWait, Session, SessionTarget
+from lockkit.errorcodes.table import code_of
 from lockkit.scopes.aliases import check_alias
 
 
@@ -118,48 +119,166 @@ class Signalled:
         return f"{what} session {self.pid} on database {self.database!r} ({self.alias!r})"
 
 
-def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
+class SignalNotPermitted(DatabaseError):
+    """This database user may not signal the session, or may not check what it is; nothing was signalled.
+
+    Raised when the database refuses the signal (PostgreSQL SQLSTATE 42501: a non-superuser signalling a
+    superuser's session, or another role's without ``pg_signal_backend``; MariaDB/MySQL error 1095: another user's
+    session without ``CONNECTION ADMIN`` or ``SUPER``), raised from the database's error; and, with ``code``
+    ``None``, before any signal when PostgreSQL hides what the session is (another role's ``backend_type``,
+    without ``pg_read_all_stats``): lockkit signals only sessions it has checked are clients'. A
+    ``django.db.DatabaseError``.
+
+    Attributes:
+        alias: The database alias.
+        pid: The session that was not signalled.
+        action: ``"cancel"`` or ``"terminate"``.
+        code: The SQLSTATE or vendor error code, or ``None`` when lockkit refused before signalling.
+    """
+
+    def __init__(
+        self, alias: str, pid: int, action: Literal["cancel", "terminate"], code: str | None, reason: str = ""
+    ) -> None:
+        """Record what was refused, with a message for people."""
+        self.alias, self.pid, self.action, self.code = alias, pid, action, code
+        if not reason:
+            reason = (
+                f"database error {code}: the database user may not signal that session (PostgreSQL: a "
+                "superuser's session, or another role's without pg_signal_backend; MariaDB/MySQL: another "
+                "user's session without CONNECTION ADMIN or SUPER)"
+            )
+        super().__init__(
+            f"not permitted to {action} session {pid} on {alias!r} ({reason}); nothing was signalled"
+        )
+
+
+# The codes a refused signal carries: insufficient_privilege, MariaDB/MySQL's ER_KILL_DENIED_ERROR and
+# ER_SPECIFIC_ACCESS_DENIED_ERROR.
+_NOT_PERMITTED = frozenset({"42501", "1095", "1227"})
+
+
+def _refusal(target: SessionTarget, alias: str) -> str | None:
+    """Why ``target`` may not be signalled, or ``None`` when it may."""
+    if target.own:  # pragma: no cover - the fresh connection's own id is never known to the caller
+        return f"session {target.pid} is lockkit's own inspection session"
+    if not target.client:
+        return (
+            f"session {target.pid} is a {target.kind or 'server process'!r}, not a client's session: lockkit "
+            "signals client sessions only (never a walsender, replication thread or background worker)"
+        )
+    if not target.same_database:
+        return (
+            f"session {target.pid} is connected to database {target.database!r}, not to the database of "
+            f"{alias!r}: refusing to signal a session of another database"
+        )
+    return None
+
+
+def _checked(connection: Any, alias: str, pid: int, action: Literal["cancel", "terminate"]) -> SessionTarget:
+    """Check in one statement that ``pid`` is a client session of the alias's database; raise if not."""
+    target = backend_for(connection).signal_target(connection, pid)
+    if target is None:
+        raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
+    if not target.known:
+        raise SignalNotPermitted(
+            alias,
+            pid,
+            action,
+            None,
+            "this database user may not see what the session is: PostgreSQL shows another role's "
+            "backend_type only to members of pg_read_all_stats, and lockkit signals only sessions it has "
+            "checked are clients'",
+        )
+    refusal = _refusal(target, alias)
+    if refusal is not None:
+        raise ValueError(f"{refusal}; nothing was signalled")
+    return target
+
+
+def _arguments(pid: int, using: str | None) -> str:
     if isinstance(pid, bool) or not isinstance(pid, int):
         raise TypeError(f"pid must be an int, not {type(pid).__name__}")
     if pid <= 0:
         raise ValueError(f"pid must be a positive session id, got {pid}")
-    alias = check_alias(using if using is not None else DEFAULT_DB_ALIAS)
+    return check_alias(using if using is not None else DEFAULT_DB_ALIAS)
+
+
+def check_signal(
+    pid: int, *, using: str | None = None, action: Literal["cancel", "terminate"] = "terminate"
+) -> SessionTarget:
+    """Say whether ``cancel()``/``terminate()`` would signal session ``pid``, without signalling it.
+
+    The same check they make first (a client's session of the alias's database), for a confirmation prompt
+    (``manage.py lockkit_locks``). The session may still end, or be refused by the database's privileges, when
+    it is signalled.
+
+    Args:
+        pid: The session id, as ``blocking()`` reports it.
+        using: The database alias (default ``"default"``).
+        action: What the caller means to do, for the messages.
+
+    Returns:
+        What the server says of the session.
+
+    Raises:
+        TypeError, ValueError, SignalNotPermitted: as ``cancel()``/``terminate()`` would, before any signal;
+            ``ValueError`` also when ``action`` is neither ``"cancel"`` nor ``"terminate"``.
+        django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+    """
+    if action not in ("cancel", "terminate"):
+        raise ValueError(f"action must be 'cancel' or 'terminate', got {action!r}")
+    alias = _arguments(pid, using)
     connection = connections.create_connection(alias)
     try:
-        backend = backend_for(connection)
-        database, same_database, own = backend.session_database(connection, pid)
-        if database is None:
-            raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
-        if own:  # pragma: no cover - the fresh connection's own id is never known to the caller
-            raise ValueError(f"session {pid} is lockkit's own inspection session: nothing was signalled")
-        if not same_database:
-            raise ValueError(
-                f"session {pid} is connected to database {database!r}, not to the database of {alias!r}: "
-                "refusing to signal a session of another database; nothing was signalled"
-            )
-        sent = backend.signal_session(connection, pid, terminate=terminate)
+        return _checked(connection, alias, pid, action)
     finally:
         connection.close()
-    return Signalled(alias, pid, "terminate" if terminate else "cancel", sent, database)
+
+
+def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
+    alias = _arguments(pid, using)
+    action: Literal["cancel", "terminate"] = "terminate" if terminate else "cancel"
+    connection = connections.create_connection(alias)
+    try:
+        # Two statements: check the session, then signal it (PostgreSQL's signalling statement checks again).
+        target = _checked(connection, alias, pid, action)
+        try:
+            sent = backend_for(connection).signal_session(connection, pid, terminate=terminate)
+        except DatabaseError as exc:
+            code = code_of(exc)
+            if code in _NOT_PERMITTED:
+                raise SignalNotPermitted(alias, pid, action, str(code)) from exc
+            raise
+    finally:
+        connection.close()
+    return Signalled(alias, pid, action, sent, target.database or "")
 
 
 def cancel(pid: int, *, using: str | None = None) -> Signalled:
     """Cancel the statement session ``pid`` runs (``pg_cancel_backend`` / ``KILL QUERY``); its session stays.
 
     Its transaction fails (PostgreSQL: SQLSTATE 57014; the session must roll back), so its locks are released when
-    it rolls back. Refuses a session of another database on the same server. See
-    https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SIGNAL.
+    it rolls back. Only a client's session of the alias's database is signalled: the session is checked in one
+    statement (``pg_stat_activity.backend_type = 'client backend'`` and its database; MariaDB/MySQL: not a server
+    thread such as replication or the event scheduler), then signalled in another (which, on PostgreSQL, checks
+    again). See https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SIGNAL.
 
     Args:
         pid: The session id, as ``blocking()`` reports it.
         using: The database alias (default ``"default"``).
 
     Returns:
-        A ``Signalled`` record saying what was done.
+        A ``Signalled`` record saying what was done; ``sent`` is ``False`` when the session ended between the check
+        and the signal (or, PostgreSQL, its pid now belongs to a process that may not be signalled).
 
     Raises:
         TypeError: ``pid`` is not an ``int``.
-        ValueError: ``pid`` is not positive, no such session exists, or it belongs to another database.
+        ValueError: ``pid`` is not positive, no such session exists (MariaDB/MySQL without ``PROCESS``: none of
+            this user's), it is not a client's session (a walsender, a background worker, a server thread), or it
+            belongs to another database. Nothing was signalled.
+        SignalNotPermitted: the database refused (PostgreSQL SQLSTATE 42501, MariaDB/MySQL error 1095): this
+            database user may not signal that session; or (``code`` ``None``) it may not see what the session
+            is (PostgreSQL: another role's, without ``pg_read_all_stats``). Nothing was signalled.
         django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     return _signal(pid, using, terminate=False)
@@ -168,22 +287,42 @@ def cancel(pid: int, *, using: str | None = None) -> Signalled:
 def terminate(pid: int, *, using: str | None = None) -> Signalled:
     """Terminate session ``pid`` (``pg_terminate_backend`` / ``KILL CONNECTION``), releasing all its locks.
 
-    Its transaction rolls back and every lock it holds, advisory locks included, is released. Refuses a session of
-    another database on the same server.
+    Its transaction rolls back and every lock it holds, advisory locks included, is released. Only a client's
+    session of the alias's database is signalled, checked as ``cancel()`` does: never a walsender, a replication
+    thread, a parallel or autovacuum worker, nor a session of another database on the same server. See
+    https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SIGNAL.
 
     Args:
         pid: The session id, as ``blocking()`` reports it.
         using: The database alias (default ``"default"``).
 
     Returns:
-        A ``Signalled`` record saying what was done.
+        A ``Signalled`` record saying what was done; ``sent`` is ``False`` when the session ended between the check
+        and the signal (or, PostgreSQL, its pid now belongs to a process that may not be signalled).
 
     Raises:
         TypeError: ``pid`` is not an ``int``.
-        ValueError: ``pid`` is not positive, no such session exists, or it belongs to another database.
+        ValueError: ``pid`` is not positive, no such session exists (MariaDB/MySQL without ``PROCESS``: none of
+            this user's), it is not a client's session (a walsender, a background worker, a server thread), or it
+            belongs to another database. Nothing was signalled.
+        SignalNotPermitted: the database refused (PostgreSQL SQLSTATE 42501, MariaDB/MySQL error 1095): this
+            database user may not signal that session; or (``code`` ``None``) it may not see what the session
+            is (PostgreSQL: another role's, without ``pg_read_all_stats``). Nothing was signalled.
         django.db.NotSupportedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     return _signal(pid, using, terminate=True)
 
 
-__all__ = ["LockWait", "Session", "Signalled", "blocking", "cancel", "roots", "terminate", "with_chains"]
+__all__ = [
+    "LockWait",
+    "Session",
+    "SessionTarget",
+    "SignalNotPermitted",
+    "Signalled",
+    "blocking",
+    "cancel",
+    "check_signal",
+    "roots",
+    "terminate",
+    "with_chains",
+]

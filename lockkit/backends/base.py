@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from lockkit.advisory.keys import AdvisoryKey
     from lockkit.backends.sql.claims import ClaimsSQL
-    from lockkit.backends.waits import LockWait
+    from lockkit.backends.waits import LockWait, SessionTarget
 
 
 @dataclass(frozen=True)
@@ -281,8 +281,20 @@ class Backend:
         """
         raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
 
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        """Say what session ``pid`` is (its database, whether it is a client's session), or ``None``: none such.
+
+        Raises:
+            NotSupportedError: lockkit cannot inspect sessions on this database.
+        """
+        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
+
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-        """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent."""
+        """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent.
+
+        Only a client session of the connection's database is signalled, where the database can check it in the
+        signalling statement itself (PostgreSQL); the caller checks it first (``signal_target``) in any case.
+        """
         raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
 
     def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:

@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: The ``state`` of a blocker that is not a session of the inspected database (another database's: they can meet on
+#: a shared catalog; or one that ended meanwhile): only its pid is reported, never its query, user or application.
+OTHER_DATABASE = "not a session of this database"
+
 
 @dataclass(frozen=True)
 class Session:
@@ -76,4 +80,30 @@ class LockWait:
         return data
 
 
-__all__ = ["LockWait", "Session"]
+@dataclass(frozen=True)
+class SessionTarget:
+    """What the server says of a session about to be cancelled or terminated (``lockkit.inspection``).
+
+    Attributes:
+        pid: The session id.
+        database: The database it is connected to, or ``None`` (a background process connected to none).
+        same_database: Whether that is the inspecting connection's database.
+        own: Whether it is the inspecting connection's own session.
+        kind: What the process is: PostgreSQL's ``backend_type`` (``client backend``, ``walsender``,
+            ``parallel worker``, ``autovacuum worker``, ``checkpointer``...), MariaDB/MySQL's ``COMMAND``
+            (``Query``, ``Sleep``, ``Daemon``, ``Binlog Dump``...).
+        client: Whether it is a client's session (the only kind lockkit signals).
+        known: Whether the server showed what the process is: PostgreSQL hides ``backend_type`` of other roles'
+            sessions from a role without ``pg_read_all_stats`` (``kind`` is then ``""``, ``client`` ``False``).
+    """
+
+    pid: int
+    database: str | None
+    same_database: bool
+    own: bool
+    kind: str
+    client: bool
+    known: bool = True
+
+
+__all__ = ["OTHER_DATABASE", "LockWait", "Session", "SessionTarget"]

@@ -7,6 +7,7 @@ or measured. Expose them as usual for ``prometheus-client`` (``generate_latest()
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -16,6 +17,9 @@ from lockkit import signals
 #: Seconds: from a millisecond to the default 5 s lock timeout and beyond.
 LOCK_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DURATION_BUCKETS = LOCK_WAIT_BUCKETS
+#: How many distinct ``operation`` label values are kept; later ones are counted as ``OTHER_OPERATIONS``.
+MAX_OPERATIONS = 1000
+OTHER_OPERATIONS = "other"
 
 
 def _outcome(failure: Any, error: BaseException | None) -> str:
@@ -39,10 +43,31 @@ class Metrics:
             (``get``, ``lock_all``, ``advisory_lock``); ``model`` is ``advisory`` for advisory locks.
         claims: ``lockkit_claims_total{event, model, alias}``: claims ``made``, ``completed``, ``released``,
             ``reclaimed`` and ``stale``.
+
+    ``operation`` is the decorated function's qualified name (``module.qualname``, never a ``repr()``: see
+    ``lockkit.operations.naming``); at most ``max_operations`` distinct values are kept, later ones are counted
+    under ``"other"``, so the number of time series stays bounded.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY, namespace: str = "lockkit") -> None:
-        """Create (and register in ``registry``) the metrics."""
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = REGISTRY,
+        namespace: str = "lockkit",
+        *,
+        max_operations: int = MAX_OPERATIONS,
+    ) -> None:
+        """Create (and register in ``registry``) the metrics.
+
+        Raises:
+            TypeError, ValueError: ``max_operations`` is not a positive ``int``.
+        """
+        if isinstance(max_operations, bool) or not isinstance(max_operations, int):
+            raise TypeError(f"max_operations must be an int, not {type(max_operations).__name__}")
+        if max_operations < 1:
+            raise ValueError(f"max_operations must be at least 1, got {max_operations}")
+        self._max_operations = max_operations
+        self._operations: set[str] = set()
+        self._operations_lock = threading.Lock()
         self.operations = Counter(
             "operations", "Locked operations by outcome", ["operation", "alias", "outcome"],
             namespace=namespace, registry=registry,
@@ -119,18 +144,28 @@ class Metrics:
                 self._registry.unregister(metric)
             self._registry = None
 
+    def _operation(self, name: str) -> str:
+        # Receivers run in many threads at once: the set of label values is shared.
+        with self._operations_lock:
+            if name in self._operations:
+                return name
+            if len(self._operations) < self._max_operations:
+                self._operations.add(name)
+                return name
+        return OTHER_OPERATIONS
+
     def _attempt_finished(
         self, sender: object, *, operation: str, alias: str, failure: Any, **kwargs: Any
     ) -> None:
-        self.attempts.labels(operation, alias).inc()
+        self.attempts.labels(self._operation(operation), alias).inc()
         if failure is not None:
             self.failures.labels(alias, failure.value).inc()
 
     def _retried(self, sender: object, *, operation: str, alias: str, failure: Any, **kwargs: Any) -> None:
-        self.retries.labels(operation, alias, failure.value if failure else "error").inc()
+        self.retries.labels(self._operation(operation), alias, failure.value if failure else "error").inc()
 
     def _gave_up(self, sender: object, *, operation: str, alias: str, failure: Any, **kwargs: Any) -> None:
-        self.give_ups.labels(operation, alias, failure.value if failure else "error").inc()
+        self.give_ups.labels(self._operation(operation), alias, failure.value if failure else "error").inc()
 
     def _finished(
         self,
@@ -143,8 +178,8 @@ class Metrics:
         duration: float,
         **kwargs: Any,
     ) -> None:
-        self.operations.labels(operation, alias, _outcome(failure, error)).inc()
-        self.duration.labels(operation, alias).observe(duration)
+        self.operations.labels(self._operation(operation), alias, _outcome(failure, error)).inc()
+        self.duration.labels(self._operation(operation), alias).observe(duration)
 
     def _lock_acquired(self, sender: object, *, alias: str, model: Any, wait: float, **kwargs: Any) -> None:
         self.lock_wait.labels(alias, model._meta.label if model is not None else "advisory").observe(wait)
@@ -159,21 +194,36 @@ class Metrics:
         self.claims.labels("reclaimed", model._meta.label, alias).inc(count)
 
 
-def install(registry: CollectorRegistry | None = REGISTRY, *, namespace: str = "lockkit") -> Metrics:
+def install(
+    registry: CollectorRegistry | None = REGISTRY,
+    *,
+    namespace: str = "lockkit",
+    max_operations: int = MAX_OPERATIONS,
+) -> Metrics:
     """Count and time every locked operation, lock and claim from now on, in ``registry``.
 
     Args:
         registry: Where the metrics are registered; default ``prometheus_client.REGISTRY`` (what
             ``generate_latest()`` and ``start_http_server`` expose).
         namespace: The metric name prefix.
+        max_operations: How many distinct ``operation`` label values to keep (default 1000); later operations
+            are counted under ``"other"``.
 
     Returns:
         The installed ``Metrics``; ``uninstall()`` disconnects and unregisters them.
 
     Raises:
+        TypeError, ValueError: ``max_operations`` is not a positive ``int``.
         ValueError: the metrics are already registered in ``registry`` (installed twice).
     """
-    return Metrics(registry, namespace).install()
+    return Metrics(registry, namespace, max_operations=max_operations).install()
 
 
-__all__ = ["DURATION_BUCKETS", "LOCK_WAIT_BUCKETS", "Metrics", "install"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "LOCK_WAIT_BUCKETS",
+    "MAX_OPERATIONS",
+    "OTHER_OPERATIONS",
+    "Metrics",
+    "install",
+]

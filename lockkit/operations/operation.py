@@ -17,6 +17,7 @@ from django.db import connections, models
 from lockkit import conf, events
 from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
+from lockkit.operations.naming import operation_name
 from lockkit.operations.retry import RetryPolicy, RetrySetting, call_with_retry, check_retry, logger
 from lockkit.scopes.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
 from lockkit.scopes.scope import ScopeBlock, active_blocks, refuse_unsupported
@@ -171,7 +172,7 @@ class LockedOperation:
         """
         refuse_unsupported(func, "locked_operation")
         options, retry_option = self._options, self._retry
-        operation = getattr(func, "__qualname__", repr(func))
+        operation = operation_name(func)
 
         def attempt(alias: str, number: int, args: Any, kwargs: Any) -> R:
             # A COMMIT whose reply was lost is resolved for as long as the policy rides out a lost connection.

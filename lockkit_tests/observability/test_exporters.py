@@ -21,6 +21,11 @@ from lockkit_tests.support.observe_helpers import deadlock_pair, timed_out_twice
 pytestmark = pytest.mark.contention
 
 
+def qualified(func: Any) -> str:
+    """The name lockkit gives an operation: the function's module and qualified name."""
+    return f"{func.__module__}.{func.__qualname__}"
+
+
 def attrs(span: Any) -> dict[str, Any]:
     return dict(span.attributes or {})
 
@@ -55,7 +60,7 @@ def test_otel_one_span_per_operation_and_per_attempt_for_a_retried_deadlock(
     transfer, results = deadlock_pair()
     assert all(isinstance(r, int) for r in results), results
     finished = spans.get_finished_spans()
-    name = f"lockkit {transfer.__qualname__}"
+    name = f"lockkit {qualified(transfer)}"
     operations = [s for s in finished if s.name == name]
     attempts = [s for s in finished if s.name == f"{name} attempt"]
     assert len(operations) == 2
@@ -86,7 +91,7 @@ def test_otel_one_span_per_operation_and_per_attempt_for_a_retried_deadlock(
 
 def test_otel_a_lock_timeout_given_up_is_an_error_span(spans: InMemorySpanExporter) -> None:
     take, _error = timed_out_twice()
-    (operation,) = [s for s in spans.get_finished_spans() if s.name == f"lockkit {take.__qualname__}"]
+    (operation,) = [s for s in spans.get_finished_spans() if s.name == f"lockkit {qualified(take)}"]
     assert operation.status.status_code is StatusCode.ERROR
     assert (attrs(operation)["lockkit.attempts"], attrs(operation)["lockkit.failure"]) == (
         2,
@@ -111,14 +116,14 @@ def test_prometheus_counters_and_histograms_after_contended_runs(
     assert (
         value(
             "lockkit_operations_total",
-            {"operation": transfer.__qualname__, "alias": "default", "outcome": "ok"},
+            {"operation": qualified(transfer), "alias": "default", "outcome": "ok"},
         )
         == 2
     )
     assert (
         value(
             "lockkit_retries_total",
-            {"operation": transfer.__qualname__, "alias": "default", "failure": "deadlock_detected"},
+            {"operation": qualified(transfer), "alias": "default", "failure": "deadlock_detected"},
         )
         == retries
     )
@@ -127,19 +132,19 @@ def test_prometheus_counters_and_histograms_after_contended_runs(
     assert (
         value(
             "lockkit_operations_total",
-            {"operation": take.__qualname__, "alias": "default", "outcome": "lock_timeout"},
+            {"operation": qualified(take), "alias": "default", "outcome": "lock_timeout"},
         )
         == 1
     )
     assert (
         value(
             "lockkit_give_ups_total",
-            {"operation": take.__qualname__, "alias": "default", "failure": "lock_timeout"},
+            {"operation": qualified(take), "alias": "default", "failure": "lock_timeout"},
         )
         == 1
     )
-    assert value("lockkit_attempts_total", {"operation": take.__qualname__, "alias": "default"}) == 2
-    labels = {"operation": take.__qualname__, "alias": "default"}
+    assert value("lockkit_attempts_total", {"operation": qualified(take), "alias": "default"}) == 2
+    labels = {"operation": qualified(take), "alias": "default"}
     assert value("lockkit_operation_duration_seconds_count", labels) == 1
     assert value("lockkit_operation_duration_seconds_sum", labels) >= 0.4  # two waits of 0.2 s
     lock_labels = {"alias": "default", "model": "lockkit_tests.Stock"}

@@ -107,7 +107,7 @@ def test_a_three_session_chain_is_reported_and_cancel_unblocks_it(alias: str) ->
         assert len(watched) == 2
 
         # Cancelling A's statement fails A's scope, which rolls back and releases `second`: B proceeds.
-        said = _run("--database", alias, "--cancel", str(a))
+        said = _run("--database", alias, "--cancel", str(a), "--no-input")
         assert f"cancelled the statement of session {a}" in said
         outcome_a = waiter_a.outcome(timeout=30)
         assert isinstance(outcome_a.error, OperationalError), outcome_a
@@ -128,12 +128,12 @@ def test_signals_refuse_sessions_of_other_databases(alias: str) -> None:
         stranger_pid = _stranger_pid(alias, stranger)
         for flag in ("--cancel", "--terminate"):
             with pytest.raises(CommandError, match="another database") as caught:
-                _run("--database", alias, flag, str(stranger_pid))
+                _run("--database", alias, flag, str(stranger_pid), "--no-input")
             assert "nothing was signalled" in str(caught.value)
         # Still alive: nothing was signalled.
         assert _stranger_pid(alias, stranger) == stranger_pid
         with pytest.raises(CommandError, match="no session"):
-            _run("--database", alias, "--cancel", "2000000000")
+            _run("--database", alias, "--cancel", "2000000000", "--no-input")
     finally:
         stranger.close()
 

@@ -16,6 +16,11 @@ from lockkit_tests.support.observe_helpers import deadlock_pair, recording, time
 pytestmark = pytest.mark.contention
 
 
+def qualified(func: Any) -> str:
+    """The name lockkit gives an operation: the function's module and qualified name."""
+    return f"{func.__module__}.{func.__qualname__}"
+
+
 def test_a_retried_deadlock_sends_each_signal_with_its_documented_arguments() -> None:
     with recording() as recorder:
         transfer, results = deadlock_pair()
@@ -29,7 +34,7 @@ def test_a_retried_deadlock_sends_each_signal_with_its_documented_arguments() ->
     for sent in retried:
         assert set(sent) == {"operation", "alias", "attempt", "failure", "sqlstate", "wait", "error"}
         assert (sent["operation"], sent["alias"], sent["failure"], sent["sqlstate"]) == (
-            transfer.__qualname__,
+            qualified(transfer),
             "default",
             Failure.DEADLOCK_DETECTED,
             "40P01",
@@ -78,7 +83,7 @@ def test_a_lock_timeout_given_up_sends_retried_gave_up_and_finished_with_the_fai
     assert (retried["attempt"], retried["failure"], retried["sqlstate"]) == (1, Failure.LOCK_TIMEOUT, "55P03")
     (gave_up,) = recorder.of("operation_gave_up")
     assert gave_up == {
-        "operation": take.__qualname__,
+        "operation": qualified(take),
         "alias": "default",
         "attempts": 2,
         "failure": Failure.LOCK_TIMEOUT,
@@ -123,9 +128,9 @@ def test_an_application_error_finishes_without_a_failure_kind() -> None:
         signals.operation_finished.disconnect(on_reserve, sender=reserve)
     first, second = recorder.of("operation_finished")
     assert (first["attempts"], first["failure"], type(first["error"])) == (1, None, ValueError)
-    assert (second["operation"], second["error"]) == (other.__qualname__, None)
+    assert (second["operation"], second["error"]) == (qualified(other), None)
     assert recorder.of("operation_retried") == []
-    assert only_reserve == [reserve.__qualname__]  # a receiver connected with sender= hears one operation
+    assert only_reserve == [qualified(reserve)]  # a receiver connected with sender= hears one operation
 
 
 @pytest.mark.django_db(transaction=True)

@@ -72,7 +72,10 @@ def test_two_concurrent_async_requests_on_one_row_wait_and_both_succeed(
     assert (status, body["error"]) == (409, "insufficient_stock")
 
     text = asyncio.run(client.get("/metrics")).content.decode()
-    assert 'lockkit_operations_total{alias="default",operation="_reserve",outcome="ok"} 2.0' in text
+    assert (
+        'lockkit_operations_total{alias="default",operation="sample_project.inventory.services._reserve",outcome="ok"} 2.0'
+        in text
+    )
     assert 'lockkit_lock_wait_seconds_count{alias="default",model="inventory.Stock"} 3.0' in text
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from lockkit.advisory.keys import AdvisoryKey
-    from lockkit.backends.waits import LockWait
+    from lockkit.backends.waits import LockWait, SessionTarget
 
 # innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
 _MAX_LOCK_WAIT = 1_073_741_824
@@ -87,6 +87,9 @@ class _NamedLocks:
         """The connection id mysqlclient recorded (``thread_id()``, no round trip)."""
         driver: Any = connection.connection
         return None if driver is None else int(driver.thread_id())
+
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        return mysql_locks.signal_target(connection, pid)
 
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
         return mysql_locks.signal(connection, pid, terminate=terminate)

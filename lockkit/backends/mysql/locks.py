@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import OperationalError
 
 from lockkit.backends.base import ContentionSQL
-from lockkit.backends.waits import LockWait, Session
+from lockkit.backends.waits import OTHER_DATABASE, LockWait, Session, SessionTarget
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -118,7 +118,8 @@ def _sessions(cursor: Any, pids: list[int]) -> dict[int, Session]:
         "TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1000000 "
         "FROM information_schema.processlist AS p "
         "LEFT JOIN information_schema.innodb_trx AS t ON t.trx_mysql_thread_id = p.id "
-        f"WHERE p.id IN ({placeholders})",
+        # Sessions of this database only: another database's blocker is named by its id alone.
+        f"WHERE p.id IN ({placeholders}) AND p.db <=> DATABASE()",
         pids,
     )
     found: dict[int, Session] = {}
@@ -181,7 +182,9 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
             LockWait(
                 alias=alias,
                 waiting=sessions.get(waiter, Session(waiter)),
-                blocking=tuple(sessions.get(pid, Session(pid)) for pid in sorted(blockers)),
+                blocking=tuple(
+                    sessions.get(pid, Session(pid, state=OTHER_DATABASE)) for pid in sorted(blockers)
+                ),
                 lock_kind=kind,
                 mode=mode,
                 target=target,
@@ -210,8 +213,43 @@ def session_database(connection: BaseDatabaseWrapper, pid: int) -> tuple[str | N
     return str(row[0]), bool(row[1]), bool(row[2])
 
 
+# Threads of the server itself, not of a client: replication (the primary's dump threads, a replica's I/O and SQL
+# threads), the event scheduler and other daemons. https://mariadb.com/kb/en/thread-command-values/
+_SERVER_COMMANDS = frozenset(
+    {"Daemon", "Binlog Dump", "Binlog Dump GTID", "Slave_IO", "Slave_SQL", "Slave_worker", "Register Slave"}
+)
+_SERVER_USERS = frozenset({"system user", "event_scheduler"})
+
+
+def signal_target(connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+    """Say what session ``pid`` is (``information_schema.processlist``): its database, its command and user.
+
+    Without the ``PROCESS`` privilege the list holds the connection's own user's sessions only: another user's
+    session is then ``None``, as if it did not exist.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT db, db <=> DATABASE(), id = CONNECTION_ID(), command, user "
+            "FROM information_schema.processlist WHERE id = %s",
+            [pid],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    command, user = str(row[3] or ""), str(row[4] or "")
+    client = command not in _SERVER_COMMANDS and user not in _SERVER_USERS
+    return SessionTarget(pid, row[0], bool(row[1]), bool(row[2]), command, client)
+
+
 def signal(connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-    """``KILL QUERY`` (or ``KILL CONNECTION``) session ``pid``; return whether it was sent."""
+    """``KILL QUERY`` (or ``KILL CONNECTION``) session ``pid``; return whether it was sent.
+
+    The caller has checked the session with ``signal_target`` (``KILL`` has no condition of its own).
+
+    Raises:
+        django.db.OperationalError: error 1095, the user may not kill that session (another user's, without
+            ``CONNECTION ADMIN``/``SUPER``).
+    """
     # The id is an int checked by the caller; mysqlclient sends it as a literal, never as text from outside.
     with connection.cursor() as cursor:
         cursor.execute("KILL CONNECTION %s" if terminate else "KILL QUERY %s", [pid])
@@ -227,6 +265,7 @@ __all__ = [
     "release",
     "session_database",
     "signal",
+    "signal_target",
 ]
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from lockkit.advisory.keys import AdvisoryKey
-    from lockkit.backends.waits import LockWait
+    from lockkit.backends.waits import LockWait, SessionTarget
 
 # The setting names are constants of ours, never user input. Values travel as parameters, except in the one-message
 # opening (``opening``): there an int of milliseconds lockkit computed from a validated duration, written with %d.
@@ -163,8 +163,12 @@ class PostgreSQLBackend(Backend):
         """``pg_stat_activity``: the database session ``pid`` is connected to."""
         return postgresql_locks.session_database(connection, pid)
 
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        """``pg_stat_activity``: the database and the ``backend_type`` of session ``pid``."""
+        return postgresql_locks.signal_target(connection, pid)
+
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-        """``pg_cancel_backend`` or ``pg_terminate_backend``."""
+        """``pg_cancel_backend`` or ``pg_terminate_backend``, of a client backend of this database only."""
         return postgresql_locks.signal(connection, pid, terminate=terminate)
 
     lock_waits_bound_end_with_transaction = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lockkit.backends.base import ContentionSQL
-from lockkit.backends.waits import LockWait, Session
+from lockkit.backends.waits import OTHER_DATABASE, LockWait, Session, SessionTarget
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -80,11 +80,18 @@ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
 ORDER BY a.pid
 """
 
+# The blockers, of this database only: a session of another database (which can block this one's sessions on a
+# shared catalog) is named by its pid alone, never with its query, user or application.
 _SESSIONS = """
 SELECT pid, application_name, usename, query, state,
        EXTRACT(EPOCH FROM clock_timestamp() - xact_start)::float8
-FROM pg_stat_activity WHERE pid = ANY(%s)
+FROM pg_stat_activity WHERE pid = ANY(%s) AND datname = current_database()
 """
+
+
+def _elsewhere(pid: int) -> Session:
+    """A blocker that is not a session of this database (another database's, or one that has just ended)."""
+    return Session(pid, state=OTHER_DATABASE)
 
 
 def _int32(value: int) -> int:
@@ -131,7 +138,7 @@ def lock_waits(connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
     waits = []
     for row in rows:
         waiting = Session(int(row[0]), row[1], row[2], row[3], row[4], row[5])
-        blocking = tuple(sessions.get(int(pid), Session(int(pid))) for pid in row[6])
+        blocking = tuple(sessions.get(int(pid), _elsewhere(int(pid))) for pid in row[6])
         waits.append(
             LockWait(
                 alias=alias,
@@ -165,16 +172,45 @@ def session_database(connection: BaseDatabaseWrapper, pid: int) -> tuple[str | N
     return row[0], bool(row[1]), bool(row[2])
 
 
+def signal_target(connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+    """Say what session ``pid`` is (``pg_stat_activity``): its database and its ``backend_type``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT datname, datname IS NOT DISTINCT FROM current_database(), pid = pg_backend_pid(), "
+            "backend_type FROM pg_stat_activity WHERE pid = %s",
+            [pid],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    # backend_type is NULL for another role's session unless this role has pg_read_all_stats (or is a member).
+    kind = row[3] or ""
+    return SessionTarget(pid, row[0], bool(row[1]), bool(row[2]), kind, kind == "client backend", bool(kind))
+
+
 def signal(connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-    """Cancel the statement of (or terminate) session ``pid``; return whether the signal was sent."""
+    """Cancel the statement of (or terminate) session ``pid``; return whether the signal was sent.
+
+    The statement signals only a client backend of this database, whatever the caller checked before: a pid
+    reused meanwhile by a walsender or a background worker is left alone (``False``).
+
+    Raises:
+        django.db.ProgrammingError: SQLSTATE 42501, the role may not signal that session (a superuser's, or
+            another role's without ``pg_signal_backend``).
+    """
     function = "pg_terminate_backend" if terminate else "pg_cancel_backend"
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}(%s)", [pid])
+        cursor.execute(
+            f"SELECT {function}(pid) FROM pg_stat_activity "
+            "WHERE pid = %s AND backend_type = 'client backend' AND datname = current_database() "
+            "AND pid <> pg_backend_pid()",
+            [pid],
+        )
         row = cursor.fetchone()
     return bool(row and row[0])
 
 
-__all__ = ["acquire", "lock_waits", "release", "session_database", "signal"]
+__all__ = ["acquire", "lock_waits", "release", "session_database", "signal", "signal_target"]
 
 
 #: The testing toolkit's SQL (``Backend.contention_sql``).
