@@ -95,7 +95,8 @@ def prioritize(
     statements). Walsenders, autovacuum and other non-client processes, and sessions of other databases, are
     never signalled; each session is signalled at most once per block. The watcher stops, and is joined, when the
     block exits. The wait itself stays bounded by the scope's ``lock_timeout``: a ``lock_timeout`` shorter than
-    ``after`` fires first (``LockTimeout``) and nobody is signalled. For a migration or a maintenance job that must
+    ``after`` fires first (``LockTimeout``) and nobody is signalled. The protected session is the one the caller's
+    connection has when the block begins (it connects if needed): a connection replaced during the block is not. For a migration or a maintenance job that must
     not queue behind a forgotten transaction; it is as blunt as it sounds. PostgreSQL only (14+). See
     https://www.postgresql.org/docs/current/functions-info.html#FUNCTIONS-INFO-SESSION (``pg_blocking_pids``) and
     https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SIGNAL.

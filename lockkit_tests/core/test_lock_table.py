@@ -19,7 +19,15 @@ from lockkit import AliasMismatch, LockTimeout, RetryPolicy, TableLockMode, lock
 from lockkit.capabilities import capabilities
 from lockkit.claims import Claimable
 from lockkit.testing import backend_pid, in_thread, wait_until_blocked
-from lockkit_tests.models import Item, Owner, PeerCountry, PeerCountryProxy, RemoteItem
+from lockkit_tests.models import (
+    QUEUE_SCHEMA,
+    Item,
+    Owner,
+    PeerCountry,
+    PeerCountryProxy,
+    QueuedJob,
+    RemoteItem,
+)
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 
 pytestmark = pytest.mark.contention
@@ -96,6 +104,45 @@ def test_a_proxy_model_locks_its_concrete_table_and_a_child_its_own_table() -> N
         scope.lock_table(PeerCountryProxy, mode="SHARE")
         assert held_modes(PeerCountry._meta.db_table) == ["ShareLock"]
         assert held_modes("lockkit_tests_peerentity") == []  # the multi-table parent is not locked
+
+
+@pytest.fixture
+def queue_schema() -> Iterator[None]:
+    """Make the unmanaged ``QueuedJob``'s schema and table (``db_table = 'schema"."table'``); drop both after."""
+    connection = connections["default"]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(QUEUE_SCHEMA)}")
+    with connection.schema_editor() as editor:
+        editor.create_model(QueuedJob)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP SCHEMA {quote(QUEUE_SCHEMA)} CASCADE")
+
+
+@POSTGRESQL
+@pytest.mark.usefixtures("queue_schema")
+def test_an_unmanaged_schema_qualified_table_is_locked_as_its_db_table_names_it() -> None:
+    with locked() as scope:
+        scope.lock_table(QueuedJob, mode="SHARE ROW EXCLUSIVE")
+        assert held_modes(f"{QUEUE_SCHEMA}.queued_job") == ["ShareRowExclusiveLock"]
+    assert held_modes(f"{QUEUE_SCHEMA}.queued_job") == []
+
+
+@POSTGRESQL
+def test_an_explicit_nowait_overrides_the_scopes_own() -> None:
+    with table_held_elsewhere(Item) as (holder, _):
+        # A NOWAIT scope whose lock_table() is told to wait: it waits, and the timer ends it (LockTimeout).
+        started = time.monotonic()
+        with pytest.raises(LockTimeout), locked(nowait=True, lock_timeout=0.3) as scope:
+            scope.lock_table(Item, mode="SHARE", nowait=False)
+        assert time.monotonic() - started >= 0.25
+        # A waiting scope whose lock_table() is told not to: it fails at once (LockNotAvailable).
+        with pytest.raises(lockkit.LockNotAvailable), locked(lock_timeout=5) as scope:
+            scope.lock_table(Item, mode="SHARE", nowait=True)
+        assert session_exists(holder)
 
 
 @POSTGRESQL
