@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 import lockkit
 from lockkit import AliasMismatch, LockTimeout, RetryPolicy, TableLockMode, locked, locked_operation
-from lockkit.capabilities import capabilities
+from lockkit.capabilities import Capabilities, capabilities, format_table
 from lockkit.claims import Claimable
 from lockkit.testing import backend_pid, in_thread, wait_until_blocked
 from lockkit_tests.models import (
@@ -323,3 +323,6 @@ def test_capabilities_list_table_locks_on_postgresql() -> None:
     caps = capabilities("default")
     assert caps.table_locks is not None
     assert caps.table_locks.startswith("LOCK TABLE")
+    assert "  table locks (lock_table)" in format_table(caps)
+    # A vendor lockkit has no backend for: the row says so.
+    assert "table locks (lock_table)           not supported" in format_table(Capabilities("x", "oracle"))

@@ -177,3 +177,27 @@ def test_mariadb_refuses_prioritize_before_any_sql() -> None:
         pytest.fail("refused on MariaDB")
     assert connections["mariadb"].connection is None
     assert watchers() == []
+
+
+@POSTGRESQL
+def test_blockers_are_signalled_only_after_the_caller_has_waited_the_grace_period() -> None:
+    holder, pid, release = start_holder()
+
+    def prioritized() -> float:
+        try:
+            with locked(lock_timeout=20) as scope, lockkit.prioritize(after=1.0, interval=0.02):
+                scope.lock_table(Item, mode="SHARE")
+                return time.monotonic()
+        finally:
+            connections.close_all()
+
+    winner = in_thread(prioritized)
+    assert wait_until_blocked(pid["pid"], contenders=winner)
+    seen_waiting = time.monotonic()
+    granted = winner.result(timeout=30)
+    release.set()
+    assert holder.outcome(timeout=30).error is not None  # terminated
+    # The wait began before it was seen (by at most one poll of wait_until_blocked and its round trip), and the
+    # server measured it from its start: the holder was terminated no earlier than about 1 s into the wait.
+    assert granted - seen_waiting >= 0.8, granted - seen_waiting
+    assert granted - seen_waiting < 10
