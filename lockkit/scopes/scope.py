@@ -442,7 +442,15 @@ class LockScope:
         backend = self._transaction.backend
         backend.check_table_lock(connection, checked_mode)
         quote = connection.ops.quote_name
-        tables = sorted({quote(target._meta.db_table) for target in targets})
+        # Each table once (two models may share one: a proxy, unmanaged models), in name order.
+        by_table: dict[str, type[models.Model]] = {}
+        for target in targets:
+            by_table.setdefault(quote(target._meta.db_table), target)
+        tables = sorted(by_table)
+
+        def take() -> None:
+            backend.lock_tables(connection, tables, checked_mode, nowait=wait_free)
+
         try:
             with translating(
                 self.alias,
@@ -450,7 +458,10 @@ class LockScope:
                 attempts=self.attempt,
                 timed=self.statement_timeout is not None,
             ):
-                backend.lock_tables(connection, tables, checked_mode, nowait=wait_free)
+                if not signals.lock_acquired.receivers:
+                    take()
+                else:
+                    events.timed_lock(LockScope, self, by_table[tables[0]], take, _no_rows)
         except DatabaseError as error:
             self._transaction.doom(error)
             raise
@@ -487,6 +498,10 @@ def _filtered(queryset: QuerySet[M], name: str, /, *args: Any, **lookups: Any) -
 
 def _one(_: object) -> int:
     return 1
+
+
+def _no_rows(_: object) -> int:
+    return 0  # a table lock locks no rows
 
 
 def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:

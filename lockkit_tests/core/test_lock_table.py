@@ -23,11 +23,13 @@ from lockkit_tests.models import (
     QUEUE_SCHEMA,
     Item,
     Owner,
+    PeerCity,
     PeerCountry,
     PeerCountryProxy,
     QueuedJob,
     RemoteItem,
 )
+from lockkit_tests.support.observe_helpers import recording
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 
 pytestmark = pytest.mark.contention
@@ -326,3 +328,16 @@ def test_capabilities_list_table_locks_on_postgresql() -> None:
     assert "  table locks (lock_table)" in format_table(caps)
     # A vendor lockkit has no backend for: the row says so.
     assert "table locks (lock_table)           not supported" in format_table(Capabilities("x", "oracle"))
+
+
+@POSTGRESQL
+def test_a_table_lock_sends_lock_acquired_with_its_wait_and_a_failed_one_does_not() -> None:
+    with table_held_elsewhere(PeerCity), recording() as recorder:
+        with locked() as scope:
+            scope.lock_table(Item, "lockkit_tests.Item", mode="SHARE")
+            scope.lock_table(Owner, Item, mode="SHARE")  # the first table by name is Item's
+        with pytest.raises(lockkit.LockNotAvailable), locked() as scope:
+            scope.lock_table(PeerCity, mode="SHARE", nowait=True)
+    sent = recorder.of("lock_acquired")
+    assert [(s["model"], s["rows"], s["alias"]) for s in sent] == [(Item, 0, "default"), (Item, 0, "default")]
+    assert all(0 <= s["wait"] < 5 for s in sent)
