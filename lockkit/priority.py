@@ -123,6 +123,8 @@ def prioritize(
     alias = check_alias(using if using is not None else DEFAULT_DB_ALIAS)
     grace = _grace(after)
     pause = _interval(interval)
+    if not isinstance(action, str):
+        raise TypeError(f"action must be 'terminate' or 'cancel', not {type(action).__name__}")
     if action not in ("terminate", "cancel"):
         raise ValueError(f"action must be 'terminate' or 'cancel', got {action!r}")
     if only is not None and not callable(only):

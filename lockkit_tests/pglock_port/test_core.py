@@ -500,6 +500,7 @@ def test_bad_prioritize_arguments_are_refused_before_any_sql() -> None:
         ({"after": "1"}, TypeError, "after"),
         ({"after": float("nan")}, ValueError, "after"),
         ({"action": "kill"}, ValueError, "action"),
+        ({"action": None}, TypeError, "action"),
         ({"only": 1}, TypeError, "only"),
         ({"using": "nope"}, ValueError, "using"),
         ({"using": 1}, TypeError, "using"),
