@@ -35,7 +35,9 @@ from lockkit.errors import (
 )
 from lockkit.operations.operation import locked_operation
 from lockkit.operations.retry import RetryEvent, RetryPolicy
+from lockkit.priority import Prioritized, PrioritizeFailed, prioritize
 from lockkit.scopes.scope import LockScope, classify, current_scope, lock, locked
+from lockkit.tablemodes import TableLockMode
 
 __version__ = "0.1.0.dev0"
 
@@ -53,6 +55,8 @@ __all__ = [
     "LockTimeout",
     "NotInLockedScope",
     "OnCommitError",
+    "PrioritizeFailed",
+    "Prioritized",
     "QueryCanceled",
     "ReadOnlyDatabase",
     "RetryEvent",
@@ -60,6 +64,7 @@ __all__ = [
     "SerializationFailure",
     "StaleClaim",
     "StatementTimeout",
+    "TableLockMode",
     "TransactionAborted",
     "TransientLockError",
     "__version__",
@@ -69,6 +74,7 @@ __all__ = [
     "lock",
     "locked",
     "locked_operation",
+    "prioritize",
 ]
 
 # lockkit.claims defines a model mixin, which needs Django's app registry: its names are imported on

@@ -29,6 +29,7 @@ class Capabilities:
         nowait, skip_locked, of, no_key: The ``select_for_update`` options the database honours.
         lock_timeout, statement_timeout: How lockkit applies the scope's timeouts, or ``None`` when it cannot.
         advisory_locks: How ``advisory_lock()`` works here, or ``None`` when it is not supported.
+        table_locks: How ``LockScope.lock_table()`` works here, or ``None`` when it is refused.
         warnings: Where correctness depends on configuration.
         error: Why the server could not be asked (the flags that need it are then ``False``), or ``None``.
     """
@@ -43,6 +44,7 @@ class Capabilities:
     lock_timeout: str | None = None
     statement_timeout: str | None = None
     advisory_locks: str | None = None
+    table_locks: str | None = None
     warnings: tuple[str, ...] = field(default=())
     error: str | None = None
 
@@ -171,6 +173,7 @@ def capabilities(alias: str) -> Capabilities:
             lock_timeout=lock_timeout,
             statement_timeout=statement_timeout,
             advisory_locks=backend.advisory_support(connection),
+            table_locks=backend.table_lock_support(connection),
             warnings=warnings,
         )
     except Exception as exc:  # an unreachable server must not break the report of the others
@@ -200,6 +203,7 @@ def format_table(caps: Capabilities) -> str:
         ("lock_timeout", caps.lock_timeout or "not applied"),
         ("statement_timeout", caps.statement_timeout or "not supported"),
         ("advisory locks", caps.advisory_locks or "not supported"),
+        ("table locks (lock_table)", caps.table_locks or "not supported"),
     ]
     if caps.error is not None:
         rows = [("server", f"unreachable: {caps.error}")]

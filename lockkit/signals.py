@@ -35,8 +35,9 @@ Lock signal (``sender`` is ``lockkit.LockScope``):
 
 ``lock_acquired``
     A locking statement lockkit evaluates itself returned: ``LockScope.get()``, ``LockScope.lock_all()``,
-    ``LockScope.advisory_lock()``. Arguments: ``alias``, ``scope`` (the ``LockScope``), ``model`` (the model class,
-    or ``None`` for an advisory lock), ``rows`` (int, rows locked; 1 for an advisory lock), ``wait`` (float,
+    ``LockScope.advisory_lock()``, ``LockScope.lock_table()``. Arguments: ``alias``, ``scope`` (the ``LockScope``),
+    ``model`` (the model class, or ``None`` for an advisory lock; for ``lock_table()`` the model of the first table
+    in name order), ``rows`` (int, rows locked; 1 for an advisory lock, 0 for a table lock), ``wait`` (float,
     seconds the locking statement took: the lock wait plus the statement's own time). A queryset from
     ``LockScope.lock()`` is evaluated by the caller, so it is not timed.
 

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from lockkit.advisory.keys import AdvisoryKey
     from lockkit.backends.sql.claims import ClaimsSQL
-    from lockkit.backends.waits import LockWait, SessionTarget
+    from lockkit.backends.waits import LockWait, Session, SessionTarget
+    from lockkit.tablemodes import TableLockMode
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,58 @@ class Backend:
             self.signal_session(control, session, terminate=False)
         finally:
             control.close()
+
+    # -- table locks ---------------------------------------------------------------------------------------
+
+    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Say how ``LockScope.lock_table`` works here, for ``lockkit_capabilities``; ``None``: it is refused."""
+        return None
+
+    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
+        """Refuse, before any SQL runs, a table lock the database cannot hold for the transaction only.
+
+        Raises:
+            NotSupportedError: the database has no transaction-scoped table lock in ``mode``.
+        """
+        raise NotSupportedError(
+            f"table locks are not supported on {connection.vendor} ({connection.alias!r}): lockkit takes them "
+            "only where they end with the transaction (PostgreSQL's LOCK TABLE)"
+        )
+
+    def lock_tables(
+        self, connection: BaseDatabaseWrapper, tables: list[str], mode: TableLockMode, *, nowait: bool
+    ) -> None:
+        """Lock the tables (quoted names, in the order given) in ``mode`` until the transaction ends.
+
+        The wait obeys the transaction's lock timeout; with ``nowait`` a held table fails at once.
+        """
+        self.check_table_lock(connection, mode)
+
+    # -- prioritize: the blockers of one session ----------------------------------------------------------
+
+    def check_prioritize(self, connection: BaseDatabaseWrapper) -> None:
+        """Refuse, before any SQL runs, ``lockkit.prioritize`` where lockkit cannot see who blocks a session.
+
+        Raises:
+            NotSupportedError: always, here.
+        """
+        raise NotSupportedError(
+            f"lockkit.prioritize is not supported on {connection.vendor} ({connection.alias!r}): it is "
+            "PostgreSQL only (pg_blocking_pids)"
+        )
+
+    def session_pid(self, connection: BaseDatabaseWrapper) -> int:
+        """The server session id of ``connection`` (connects)."""
+        self.check_prioritize(connection)
+        raise AssertionError  # pragma: no cover - check_prioritize raised
+
+    def client_blockers(self, connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
+        """The client sessions of the connection's database that block session ``pid``.
+
+        Only once ``pid`` has waited at least ``waited`` seconds for its current lock; else none.
+        """
+        self.check_prioritize(connection)
+        raise AssertionError  # pragma: no cover - check_prioritize raised
 
     # -- bounded DDL -----------------------------------------------------------------------------------------
 

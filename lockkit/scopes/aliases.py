@@ -62,6 +62,15 @@ def routed_alias(model: type[models.Model], **hints: Any) -> str | None:
     return None
 
 
+def check_routed(model: type[models.Model], alias: str, name: str = "model") -> None:
+    """Refuse a model whose router sends its writes to another alias than ``alias`` (a scope's).
+
+    Raises:
+        AliasMismatch: a router chose another alias for ``model``.
+    """
+    _check_routed(model, alias, name)
+
+
 def _check_routed(model: type[models.Model], alias: str, name: str, **hints: Any) -> None:
     """Refuse a model whose router sends its writes to another alias than the scope's.
 

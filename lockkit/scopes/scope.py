@@ -26,10 +26,12 @@ from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
 from lockkit.backends.sql import relations
 from lockkit.errorcodes import table as codes
+from lockkit.errorcodes.translate import translating
 from lockkit.errors import Failure, NotInLockedScope
 from lockkit.scopes import aliases
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
 from lockkit.scopes.transaction import ScopeTransaction
+from lockkit.tablemodes import TableLockMode, table_lock_mode, table_models
 from lockkit.validation import flag
 
 P = ParamSpec("P")
@@ -392,6 +394,90 @@ class LockScope:
             self._advisory.append(held)
         return held
 
+    def lock_table(
+        self,
+        model: type[models.Model] | str,
+        /,
+        *models_: type[models.Model] | str,
+        mode: TableLockMode | str,
+        nowait: bool | None = None,
+    ) -> None:
+        """Lock whole tables in ``mode`` until the scope's transaction ends (``LOCK TABLE ... IN <mode> MODE``).
+
+        For the decisions a row lock cannot protect: "no new row may appear while I count them" (``SHARE`` keeps
+        every writer out, other ``SHARE`` holders and readers go on) or "nobody writes this table while I rebuild
+        it" (``EXCLUSIVE``: only plain reads go on). The lock is part of the scope's transaction: a nested scope's
+        lock is kept by the enclosing transaction when the nested scope succeeds and given back with its savepoint
+        when it fails; nothing is held after the outermost scope ends. The wait is bounded by the scope's
+        ``lock_timeout``; with ``nowait`` a table another session holds in a conflicting mode fails at once.
+        Several tables are locked in one statement, in the order of their table names whatever order they are
+        given in, so two scopes that lock the same tables cannot deadlock on them. Inside a ``locked_operation`` a
+        ``LockTimeout`` is retried like a row lock's. See
+        https://www.postgresql.org/docs/current/explicit-locking.html#LOCKING-TABLES and
+        https://www.postgresql.org/docs/current/sql-lock.html.
+
+        PostgreSQL: ``LOCK TABLE``, every mode, partitions and inheritance children included. SQLite: the scope's
+        ``BEGIN IMMEDIATE`` write lock already keeps every other writer out, which covers every mode but
+        ``ACCESS EXCLUSIVE`` (no SQL is sent). MariaDB/MySQL: refused, as ``LOCK TABLES`` commits the open
+        transaction and outlives it.
+
+        Args:
+            model: A model class or an ``"app_label.ModelName"`` string (as ``pglock.model`` takes). A proxy
+                model locks its concrete model's table; an unmanaged model the table its ``db_table`` names; a
+                multi-table child its own table only (pass its parents too to lock theirs).
+            *models_: More models, locked in the same statement (each table once).
+            mode: A ``TableLockMode`` or its name as a string (``"SHARE ROW EXCLUSIVE"``; any case, spaces or
+                underscores; ``pglock.SHARE`` and the other pglock constants are such strings).
+            nowait: Fail at once instead of waiting (``LOCK TABLE ... NOWAIT``); ``None`` (default): the scope's
+                own ``nowait``.
+
+        Raises:
+            TypeError: a model is an instance or not a model at all; ``mode`` is not a string; ``nowait`` is
+                not a ``bool`` or ``None``. Before any SQL runs.
+            ValueError: ``mode`` names no table lock mode; a string names no installed model; an abstract or
+                swapped model. Before any SQL runs.
+            NotInLockedScope: the scope is not active in this thread or task.
+            AliasMismatch: a router sends a model's writes to another alias than the scope's. No SQL has run.
+            django.db.NotSupportedError: before any SQL runs, on MariaDB/MySQL, or on SQLite ``ACCESS
+                EXCLUSIVE`` or a scope nested in a transaction that does not hold the write lock.
+            LockNotAvailable: with ``nowait``, another session holds a table in a conflicting mode.
+            LockTimeout: a table was not granted within the scope's ``lock_timeout``. Like every database
+                error of the scope's helpers, it marks the scope's block for rollback.
+        """
+        checked_mode = table_lock_mode(mode)
+        targets = table_models((model, *models_))
+        wait_free = self.nowait if nowait is None else flag(nowait, "nowait")
+        self._check_active()
+        for target in targets:
+            aliases.check_routed(target, self.alias, "model")
+        connection = connections[self.alias]
+        backend = self._transaction.backend
+        backend.check_table_lock(connection, checked_mode)
+        quote = connection.ops.quote_name
+        # Each table once (two models may share one: a proxy, unmanaged models), in name order.
+        by_table: dict[str, type[models.Model]] = {}
+        for target in targets:
+            by_table.setdefault(quote(target._meta.db_table), target)
+        tables = sorted(by_table)
+
+        def take() -> None:
+            backend.lock_tables(connection, tables, checked_mode, nowait=wait_free)
+
+        try:
+            with translating(
+                self.alias,
+                nowait=wait_free,
+                attempts=self.attempt,
+                timed=self.statement_timeout is not None,
+            ):
+                if not signals.lock_acquired.receivers:
+                    take()
+                else:
+                    events.timed_lock(LockScope, self, by_table[tables[0]], take, _no_rows)
+        except DatabaseError as error:
+            self._transaction.doom(error)
+            raise
+
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
         """Run ``func`` after the outermost transaction on the scope's alias commits.
 
@@ -424,6 +510,10 @@ def _filtered(queryset: QuerySet[M], name: str, /, *args: Any, **lookups: Any) -
 
 def _one(_: object) -> int:
     return 1
+
+
+def _no_rows(_: object) -> int:
+    return 0  # a table lock locks no rows
 
 
 def _match_by_collation(rows: dict[Any, Any], wanted: list[Any], missing: list[Any]) -> list[Any]:

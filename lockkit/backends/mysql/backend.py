@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from lockkit.advisory.keys import AdvisoryKey
     from lockkit.backends.waits import LockWait, SessionTarget
+    from lockkit.tablemodes import TableLockMode
 
 # innodb_lock_wait_timeout accepts whole seconds from 1 to 1073741824.
 _MAX_LOCK_WAIT = 1_073_741_824
@@ -93,6 +94,15 @@ class _NamedLocks:
 
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
         return mysql_locks.signal(connection, pid, terminate=terminate)
+
+    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
+        raise NotSupportedError(
+            f"lock_table() is not supported on {connection.vendor} ({connection.alias!r}): LOCK TABLES commits "
+            "the open transaction (the scope's earlier work included) and holds its locks until UNLOCK TABLES, "
+            "past the end of the scope, so it cannot be a lock of the scope's transaction; lock the rows instead "
+            "(scope.lock_all(), or scope.lock() of the rows the decision reads), or use scope.advisory_lock() "
+            "for one key the writers of the table agree on"
+        )
 
     def bound_lock_waits(
         self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from lockkit.advisory.keys import AdvisoryKey
-    from lockkit.backends.waits import LockWait, SessionTarget
+    from lockkit.backends.waits import LockWait, Session, SessionTarget
+    from lockkit.tablemodes import TableLockMode
 
 # The setting names are constants of ours, never user input. Values travel as parameters, except in the one-message
 # opening (``opening``): there an int of milliseconds lockkit computed from a validated duration, written with %d.
@@ -170,6 +171,30 @@ class PostgreSQLBackend(Backend):
     def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
         """``pg_cancel_backend`` or ``pg_terminate_backend``, of a client backend of this database only."""
         return postgresql_locks.signal(connection, pid, terminate=terminate)
+
+    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe ``lock_table`` here: ``LOCK TABLE``, transaction-scoped."""
+        return "LOCK TABLE ... IN <mode> MODE [NOWAIT], all eight modes, until the transaction ends"
+
+    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
+        """Every mode is supported: ``LOCK TABLE`` always ends with the transaction."""
+
+    def lock_tables(
+        self, connection: BaseDatabaseWrapper, tables: list[str], mode: TableLockMode, *, nowait: bool
+    ) -> None:
+        """``LOCK TABLE ... IN <mode> MODE [NOWAIT]``, partitions included; waits obey ``lock_timeout``."""
+        postgresql_locks.lock_tables(connection, tables, mode, nowait=nowait)
+
+    def check_prioritize(self, connection: BaseDatabaseWrapper) -> None:
+        """Supported: ``pg_blocking_pids()`` names a session's blockers."""
+
+    def session_pid(self, connection: BaseDatabaseWrapper) -> int:
+        """``pg_backend_pid()``."""
+        return postgresql_locks.session_pid(connection)
+
+    def client_blockers(self, connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
+        """``pg_blocking_pids(pid)``, client backends of this database only, once ``pid`` waited ``waited`` s."""
+        return postgresql_locks.client_blockers(connection, pid, waited=waited)
 
     lock_waits_bound_end_with_transaction = True
 

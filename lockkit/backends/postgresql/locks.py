@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from lockkit.advisory.keys import AdvisoryKey
+    from lockkit.tablemodes import TableLockMode
 
 
 def _function(*, session: bool, shared: bool, try_only: bool) -> str:
@@ -210,7 +211,62 @@ def signal(connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> boo
     return bool(row and row[0])
 
 
-__all__ = ["acquire", "lock_waits", "release", "session_database", "signal", "signal_target"]
+def lock_tables(
+    connection: BaseDatabaseWrapper, tables: list[str], mode: TableLockMode, *, nowait: bool
+) -> None:
+    """``LOCK TABLE <tables> IN <mode> MODE [NOWAIT]`` in the caller's transaction, until it ends.
+
+    ``tables`` are names the caller quoted with ``ops.quote_name``; ``mode`` is one of the eight mode names (a
+    validated ``TableLockMode``, never user text). See https://www.postgresql.org/docs/current/sql-lock.html.
+    """
+    suffix = " NOWAIT" if nowait else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {', '.join(tables)} IN {mode.value} MODE{suffix}")
+
+
+# The client sessions of this database blocking one session, once that session has waited long enough for its
+# ungranted lock (pg_locks.waitstart, PostgreSQL 14+; NULL for an instant after the wait begins: not yet).
+# Never a walsender, autovacuum or other background process: backend_type says which a session is.
+_CLIENT_BLOCKERS = """
+SELECT a.pid, a.application_name, a.usename, a.query, a.state,
+       EXTRACT(EPOCH FROM clock_timestamp() - a.xact_start)::float8
+FROM pg_stat_activity AS a
+WHERE a.pid = ANY(pg_blocking_pids(%s))
+  AND a.backend_type = 'client backend' AND a.datname = current_database() AND a.pid <> pg_backend_pid()
+  AND EXISTS (SELECT 1 FROM pg_locks AS l
+              WHERE l.pid = %s AND NOT l.granted AND l.waitstart <= clock_timestamp() - make_interval(secs => %s))
+ORDER BY a.pid
+"""
+
+
+def client_blockers(connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
+    """The client sessions blocking ``pid`` once it has waited ``waited`` seconds for its lock; else none."""
+    with connection.cursor() as cursor:
+        cursor.execute(_CLIENT_BLOCKERS, [pid, pid, waited])
+        rows = cursor.fetchall()
+    return [Session(int(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+
+def session_pid(connection: BaseDatabaseWrapper) -> int:
+    """This connection's backend pid."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+__all__ = [
+    "acquire",
+    "client_blockers",
+    "lock_tables",
+    "lock_waits",
+    "release",
+    "session_database",
+    "session_pid",
+    "signal",
+    "signal_target",
+]
 
 
 #: The testing toolkit's SQL (``Backend.contention_sql``).

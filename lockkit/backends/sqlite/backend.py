@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from django.db.transaction import Atomic
 
     from lockkit.advisory.keys import AdvisoryKey
+    from lockkit.tablemodes import TableLockMode
 
 # Transaction modes that take the write lock at BEGIN.
 _WRITE_LOCKING_MODES = frozenset({"IMMEDIATE", "EXCLUSIVE"})
@@ -120,13 +121,7 @@ class SQLiteBackend(Backend):
     ) -> tuple[bool, int | None]:
         """Check that the transaction holds the database write lock, which covers every key."""
         self.check_advisory(connection, shared=shared, session=session)
-        wrapper: Any = connection
-        blocks = connection.atomic_blocks
-        outermost = blocks[0] if blocks else None
-        write_locked = outermost is not None and (
-            outermost in _WRITE_LOCKED or str(wrapper.transaction_mode or "").upper() in _WRITE_LOCKING_MODES
-        )
-        if not write_locked:
+        if not _write_locked(connection):
             # A deferred transaction may hold no lock at all yet: a key "held" here would exclude nobody.
             raise NotSupportedError(
                 f"an advisory lock on sqlite ({connection.alias!r}) needs the database write lock, which this "
@@ -140,6 +135,37 @@ class SQLiteBackend(Backend):
     ) -> tuple[bool, int | None]:
         """Nothing to release: the write lock ends with the transaction."""
         return True, None  # the write lock ends with the transaction
+
+    # -- table locks: the database write lock covers every mode that lets plain reads through ------------------
+
+    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe how SQLite scopes cover ``lock_table``, for ``lockkit_capabilities``."""
+        return (
+            "inside a scope only, every mode but ACCESS EXCLUSIVE: the scope's BEGIN IMMEDIATE write lock already "
+            "excludes every other writer (readers go on, as under EXCLUSIVE)"
+        )
+
+    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
+        """Refuse ``ACCESS EXCLUSIVE`` (SQLite cannot keep readers out), and a transaction without the write lock."""
+        if mode.value == "ACCESS EXCLUSIVE":
+            raise NotSupportedError(
+                f"lock_table(mode=ACCESS EXCLUSIVE) is not supported on sqlite ({connection.alias!r}): the "
+                "scope's write lock keeps every other writer out but not readers (WAL mode never blocks them), "
+                "and ACCESS EXCLUSIVE promises that no one reads; EXCLUSIVE (no writer, readers go on) is what "
+                "the write lock gives"
+            )
+        if not _write_locked(connection):
+            raise NotSupportedError(
+                f"a table lock on sqlite ({connection.alias!r}) needs the database write lock, which this "
+                "transaction does not hold: open the scope outside any plain atomic() block, or set "
+                "OPTIONS['transaction_mode'] = 'IMMEDIATE'"
+            )
+
+    def lock_tables(
+        self, connection: BaseDatabaseWrapper, tables: list[str], mode: TableLockMode, *, nowait: bool
+    ) -> None:
+        """Nothing to send: the transaction's database write lock covers the tables (``check_table_lock``)."""
+        self.check_table_lock(connection, mode)
 
     def bound_lock_waits(
         self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
@@ -174,6 +200,16 @@ class SQLiteBackend(Backend):
             "or MariaDB/MySQL; on SQLite two scopes simply run one after the other, and a wait longer than "
             "lock_timeout raises LockTimeout"
         )
+
+
+def _write_locked(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the connection's transaction holds the database write lock (it began with BEGIN IMMEDIATE)."""
+    wrapper: Any = connection  # transaction_mode is an attribute of Django's SQLite wrapper only
+    blocks = connection.atomic_blocks
+    outermost = blocks[0] if blocks else None
+    return outermost is not None and (
+        outermost in _WRITE_LOCKED or str(wrapper.transaction_mode or "").upper() in _WRITE_LOCKING_MODES
+    )
 
 
 def _busy_timeout(connection: BaseDatabaseWrapper) -> int:
