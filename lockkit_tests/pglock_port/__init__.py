@@ -1,0 +1,1 @@
+"""django-pglock's test suite, ported onto lockkit."""
