@@ -140,15 +140,18 @@ def test_pglock_holding_blocks_lockkit(xact: bool) -> None:
             return pglock.advisory("cron-x")  # pg_advisory_lock, released at the block's end
         return _pglock_xact("cron-x")
 
-    with held_in_thread(take):
+    with held_in_thread(take) as holder:
         with pytest.raises(LockNotAvailable) as caught:
             with lockkit.advisory_lock("cron-x", nowait=True):
                 pytest.fail("lockkit took a key pglock holds")
-        assert "'cron-x'" in str(caught.value)
+        assert str(caught.value) == (
+            f"lock_not_available on database 'default': advisory lock {advisory_key('cron-x')} is held by "
+            f"session {holder}"
+        )
         with pytest.raises(LockNotAvailable):
             with lockkit.advisory_lock("cron-x", nowait=True, session=True):
                 pytest.fail("lockkit took a key pglock holds")
-        with pytest.raises(LockTimeout):
+        with pytest.raises(LockTimeout, match=f"held by session {holder}"):
             with lockkit.advisory_lock("cron-x", lock_timeout=0.2):
                 pytest.fail("lockkit took a key pglock holds")
         assert not connections["default"].in_atomic_block

@@ -77,6 +77,12 @@ class _NamedLocks:
     ) -> tuple[bool, int | None]:
         return mysql_locks.release(connection, key)
 
+    def advisory_holders(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[int, ...] | None:
+        holder = mysql_locks.held(connection, key)
+        return () if holder is None else (holder,)
+
     def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
         return mysql_locks.lock_waits(connection, alias)
 
