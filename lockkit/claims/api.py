@@ -639,12 +639,12 @@ def reclaim_expired_pks(
     using: str | None = None,
     lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> list[Any]:
-    """``reclaim_expired()``, returning the primary keys of the rows changed (for the reaper's log).
+    """``reclaim_expired()``, returning the primary keys of the rows changed, ascending (for the reaper's log).
 
     Raises:
         As ``reclaim_expired()``.
     """
-    return _reclaim(queryset, set, max_attempts, exhausted_set, using, lock_timeout)[2]
+    return sorted(_reclaim(queryset, set, max_attempts, exhausted_set, using, lock_timeout)[2])
 
 
 def _reclaim(
