@@ -257,7 +257,8 @@ class Backend:
 
         For an error message after a request was refused, on the same connection: one short read that takes no
         lock (PostgreSQL ``pg_locks``, MariaDB/MySQL ``IS_USED_LOCK``), so it cannot wait behind the holder.
-        ``None`` when it cannot be asked here (no such lock, or the connection's transaction has failed).
+        ``None`` when it cannot be asked here (no such lock, a closed connection, or (PostgreSQL) the
+        connection's transaction has failed).
         """
         return None
 

@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 
 import lockkit
 from lockkit import LockNotAvailable, LockTimeout, RetryPolicy, locked, locked_operation
 from lockkit.advisory.keys import advisory_key
+from lockkit.backends import backend_for
 from lockkit.testing import backend_pid, in_thread
 from lockkit_tests.models import Item
 from lockkit_tests.support.vendors import vendor_params
@@ -157,3 +158,30 @@ def test_shared_holders_are_all_named_and_only_exclusive_ones_block_a_shared_req
             with lockkit.advisory_lock("report", using=alias, lock_timeout=0.2, shared=True):
                 pytest.fail("the block must not run")
     assert str(timed.value) == timed_out(alias, "report", "0.2s", f"session {exclusive}")
+
+
+@pytest.mark.parametrize("alias", BOTH)
+def test_the_backend_names_other_holders_only(alias: str) -> None:
+    connection = connections[alias]
+    backend = backend_for(connection)
+    key = advisory_key("cron-x")
+    backend_pid(alias)  # open this thread's connection: a closed one is not asked (None)
+    assert backend.advisory_holders(connection, key, shared=False) == ()
+    with lockkit.advisory_lock("cron-x", using=alias):  # this session's own hold is not "another session"
+        assert backend.advisory_holders(connection, key, shared=False) == ()
+    with held_elsewhere(alias, "cron-x") as holder:
+        assert backend.advisory_holders(connection, key, shared=False) == (holder,)
+        assert backend.advisory_holders(connection, advisory_key("other"), shared=False) == ()
+
+
+@pytest.mark.parametrize("alias", POSTGRESQL)
+def test_no_holder_lookup_in_a_failed_transaction(alias: str) -> None:
+    connection = connections[alias]
+    backend = backend_for(connection)
+    with held_elsewhere(alias, (3, 4)) as holder, transaction.atomic(using=alias):
+        assert backend.advisory_holders(connection, advisory_key((3, 4)), shared=False) == (holder,)
+        with pytest.raises(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        # The transaction has failed: asking would be refused (25P02); lockkit does not ask.
+        assert backend.advisory_holders(connection, advisory_key((3, 4)), shared=False) is None
+        transaction.set_rollback(True, using=alias)

@@ -80,8 +80,7 @@ class _NamedLocks:
     def advisory_holders(
         self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
     ) -> tuple[int, ...] | None:
-        holder = mysql_locks.held(connection, key)
-        return () if holder is None else (holder,)
+        return mysql_locks.holders(connection, key)
 
     def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
         return mysql_locks.lock_waits(connection, alias)
