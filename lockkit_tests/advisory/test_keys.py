@@ -12,6 +12,7 @@ import pytest
 from django.db import connections
 
 from lockkit.advisory.keys import MAX_LOCK_NAME, advisory_key, hash_text
+from lockkit_tests.support.vendors import vendor_params
 
 # Values computed once and pinned: a change here means two versions of an application would hold "the same"
 # lock at once. Never update them to make a test pass. (They changed once, before the first release, to
@@ -129,3 +130,23 @@ def test_lock_names_fit_get_lock() -> None:
     # A pair has a name of its own, so (1, 2) and the int 4294967298 stay apart as they do on PostgreSQL.
     assert advisory_key((1, 2)).lock_name("db") != advisory_key(4294967298).lock_name("db")
     assert advisory_key(-1).lock_name("db") == "lockkit:db:kffffffffffffffff"
+
+
+# docs/advisory.md's SQL form of a str key's GET_LOCK name on MariaDB/MySQL: the same 64-bit value, in hex.
+MARIADB_NAME = (
+    "SELECT CONCAT('lockkit:', DATABASE(), ':k', SUBSTR(h, 15, 2), SUBSTR(h, 13, 2), SUBSTR(h, 11, 2), "
+    "SUBSTR(h, 9, 2), SUBSTR(h, 7, 2), SUBSTR(h, 5, 2), SUBSTR(h, 3, 2), SUBSTR(h, 1, 2)) "
+    "FROM (SELECT SHA2(%s, 256) AS h) AS t"
+)
+
+
+@pytest.mark.parametrize("alias", [p for p in vendor_params() if p.id == "mariadb"])
+def test_mariadb_computes_the_same_lock_name(alias: str) -> None:
+    connection = connections[alias]
+    database = str(connection.settings_dict["NAME"])
+    with connection.cursor() as cursor:
+        for text in ["hello", "nightly-report", "ключ-🔒", '["billing",42]']:
+            cursor.execute(MARIADB_NAME, [text])
+            assert cursor.fetchone() == (advisory_key(text).lock_name(database),)
+            cursor.execute("SELECT IS_USED_LOCK(%s) IS NULL", [advisory_key(text).lock_name(database)])
+            assert cursor.fetchone() == (1,)

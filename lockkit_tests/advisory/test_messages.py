@@ -63,7 +63,9 @@ def timed_out(alias: str, key: Any, seconds: str, held_by: str) -> str:
 
 
 @pytest.mark.parametrize("alias", BOTH)
-@pytest.mark.parametrize("key", ["cron-x", 42, ("billing", 7)], ids=["str", "int", "pair"])
+@pytest.mark.parametrize(
+    "key", ["cron-x", 42, ("billing", 7), "ключ\x1b[2J\n"], ids=["str", "int", "pair", "control-characters"]
+)
 def test_nowait_names_the_key_and_the_holder(alias: str, key: Any) -> None:
     with held_elsewhere(alias, key) as holder:
         with pytest.raises(LockNotAvailable) as standalone:
@@ -76,7 +78,10 @@ def test_nowait_names_the_key_and_the_holder(alias: str, key: Any) -> None:
             scope.advisory_lock(key)
     expected = not_available(alias, key, f"session {holder}")
     assert [str(standalone.value), str(session.value), str(in_scope.value)] == [expected] * 3
-    assert "'cron-x' (hashed to " in expected or not isinstance(key, str)
+    assert "'cron-x' (hashed to " in expected or key != "cron-x"
+    # The key is shown by repr(): a control character in it cannot reach a terminal or a log line raw.
+    assert "\x1b" not in expected
+    assert "\n" not in expected
 
 
 @pytest.mark.parametrize("alias", BOTH)
