@@ -351,8 +351,10 @@ class LockScope:
             NotInLockedScope: the scope is not active in this thread or task.
             django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
                 nested in a transaction that does not hold the write lock.
-            LockNotAvailable: the scope has ``nowait`` and another session holds the key.
-            LockTimeout: the key was not granted within the scope's ``lock_timeout``.
+            LockNotAvailable: the scope has ``nowait`` and another session holds the key (the message names the
+                key and the holder's server session id; the scope is doomed: it ends with this error even if the
+                body catches it).
+            LockTimeout: the key was not granted within the scope's ``lock_timeout`` (named and doomed alike).
         """
         checked = advisory_key(key)
         flag(shared, "shared")
