@@ -122,7 +122,13 @@ def name_holders(error: BaseException, alias: str) -> None:
     connection = connections[alias]
     if connection.connection is None or connection.needs_rollback:
         return
-    holders = _holders(backend_for(connection), connection, pending.key, shared=pending.shared)
+    try:
+        holders = backend_for(connection).advisory_holders(connection, pending.key, shared=pending.shared)
+    except DatabaseError:
+        logger.debug("lockkit: could not read the holders of advisory lock %s", pending.key, exc_info=True)
+        if connection.in_atomic_block:  # the enclosing transaction saw the failed read: it must roll back
+            transaction.set_rollback(True, using=alias)
+        return
     if holders is not None:
         error.args = (_timed_out(alias, pending.key, pending.lock_timeout, holders),)
 
