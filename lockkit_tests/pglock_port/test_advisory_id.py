@@ -132,6 +132,7 @@ def _lockkit_free(key: str) -> bool:
     return in_thread(attempt).result(timeout=30)
 
 
+@pytest.mark.contention
 @pytest.mark.django_db(transaction=True, databases=["default"])
 @pytest.mark.parametrize("xact", [False, True], ids=["session", "xact"])
 def test_pglock_holding_blocks_lockkit(xact: bool) -> None:
@@ -164,6 +165,7 @@ def _pglock_xact(key: str) -> Iterator[bool]:
         yield pglock.advisory(key, xact=True).acquire()  # pg_advisory_xact_lock
 
 
+@pytest.mark.contention
 @pytest.mark.django_db(transaction=True, databases=["default"])
 @pytest.mark.parametrize("session", [False, True], ids=["scope", "session"])
 def test_lockkit_holding_blocks_pglock(session: bool) -> None:
@@ -177,6 +179,7 @@ def test_lockkit_holding_blocks_pglock(session: bool) -> None:
         assert acquired is True
 
 
+@pytest.mark.contention
 @pytest.mark.django_db(transaction=True, databases=["default"])
 def test_pglock_waits_for_lockkit_then_gets_the_lock() -> None:
     def pglock_waits() -> bool:
@@ -191,6 +194,7 @@ def test_pglock_waits_for_lockkit_then_gets_the_lock() -> None:
     assert contender.result(timeout=30) is True
 
 
+@pytest.mark.contention
 @pytest.mark.django_db(transaction=True, databases=["default"])
 def test_lockkit_waits_for_pglock_then_gets_the_lock() -> None:
     def lockkit_waits() -> int:
