@@ -7,7 +7,17 @@ from typing import Any
 
 import pytest
 
-from lockkit.claims import Claim, StaleClaim, claim, complete, complete_many, fenced, reclaim_expired, release
+from lockkit.claims import (
+    Claim,
+    StaleClaim,
+    claim,
+    complete,
+    complete_many,
+    fenced,
+    heartbeat,
+    reclaim_expired,
+    release,
+)
 from lockkit_tests.models import Job
 from lockkit_tests.support.claims_vendors import claims_vendor_params, expire
 
@@ -67,6 +77,7 @@ def test_a_job_another_worker_holds_now(alias: str) -> None:
         f"claimed by worker 'b' with token {second.token}; nothing was written"
     )
     assert error.holders == {job.pk: ("b", second.token)}
+    assert str(_message(heartbeat, first, lease=60)) == str(error)
     assert str(_message(_fenced, first)) == (
         f"Job claim pk={job.pk!r} token={first.token} worker='a' is no longer current: it is now claimed by "
         f"worker 'b' with token {second.token}; nothing was written"
