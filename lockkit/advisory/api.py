@@ -174,8 +174,9 @@ def advisory_lock(
     https://mariadb.com/kb/en/get_lock/.
 
     Args:
-        key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits, see ``lockkit.advisory.keys.hash_text``)
-            or a ``(namespace, key)`` pair; see docs/advisory.md for what collisions mean.
+        key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits as django-pglock hashes it, so the same
+            PostgreSQL lock as ``pglock.advisory(key)``; see ``lockkit.advisory.keys.hash_text``) or a
+            ``(namespace, key)`` pair; see docs/advisory.md for what collisions mean.
         using: The database alias (default ``"default"``).
         shared: Take a shared lock (PostgreSQL only): shared holders exclude exclusive ones, not each other.
         nowait: Fail at once with ``LockNotAvailable`` when another session holds the key.
@@ -191,8 +192,9 @@ def advisory_lock(
         TypeError, ValueError: a bad key, flag, alias or duration, before any SQL runs.
         django.db.NotSupportedError: on entry, before any SQL: ``shared`` on MariaDB/MySQL, ``session`` on SQLite,
             or a database without advisory locks.
-        LockNotAvailable: with ``nowait``, another session holds the key.
-        LockTimeout: the key was not granted within ``lock_timeout``.
+        LockNotAvailable: with ``nowait``, another session holds the key (the message names the key and the
+            holder's server session id).
+        LockTimeout: the key was not granted within ``lock_timeout`` (the message names the key and the holder).
         AdvisoryLockLost: (``session=True``) at exit, the session that took the lock no longer held it (the
             connection was replaced, or a transaction-mode pooler served the block from another server session).
     """

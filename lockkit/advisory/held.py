@@ -14,6 +14,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from lockkit.advisory.keys import AdvisoryKey
 from lockkit.backends import backend_for
+from lockkit.backends.base import Backend
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import AdvisoryLockLost, LockNotAvailable, LockTimeout
 
@@ -53,6 +54,10 @@ def take(
 
     The caller's scope has set the transaction's ``lock_timeout`` (PostgreSQL); MariaDB's ``GET_LOCK`` gets
     ``lock_timeout`` itself. A failure marks the enclosing atomic block for rollback, like any locking failure.
+    Its message names the key and the server session(s) holding it: asked on the same connection at once when
+    the refusal was not an error (``GET_LOCK`` returning 0, ``pg_try_advisory_*`` returning false); after
+    PostgreSQL's expired ``lock_timeout`` (an error: the transaction is aborted) by ``name_holders`` once the
+    scope has rolled back.
 
     Raises:
         LockNotAvailable: with ``nowait``, another session holds the key.
@@ -61,28 +66,105 @@ def take(
     """
     connection = connections[alias]
     backend = backend_for(connection)
-    with (
-        transaction.mark_for_rollback_on_error(using=alias),
-        translating(alias, nowait=nowait, attempts=attempts),
-    ):
-        granted, pid = backend.acquire_advisory(
-            connection, key, shared=shared, session=session, nowait=nowait, timeout=lock_timeout
-        )
-        if not granted:
-            # GET_LOCK returns 0 (and pg_try_advisory_*_lock false) instead of raising: say it the same way.
-            if nowait:
-                raise LockNotAvailable(
-                    f"lock_not_available on database {alias!r}: advisory lock {key} is held by another session",
-                    alias=alias,
-                    attempts=attempts,
-                )
-            raise LockTimeout(
-                f"lock_timeout on database {alias!r}: advisory lock {key} was not granted within "
-                f"{lock_timeout}s",
-                alias=alias,
-                attempts=attempts,
+    refused = False  # the database answered "not granted" without an error
+    try:
+        with (
+            transaction.mark_for_rollback_on_error(using=alias),
+            translating(alias, nowait=nowait, attempts=attempts),
+        ):
+            granted, pid = backend.acquire_advisory(
+                connection, key, shared=shared, session=session, nowait=nowait, timeout=lock_timeout
             )
+            if not granted:
+                # GET_LOCK returns 0 (and pg_try_advisory_*_lock false) instead of raising: the transaction is
+                # intact, so the holder can be asked on the same connection.
+                holders = _holders(backend, connection, key, shared=shared)
+                refused = True
+                if nowait:
+                    raise LockNotAvailable(
+                        _not_available(alias, key, holders), alias=alias, attempts=attempts
+                    )
+                raise LockTimeout(
+                    _timed_out(alias, key, lock_timeout, holders), alias=alias, attempts=attempts
+                )
+    except LockTimeout as error:
+        if not refused:
+            # PostgreSQL's lock_timeout (55P03): the server's words say nothing of the key. The transaction is
+            # aborted: the holder is asked once the scope has rolled back (name_holders).
+            error.args = (_timed_out(alias, key, lock_timeout, None),)
+            setattr(error, _PENDING, _Pending(key, shared, lock_timeout))
+        raise
     return HeldLock(alias, key, shared, session, pid)
+
+
+# The attribute of a LockTimeout (lockkit's own error) whose holder is to be named after the rollback.
+_PENDING = "_lockkit_advisory_holders_pending"
+
+
+@dataclass(frozen=True)
+class _Pending:
+    key: AdvisoryKey
+    shared: bool
+    lock_timeout: float | None
+
+
+def name_holders(error: BaseException, alias: str) -> None:
+    """Name the holder in ``error``'s message, if it is an advisory ``LockTimeout`` whose scope has ended.
+
+    Called by a scope after its transaction ended (rolled back, or back to its savepoint). Asks only when that is
+    safe on the same connection: it is open, not in a failed or doomed transaction; one read of ``pg_locks``
+    (no lock taken, so it cannot wait). Never raises: a failure to ask leaves the message as it is.
+    """
+    pending = getattr(error, _PENDING, None)
+    if not isinstance(error, LockTimeout) or not isinstance(pending, _Pending):
+        return
+    delattr(error, _PENDING)
+    connection = connections[alias]
+    if connection.connection is None or connection.needs_rollback:
+        return
+    try:
+        holders = backend_for(connection).advisory_holders(connection, pending.key, shared=pending.shared)
+    except DatabaseError:
+        logger.debug("lockkit: could not read the holders of advisory lock %s", pending.key, exc_info=True)
+        if connection.in_atomic_block:  # the enclosing transaction saw the failed read: it must roll back
+            transaction.set_rollback(True, using=alias)
+        return
+    if holders is not None:
+        error.args = (_timed_out(alias, pending.key, pending.lock_timeout, holders),)
+
+
+def _holders(
+    backend: Backend, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+) -> tuple[int, ...] | None:
+    try:
+        return backend.advisory_holders(connection, key, shared=shared)
+    except DatabaseError:  # only for a message: the refusal itself is what the caller raises
+        logger.debug("lockkit: could not read the holders of advisory lock %s", key, exc_info=True)
+        return None
+
+
+def _held_by(holders: tuple[int, ...] | None) -> str:
+    if holders is None:
+        return "held by another session"
+    if not holders:
+        return "held by another session, which had released it when lockkit looked"
+    if len(holders) == 1:
+        return f"held by session {holders[0]}"
+    return "held by sessions " + ", ".join(str(pid) for pid in holders)
+
+
+def _not_available(alias: str, key: AdvisoryKey, holders: tuple[int, ...] | None) -> str:
+    return f"lock_not_available on database {alias!r}: advisory lock {key} is {_held_by(holders)}"
+
+
+def _timed_out(
+    alias: str, key: AdvisoryKey, lock_timeout: float | None, holders: tuple[int, ...] | None
+) -> str:
+    within = "the server's lock timeout" if lock_timeout is None else f"{lock_timeout:g}s"
+    return (
+        f"lock_timeout on database {alias!r}: advisory lock {key} was not granted within {within}: it is "
+        f"{_held_by(holders)}"
+    )
 
 
 def give_back(held: HeldLock, *, raise_errors: bool) -> None:
@@ -152,4 +234,4 @@ def _discard(connection: BaseDatabaseWrapper) -> None:
     connection.close()
 
 
-__all__ = ["HeldLock", "give_back", "take"]
+__all__ = ["HeldLock", "give_back", "name_holders", "take"]

@@ -2,6 +2,7 @@
 
 The hash is part of lockkit's public contract (documented in docs/advisory.md): changing it would let two versions
 of an application hold "the same" lock at once, so it is pinned by tests and never depends on Python's ``hash()``.
+It is django-pglock's (``pglock.advisory(text)``), so a ``str`` key is the same PostgreSQL lock in both libraries.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ AdvisoryKeyLike = int | str | tuple[int | str, int | str]
 
 
 def hash_text(text: str) -> int:
-    """Hash text to a signed 64-bit advisory-lock key: the first 8 bytes of SHA-256 of its UTF-8 bytes, big-endian.
+    """Hash text to a signed 64-bit advisory-lock key: the first 8 bytes of SHA-256 of its UTF-8, little-endian.
 
-    The same in every process, Python version and platform, and reproducible in SQL, e.g. on PostgreSQL
-    ``('x' || left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 16))::bit(64)::bigint``.
+    django-pglock's hash of a ``str`` lock id (``pglock.advisory(text).int_lock_id``), so ``advisory_lock(text)``
+    and ``pglock.advisory(text)`` exclude each other on PostgreSQL. The same in every process, Python version and
+    platform, and reproducible in SQL (docs/advisory.md, "Keys").
 
     Raises:
         ValueError: ``text`` cannot be encoded as UTF-8 (a lone surrogate).
@@ -37,7 +39,7 @@ def hash_text(text: str) -> int:
         data = text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"key must be encodable as UTF-8: {exc}") from None
-    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little", signed=True)
 
 
 @dataclass(frozen=True)

@@ -263,6 +263,18 @@ class Backend:
             f"advisory locks are not supported on {connection.vendor} ({connection.alias!r})"
         )
 
+    def advisory_holders(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[int, ...] | None:
+        """The other server sessions holding ``key`` in a mode that excludes a ``shared`` (or exclusive) request.
+
+        For an error message after a request was refused, on the same connection: one short read that takes no
+        lock (PostgreSQL ``pg_locks``, MariaDB/MySQL ``IS_USED_LOCK``), so it cannot wait behind the holder.
+        ``None`` when it cannot be asked here (no such lock, a closed connection, or (PostgreSQL) the
+        connection's transaction has failed).
+        """
+        return None
+
     # -- lock inspection -------------------------------------------------------------------------------------
 
     def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:

@@ -23,6 +23,7 @@ from lockkit.aio import awaitable
 from lockkit.backends import claims_sql_for
 from lockkit.backends.sql.claims import CLAIM_COLUMNS
 from lockkit.claims import inputs, runner
+from lockkit.claims.stale import stale_reason
 from lockkit.claims.value import Claim, Claimed, instances
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, StaleClaim
 from lockkit.scopes.options import FROM_SETTINGS
@@ -339,20 +340,20 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeo
         # The statement writes all rows or none, so nothing was written here.
         live = {row["pk"] for row in rows}
         stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
-        holders, already_done = _now_holding(stale, values)
+        holders, reasons, already_done = _now_holding(stale, values)
         if resolving and not live:
             # No claim is live any more: the lost statement may have ended them (all or none).
             if already_done and len(stale) == len(claims):
                 return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
             raise runner.unknown(alias, resolving[0]) from resolving[0]
         # A claim still live after the re-send: the lost statement (all rows or none) wrote nothing; stale.
-        listing = ", ".join(
-            f"pk={c.pk!r} token={c.token} worker={c.worker!r} (held by {holders.get(c.pk)})" for c in stale
+        listing = "; ".join(
+            f"pk={c.pk!r} token={c.token} worker={c.worker!r}: {reasons[c.pk]}" for c in stale
         )
         done = " (already ended with these values)" if already_done else ""
         error = StaleClaim(
-            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done} "
-            f"(reclaimed, completed or released; a newer claim may own it): {listing}; nothing was written",
+            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done}: {listing}; "
+            "nothing was written",
             alias=alias,
             claims=stale,
             holders=holders,
@@ -365,8 +366,8 @@ def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeo
 
 def _now_holding(
     stale: tuple[Claim, ...], values: dict[str, Any]
-) -> tuple[dict[Any, tuple[str, int] | None], bool]:
-    """Who holds the stale claims' rows now, and whether each row already holds what ``values`` writes.
+) -> tuple[dict[Any, tuple[str, int] | None], dict[Any, str], bool]:
+    """Who holds the stale claims' rows now, what happened to each (in words), and whether they hold ``values``.
 
     Read after the fenced statement found them stale (the error path only); plain values are compared, not
     expressions.
@@ -381,6 +382,7 @@ def _now_holding(
     found = first.model._base_manager.using(first.alias).filter(pk__in=[c.pk for c in stale]).values(*fields)
     rows = {row["pk"]: row for row in found}
     holders: dict[Any, tuple[str, int] | None] = {}
+    reasons: dict[Any, str] = {}
     already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
     for claim in stale:
         row = rows.get(claim.pk)
@@ -388,6 +390,11 @@ def _now_holding(
             holders[claim.pk] = None
         else:
             holders[claim.pk] = (str(row["claimed_by"]), int(row["claim_token"]))
+        now: tuple[int, str, bool | None] | None = None
+        if row is not None:  # a claimed row's lease is not compared with the clock here: "claimed" is enough
+            claimed = None if row["lease_expires_at"] is None else True
+            now = (int(row["claim_token"]), str(row["claimed_by"]), claimed)
+        reasons[claim.pk] = stale_reason(claim, now) or "it carries this claim again (it changed meanwhile)"
         already_done = already_done and (
             row is not None
             and row["lease_expires_at"] is None
@@ -395,7 +402,7 @@ def _now_holding(
             and row["claimed_by"] == claim.worker
             and all(_stored(first.model, name, value) == row[name] for name, value in plain.items())
         )
-    return holders, already_done
+    return holders, reasons, already_done
 
 
 def _stored(model: type[Any], name: str, value: Any) -> Any:
@@ -632,12 +639,12 @@ def reclaim_expired_pks(
     using: str | None = None,
     lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> list[Any]:
-    """``reclaim_expired()``, returning the primary keys of the rows changed (for the reaper's log).
+    """``reclaim_expired()``, returning the primary keys of the rows changed, ascending (for the reaper's log).
 
     Raises:
         As ``reclaim_expired()``.
     """
-    return _reclaim(queryset, set, max_attempts, exhausted_set, using, lock_timeout)[2]
+    return sorted(_reclaim(queryset, set, max_attempts, exhausted_set, using, lock_timeout)[2])
 
 
 def _reclaim(

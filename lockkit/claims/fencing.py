@@ -14,6 +14,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from lockkit.backends import claims_sql_for
 from lockkit.claims import inputs
+from lockkit.claims.stale import stale_reason
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
 from lockkit.scopes.scope import LockScope, locked
@@ -74,13 +75,4 @@ def fenced(claim: Claim) -> Iterator[LockScope]:
 
 def _stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str | None:
     """Why ``row`` (token, worker, lease-not-expired) does not carry ``claim``, or ``None`` when it does."""
-    if row is None:
-        return "the row no longer exists"
-    token, worker, current = row
-    if token != claim.token or worker != claim.worker:
-        return f"the row carries token {token} of worker {worker!r}"
-    if current is None:
-        return "the claim was completed or released (or reclaimed)"
-    if not current:
-        return "its lease expired by the database clock"
-    return None
+    return stale_reason(claim, row)

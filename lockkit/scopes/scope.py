@@ -27,7 +27,7 @@ from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
 from lockkit.backends.sql import relations
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import Failure, NotInLockedScope
+from lockkit.errors import Failure, LockError, NotInLockedScope
 from lockkit.scopes import aliases
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
 from lockkit.scopes.transaction import ScopeTransaction
@@ -365,8 +365,10 @@ class LockScope:
             NotInLockedScope: the scope is not active in this thread or task.
             django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
                 nested in a transaction that does not hold the write lock.
-            LockNotAvailable: the scope has ``nowait`` and another session holds the key.
-            LockTimeout: the key was not granted within the scope's ``lock_timeout``.
+            LockNotAvailable: the scope has ``nowait`` and another session holds the key (the message names the
+                key and the holder's server session id; the scope is doomed: it ends with this error even if the
+                body catches it).
+            LockTimeout: the key was not granted within the scope's ``lock_timeout`` (named and doomed alike).
         """
         checked = advisory_key(key)
         flag(shared, "shared")
@@ -385,11 +387,16 @@ class LockScope:
                 attempts=self.attempt,
             )
 
-        held = (
-            take()
-            if not signals.lock_acquired.receivers
-            else events.timed_lock(LockScope, self, None, take, _one)
-        )
+        try:
+            held = (
+                take()
+                if not signals.lock_acquired.receivers
+                else events.timed_lock(LockScope, self, None, take, _one)
+            )
+        except LockError as error:
+            # A refusal dooms the block, as a row lock's does, even if the body catches it.
+            self._transaction.doom(error)
+            raise
         if not backend.advisory_locks_end_with_transaction:
             self._advisory.append(held)
         return held
@@ -637,6 +644,7 @@ class ScopeBlock:
             scope._transaction.__exit__(exc_type, exc, tb)
         except BaseException as raised:
             self._end_advisory(succeeded=False)
+            advisory_locks.name_holders(raised, scope.alias)
             if scope.committed_elsewhere:
                 _note_committed_elsewhere(raised, scope)
             raise
@@ -645,8 +653,12 @@ class ScopeBlock:
                 for block in enclosing:
                     block.scope._committed_on(scope.alias)
         self._end_advisory(succeeded=exc is None)
-        if exc is not None and scope.committed_elsewhere:
-            _note_committed_elsewhere(exc, scope)
+        if exc is not None:
+            # The transaction has rolled back (or back to the savepoint): an advisory lock wait that timed out in
+            # it can now say who holds the key.
+            advisory_locks.name_holders(exc, scope.alias)
+            if scope.committed_elsewhere:
+                _note_committed_elsewhere(exc, scope)
 
     def _end_advisory(self, *, succeeded: bool) -> None:
         """Release the advisory locks the transaction does not release by itself (MariaDB), on every path.

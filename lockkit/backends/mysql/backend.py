@@ -78,6 +78,11 @@ class _NamedLocks:
     ) -> tuple[bool, int | None]:
         return mysql_locks.release(connection, key)
 
+    def advisory_holders(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[int, ...] | None:
+        return mysql_locks.holders(connection, key)
+
     def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
         return mysql_locks.lock_waits(connection, alias)
 

@@ -68,6 +68,16 @@ def held(connection: BaseDatabaseWrapper, key: AdvisoryKey) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def holders(connection: BaseDatabaseWrapper, key: AdvisoryKey) -> tuple[int, ...]:
+    """The other connection holding ``key`` (``IS_USED_LOCK``; it takes no lock, so it cannot wait), if any."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT IS_USED_LOCK(%s), CONNECTION_ID()", [lock_name(connection, key)])
+        row = cursor.fetchone()
+    if row is None or row[0] is None or int(row[0]) == int(row[1]):
+        return ()
+    return (int(row[0]),)
+
+
 # InnoDB row and table lock waits of this database's sessions (MariaDB's information_schema tables; MySQL 8 moved
 # them to performance_schema.data_lock_waits).
 _INNODB_WAITS = """
@@ -260,6 +270,7 @@ __all__ = [
     "UNBOUNDED_WAIT",
     "acquire",
     "held",
+    "holders",
     "lock_name",
     "lock_waits",
     "release",

@@ -156,6 +156,12 @@ class PostgreSQLBackend(Backend):
         """``pg_advisory_unlock``: release one hold of a session-level lock."""
         return postgresql_locks.release(connection, key, shared=shared)
 
+    def advisory_holders(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[int, ...] | None:
+        """The sessions ``pg_locks`` shows holding ``key`` (exclusively, for a ``shared`` request)."""
+        return postgresql_locks.holders(connection, key, shared=shared)
+
     def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
         """Read ``pg_locks`` and ``pg_blocking_pids()`` for the sessions of this database."""
         return postgresql_locks.lock_waits(connection, alias)

@@ -64,6 +64,45 @@ def release(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool) 
     return bool(row[0]), int(row[1])
 
 
+# The sessions holding an advisory key in this database, as pg_locks shows it: a bigint key is (classid, objid) =
+# (high, low) 32 bits with objsubid 1, the two-key form (first, second) with objsubid 2; oids are unsigned. Only an
+# exclusive hold excludes a shared request. Reading pg_locks takes no heavyweight lock: it cannot wait.
+_HOLDERS = """
+SELECT pid FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND pid IS NOT NULL AND pid <> pg_backend_pid()
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid::bigint = %s AND objid::bigint = %s AND objsubid = %s AND (NOT %s OR mode = 'ExclusiveLock')
+ORDER BY pid
+"""
+
+
+def _in_failed_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the driver says the connection's transaction has failed (psycopg 3 and psycopg2, public API)."""
+    raw = connection.connection
+    if raw is None:
+        return True
+    info = getattr(raw, "info", None)
+    status = getattr(info, "transaction_status", None)  # psycopg 3: pq.TransactionStatus
+    if status is None and callable(getattr(raw, "get_transaction_status", None)):
+        status = raw.get_transaction_status()  # psycopg2: an int
+    # INERROR is 3 in both drivers (libpq's PQTRANS_INERROR), UNKNOWN 4: a broken connection.
+    return status is None or int(status) >= 3
+
+
+def holders(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool) -> tuple[int, ...] | None:
+    """The other sessions holding ``key`` (exclusively, for a ``shared`` request), or ``None`` in a failed transaction."""
+    if _in_failed_transaction(connection):
+        return None
+    if key.pair is not None:
+        first, second, subid = key.pair[0] & 0xFFFF_FFFF, key.pair[1] & 0xFFFF_FFFF, 2
+    else:
+        unsigned = key.value & 0xFFFF_FFFF_FFFF_FFFF
+        first, second, subid = unsigned >> 32, unsigned & 0xFFFF_FFFF, 1
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLDERS, [first, second, subid, shared])
+        return tuple(int(row[0]) for row in cursor.fetchall())
+
+
 # The sessions of this database waiting for a lock: exactly one ungranted pg_locks row each. A row-lock waiter
 # waits on the holder's transaction id, after taking the tuple lock: that tuple lock names the relation.
 _WAITS = """
@@ -259,6 +298,7 @@ def session_pid(connection: BaseDatabaseWrapper) -> int:
 __all__ = [
     "acquire",
     "client_blockers",
+    "holders",
     "lock_tables",
     "lock_waits",
     "release",
