@@ -22,9 +22,13 @@ from lockkit import cancellation
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
+from lockkit.scopes import forks
 from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 
 logger = logging.getLogger("lockkit")
+
+# A forked child never shares its parent's database sessions (lockkit.scopes.forks).
+forks.install()
 
 # Seconds lockkit spends finding out whether a COMMIT whose reply was lost committed (reconnecting through a
 # restart included) before it gives up and raises CommitOutcomeUnknown, when the scope is not given its own budget:

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 import lockkit
 from lockkit import RetryEvent, RetryPolicy
 from lockkit.backends.mysql.backend import lock_wait_seconds
-from lockkit.testing import backend_pid, hold_lock
+from lockkit.testing import backend_pid, hold_lock, in_thread
 from lockkit_tests.models import Item, Owner, Stock
 
 ALIAS = "mariadb"
@@ -138,3 +138,41 @@ def test_skip_locked_leaves_out_the_rows_another_session_holds() -> None:
     with hold_lock(held, using=ALIAS), lockkit.locked(ALIAS, skip_locked=True) as scope:
         skus = [s.sku for s in scope.lock(Stock).order_by("sku")]
     assert skus == [free.sku]
+
+
+def _session_value(name: str) -> int:
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute(f"SELECT @@SESSION.{name}")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_metadata_lock_wait_is_bounded_by_the_scopes_lock_timeout_and_restored() -> None:
+    """A scope behind a LOCK TABLES (or DDL) holder waits for a metadata lock: ``lock_wait_timeout``, a year by
+    default, bounded by the scope like the row-lock wait (issue 23, item 11)."""
+    stock(3)
+    table = connections[ALIAS].ops.quote_name(Stock._meta.db_table)
+    before = _session_value("lock_wait_timeout")
+    holder = connections.create_connection(ALIAS)
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute(f"LOCK TABLES {table} WRITE")
+
+        def reserve() -> None:
+            with lockkit.locked(ALIAS, lock_timeout=1) as scope:
+                scope.get(Stock, pk="widget")
+
+        call = in_thread(reserve)
+        with pytest.raises(lockkit.LockTimeout) as caught:
+            call.result(JOIN)  # unbounded before: the wait outlived the join
+        assert caught.value.sqlstate == "1205"
+    finally:
+        with holder.cursor() as cursor:
+            cursor.execute("UNLOCK TABLES")
+        holder.close()
+    assert _session_value("lock_wait_timeout") == before  # restored on the test's connection's scopes too
+    with lockkit.locked(ALIAS, lock_timeout=4):
+        assert _session_value("lock_wait_timeout") == 4
+        assert _session_value("innodb_lock_wait_timeout") == 4
+    assert _session_value("lock_wait_timeout") == before

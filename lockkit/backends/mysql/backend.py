@@ -131,7 +131,9 @@ class _NamedLocks:
 
 
 class MySQLBackend(_NamedLocks, Backend):
-    """``innodb_lock_wait_timeout`` and ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL).
+    """The lock waits (``innodb_lock_wait_timeout``, ``lock_wait_timeout``) and statement time of a session.
+
+    ``max_statement_time`` on MariaDB, ``max_execution_time`` on MySQL.
 
     Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the
     whole transaction) does not revert ``SET SESSION``. So a scope reads the session values, sets its own, and
@@ -153,7 +155,11 @@ class MySQLBackend(_NamedLocks, Backend):
             if connection.mysql_is_mariadb  # type: ignore[attr-defined]
             else "max_execution_time (SELECT only), session value restored on exit, whole milliseconds"
         )
-        return "innodb_lock_wait_timeout, session value restored on exit, whole seconds rounded up", statement
+        return (
+            "innodb_lock_wait_timeout (row locks) and lock_wait_timeout (metadata locks), session values restored on "
+            "exit, whole seconds rounded up",
+            statement,
+        )
 
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Warn when the server is read-only (``@@GLOBAL.read_only``)."""
@@ -176,7 +182,10 @@ class MySQLBackend(_NamedLocks, Backend):
         """Set the session variables and return their previous values (a rollback does not revert them)."""
         wanted: dict[str, float | int] = {}
         if lock_timeout is not None:
+            # Row locks (InnoDB) and metadata locks (a DDL, LOCK TABLES, FLUSH TABLES holder: lock_wait_timeout,
+            # a year by default) are waited for under two settings; a scope bounds both.
             wanted["innodb_lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
+            wanted["lock_wait_timeout"] = lock_wait_seconds(lock_timeout)
         if statement_timeout is not None:
             name, value = _statement_timeout(connection, statement_timeout)
             wanted[name] = value
