@@ -33,12 +33,21 @@ class Channels:
             self.counter.value += n
 
 
-def _implementations() -> dict[str, Callable[[str, int], int]]:
+def sale_implementations() -> dict[str, Callable[[str, int], int]]:
+    """The function each flash-sale implementation calls per order (the demo's tables point at them)."""
     from sample_project.inventory.guarded import reserve_stock_guarded
     from sample_project.inventory.naive import reserve_stock_naive
     from sample_project.inventory.services import reserve_stock
 
     return {"naive": reserve_stock_naive, "guarded": reserve_stock_guarded, "lockkit": reserve_stock}
+
+
+def queue_implementations() -> dict[str, tuple[Callable[..., Any], ...]]:
+    """The functions each job-queue implementation calls: claim the next job, complete it."""
+    from sample_project.jobs.naive import naive_claim_next, naive_complete
+    from sample_project.jobs.services import claim_next_job, complete_job
+
+    return {"naive": (naive_claim_next, naive_complete), "lockkit": (claim_next_job, complete_job)}
 
 
 def sale_worker(
@@ -57,7 +66,7 @@ def sale_worker(
     def count_retry(event: RetryEvent) -> None:
         stats.retries += 1
 
-    reserve = _implementations()[implementation]
+    reserve = sale_implementations()[implementation]
     policy = RetryPolicy(attempts=5, before_retry=count_retry)
     with override_settings(LOCKKIT={"LOCK_TIMEOUT": lock_timeout, "RETRY": policy}):
         connections["default"].ensure_connection()
