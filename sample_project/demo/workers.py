@@ -118,8 +118,10 @@ def job_worker(
     from django.db import connections
 
     from sample_project.jobs.models import Job
-    from sample_project.jobs.naive import naive_claim_next, naive_complete
-    from sample_project.jobs.services import claim_next_job, complete_job, reclaim_expired_jobs
+    from sample_project.jobs.services import reclaim_expired_jobs
+
+    # The functions the queue table's legend names (queue_implementations), called here.
+    claim_next, complete = queue_implementations()[implementation]
 
     stats = WorkerStats()
     connections["default"].ensure_connection()
@@ -129,7 +131,7 @@ def job_worker(
     naive = implementation == "naive"
     while True:
         began = time.perf_counter()
-        claim = naive_claim_next(worker_id) if naive else claim_next_job(worker_id, lease=lease)
+        claim = claim_next(worker_id) if naive else claim_next(worker_id, lease=lease)
         if claim is None:
             if naive or not unfinished.exists():
                 break
@@ -146,10 +148,10 @@ def job_worker(
             _stall_until_redone(claim)
         time.sleep(work)  # the job itself: I/O-bound work, done after the claim committed
         if isinstance(claim, int):
-            naive_complete(claim, worker_id)
+            complete(claim, worker_id)
             stats.successes += 1
             channels.tick(1)
-        elif complete_job(claim, result={"worker": worker_id}):
+        elif complete(claim, result={"worker": worker_id}):
             stats.successes += 1
             channels.tick(1)
         else:
