@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for locked operations: one per operation, one per attempt (``pip install "lockkit[otel]"``).
+"""OpenTelemetry spans for locked operations: one per operation, one per attempt (the ``otel`` extra).
 
 ``install()`` connects receivers to ``lockkit.signals``; nothing is traced (and nothing is measured) until it is
 called. Only ``opentelemetry-api`` is needed: spans go to whatever tracer provider the application configured

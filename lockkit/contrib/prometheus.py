@@ -1,4 +1,4 @@
-"""Prometheus metrics for locked operations, lock waits and claims (``pip install "lockkit[prometheus]"``).
+"""Prometheus metrics for locked operations, lock waits and claims (the ``prometheus`` extra).
 
 ``install()`` registers the metrics and connects receivers to ``lockkit.signals``; until then nothing is counted
 or measured. Expose them as usual for ``prometheus-client`` (``generate_latest()`` in a view, or

@@ -33,12 +33,21 @@ class Channels:
             self.counter.value += n
 
 
-def _implementations() -> dict[str, Callable[[str, int], int]]:
+def sale_implementations() -> dict[str, Callable[[str, int], int]]:
+    """The function each flash-sale implementation calls per order (the demo's tables point at them)."""
     from sample_project.inventory.guarded import reserve_stock_guarded
     from sample_project.inventory.naive import reserve_stock_naive
     from sample_project.inventory.services import reserve_stock
 
     return {"naive": reserve_stock_naive, "guarded": reserve_stock_guarded, "lockkit": reserve_stock}
+
+
+def queue_implementations() -> dict[str, tuple[Callable[..., Any], ...]]:
+    """The functions each job-queue implementation calls: claim the next job, complete it."""
+    from sample_project.jobs.naive import naive_claim_next, naive_complete
+    from sample_project.jobs.services import claim_next_job, complete_job
+
+    return {"naive": (naive_claim_next, naive_complete), "lockkit": (claim_next_job, complete_job)}
 
 
 def sale_worker(
@@ -57,7 +66,7 @@ def sale_worker(
     def count_retry(event: RetryEvent) -> None:
         stats.retries += 1
 
-    reserve = _implementations()[implementation]
+    reserve = sale_implementations()[implementation]
     policy = RetryPolicy(attempts=5, before_retry=count_retry)
     with override_settings(LOCKKIT={"LOCK_TIMEOUT": lock_timeout, "RETRY": policy}):
         connections["default"].ensure_connection()
@@ -109,8 +118,10 @@ def job_worker(
     from django.db import connections
 
     from sample_project.jobs.models import Job
-    from sample_project.jobs.naive import naive_claim_next, naive_complete
-    from sample_project.jobs.services import claim_next_job, complete_job, reclaim_expired_jobs
+    from sample_project.jobs.services import reclaim_expired_jobs
+
+    # The functions the queue table's legend names (queue_implementations), called here.
+    claim_next, complete = queue_implementations()[implementation]
 
     stats = WorkerStats()
     connections["default"].ensure_connection()
@@ -120,7 +131,7 @@ def job_worker(
     naive = implementation == "naive"
     while True:
         began = time.perf_counter()
-        claim = naive_claim_next(worker_id) if naive else claim_next_job(worker_id, lease=lease)
+        claim = claim_next(worker_id) if naive else claim_next(worker_id, lease=lease)
         if claim is None:
             if naive or not unfinished.exists():
                 break
@@ -137,10 +148,10 @@ def job_worker(
             _stall_until_redone(claim)
         time.sleep(work)  # the job itself: I/O-bound work, done after the claim committed
         if isinstance(claim, int):
-            naive_complete(claim, worker_id)
+            complete(claim, worker_id)
             stats.successes += 1
             channels.tick(1)
-        elif complete_job(claim, result={"worker": worker_id}):
+        elif complete(claim, result={"worker": worker_id}):
             stats.successes += 1
             channels.tick(1)
         else:

@@ -88,3 +88,26 @@ def test_python_m_sample_project_demo_runs_and_exits_0() -> None:
     assert "units oversold" in result.stdout
     assert "jobs lost" in result.stdout
     assert "lockkit invariants hold" in result.stdout
+    # The fair baseline by default, the naive versions only with --naive; no "n/a" cell; the gap explained.
+    assert "guarded UPDATE" in result.stdout
+    assert "naive" not in result.stdout
+    assert "n/a" not in result.stdout
+    assert "reserve_stock_guarded" in result.stdout
+    assert "round trips" in result.stdout
+    assert "lockkit's throughput is" in result.stdout
+
+
+def test_the_naive_versions_run_only_when_asked_and_the_old_guarded_flag_still_parses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sample_project.demo.cli import _parser
+
+    assert _parser().parse_args(["demo"]).naive is False
+    assert _parser().parse_args(["demo", "--naive"]).naive is True
+    old = _parser().parse_args(["demo", "--guarded"])  # the guarded UPDATE runs by default now
+    assert (old.naive, old.guarded) == (False, True)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["demo", "--help"])
+    shown = capsys.readouterr().out
+    assert "--naive" in shown
+    assert "--guarded" not in shown

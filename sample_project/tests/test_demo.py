@@ -47,6 +47,7 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
         limit=ORDERS,
         jobs=JOBS,
         implementations=("naive", "guarded", "lockkit"),
+        queue_implementations=("naive", "lockkit"),
         lease=1.0,
     )
     console = Console(file=io.StringIO(), width=120)
@@ -84,3 +85,13 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
     assert "units oversold" in output
     assert "jobs lost" in output
     assert "effects applied twice" in output
+    assert "n/a" not in output
+    # Each column names the code it ran.
+    assert "sample_project/inventory/naive.py:17 reserve_stock_naive" in output
+    assert "sample_project/inventory/guarded.py:21 reserve_stock_guarded" in output
+    assert "sample_project/inventory/services.py:17 reserve_stock" in output
+    assert "sample_project/jobs/naive.py:14 naive_claim_next" in output
+    assert "sample_project/jobs/services.py:66 claim_next_job" in output
+    # Round trips were counted for every implementation of the sale (uncontended, after it).
+    assert set(result.round_trips) == {"naive", "guarded", "lockkit"}
+    assert all(trips is not None for trips in result.round_trips.values())
