@@ -17,6 +17,7 @@ from lockkit.system_checks import (
     check_configuration,
     check_memory_databases,
     check_settings,
+    check_topology,
 )
 
 logger = logging.getLogger("lockkit")
@@ -43,6 +44,7 @@ class LockkitConfig(AppConfig):
         """
         checks.register(check_settings)
         checks.register(check_configuration)
+        checks.register(check_topology)
         checks.register(check_memory_databases)
         checks.register(check_capabilities, checks.Tags.database, deploy=True)
         value = conf.raw_settings()

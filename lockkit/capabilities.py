@@ -62,6 +62,47 @@ def pooler(settings_dict: dict[str, Any]) -> str | None:
     return f"host {host!r}" if word else None
 
 
+_LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+
+
+def topology_warnings(alias: str) -> list[str]:
+    """Warnings about how a PostgreSQL alias survives a failover or a dead peer; needs no connection.
+
+    A multi-host alias (``HOST="h1,h2"``) without ``target_session_attrs=read-write`` (or ``primary``) can reconnect
+    to the old primary after a switchover, now a read-only standby; a remote alias with no bound on a peer that stops
+    answering (``tcp_user_timeout``, ``keepalives_idle``) can wait on a dead socket forever. See
+    https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS.
+    """
+    check_alias(alias)
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    settings_dict = connection.settings_dict
+    options = settings_dict.get("OPTIONS") or {}
+    hosts = [
+        h.strip().lower() for h in str(settings_dict.get("HOST") or options.get("host") or "").split(",")
+    ]
+    warnings: list[str] = []
+    attrs = str(options.get("target_session_attrs") or "any").lower()
+    if len(hosts) > 1 and attrs not in {"read-write", "primary"}:
+        warnings.append(
+            f"{alias!r} lists several hosts ({', '.join(hosts)}) without OPTIONS['target_session_attrs'] = "
+            "'read-write': after a switchover a reconnect may reach the old primary, now a read-only standby, and "
+            "every locked call fails with ReadOnlyDatabase"
+        )
+    remote = [
+        h for h in hosts if h not in _LOCAL_HOSTS and not h.startswith("/") and not h.startswith("127.")
+    ]
+    if remote and not any(options.get(key) for key in ("tcp_user_timeout", "keepalives_idle")):
+        warnings.append(
+            f"{alias!r} reaches {', '.join(remote)} with no bound on a peer that stops answering (a network cut "
+            "without a reset, a failed-over address): a statement, a COMMIT or a lock wait then waits on a dead "
+            "socket for hours; set OPTIONS['tcp_user_timeout'] (milliseconds) and OPTIONS['keepalives_idle'], "
+            "['keepalives_interval'], ['keepalives_count'] (seconds)"
+        )
+    return warnings
+
+
 def configuration_warnings(alias: str) -> list[str]:
     """Return warnings about the settings of ``alias`` lockkit's guarantees depend on; needs no connection."""
     check_alias(alias)
@@ -221,4 +262,5 @@ __all__ = [
     "format_table",
     "memory_database_warnings",
     "pooler",
+    "topology_warnings",
 ]

@@ -19,7 +19,12 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from lockkit import conf
-from lockkit.capabilities import capabilities, configuration_warnings, memory_database_warnings
+from lockkit.capabilities import (
+    capabilities,
+    configuration_warnings,
+    memory_database_warnings,
+    topology_warnings,
+)
 from lockkit.links import docs_url
 from lockkit.operations.retry import check_retry
 from lockkit.validation import optional_duration
@@ -140,6 +145,15 @@ def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs
         )
         for alias in connections
         for text in configuration_warnings(alias)
+    ]
+
+
+def check_topology(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """``lockkit.W004``: a PostgreSQL alias that would not survive a failover or a dead peer (from settings)."""
+    return [
+        Warning(text, hint=f"See {docs_url('ha/')}", obj=alias, id="lockkit.W004")
+        for alias in connections
+        for text in topology_warnings(alias)
     ]
 
 

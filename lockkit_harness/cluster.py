@@ -172,6 +172,10 @@ class TempCluster:
         """Stop the server (``fast``: roll back open transactions; ``immediate``: crash-stop, no checkpoint)."""
         self._ctl("stop", "-w", "-m", mode)
 
+    def promote(self) -> None:
+        """Promote this hot standby to a primary (a new timeline); return once it accepts writes."""
+        self._ctl("promote", "-w")
+
     def restart(self, mode: str = "fast") -> float:
         """Stop and start the server; return how long it refused connections, in seconds."""
         began = time.monotonic()

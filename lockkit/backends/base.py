@@ -190,10 +190,16 @@ class Backend:
         """The id of the transaction an outermost scope opened, read by its opening statement; ``None`` here."""
         return None
 
+    def transaction_server(self, connection: BaseDatabaseWrapper) -> Any:
+        """The identity of the server the open connection reached, for ``commit_outcome``; ``None`` here."""
+        return None
+
     def commit_outcome(
-        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float, server: Any = None
     ) -> str | None:
         """After the connection was lost while COMMIT was in flight: did transaction ``xid`` commit?
+
+        ``server`` is what ``transaction_server`` said of the transaction's connection: only that server can tell.
 
         Returns:
             ``"committed"``, ``"aborted"``, or ``None`` when it cannot be known (generic: never).

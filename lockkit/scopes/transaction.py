@@ -94,6 +94,7 @@ class ScopeTransaction:
         )
         self._token: TimeoutToken | None = None
         self._cancellation: cancellation.Cancellation | None = None  # an awaiting caller's (outermost only)
+        self._server: Any = None
         self._raw: Any = None  # the driver connection the transaction runs on
         # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
         self._restored = False
@@ -142,6 +143,8 @@ class ScopeTransaction:
                     raise
                 self._raise_translated(exc)
             raise
+        # The server the transaction runs on (PostgreSQL: system identifier and timeline), for a lost COMMIT.
+        self._server = None if self.nested else self.backend.transaction_server(connection)
         if not self.nested:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
@@ -312,7 +315,9 @@ class ScopeTransaction:
 
     def _resolve_commit(self, lost: ConnectionLost, callbacks: list[Callback]) -> None:
         """The connection died while COMMIT was in flight: ask the server what became of the transaction."""
-        outcome = self.backend.commit_outcome(connections[self.alias], self.xid, within=self._resolve_within)
+        outcome = self.backend.commit_outcome(
+            connections[self.alias], self.xid, within=self._resolve_within, server=self._server
+        )
         if outcome == "committed":
             logger.info(
                 "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid

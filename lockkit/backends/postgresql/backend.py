@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,18 @@ if TYPE_CHECKING:
 # The setting names are constants of ours, never user input. Values travel as parameters, except in the one-message
 # opening (``opening``): there an int of milliseconds lockkit computed from a validated duration, written with %d.
 _NAMES = ("lock_timeout", "statement_timeout")
+
+# The server a connection reached, as (system identifier, timeline): read by the first outermost scope's opening on
+# each driver connection (no extra round trip), and checked again before a lost COMMIT is resolved. A promoted
+# standby has its primary's system identifier but a new timeline, and hands out the old primary's unreplicated
+# transaction ids again; pg_xact_status there says nothing about the lost transaction. The timeline is the current
+# WAL file's (pg_control_checkpoint lags behind a promotion until its checkpoint); NULL on a server in recovery.
+_SERVER_COLUMNS = (
+    "(SELECT system_identifier::text FROM pg_control_system())",
+    "CASE WHEN pg_is_in_recovery() THEN NULL ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END",
+)
+Server = tuple[str | None, str | None]
+_servers: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
 
 
 # libpq's PQTRANS_INERROR: idle, in a failed transaction block.
@@ -93,6 +106,7 @@ class PostgreSQLBackend(Backend):
             return None
         if not nested and opening.foldable(connection):
             opened = opening.begin_with_settings(connection, timeouts, columns)
+            self._remember_server(connection, opened)
             return TimeoutToken({}, opened) if columns else None
         values = {name: f"{ms}ms" for name, ms in timeouts.items()}
         setters = [*("set_config(%s, %s, true)" for _ in values), *columns]
@@ -104,7 +118,9 @@ class PostgreSQLBackend(Backend):
                     return None
                 row = cursor.fetchone()
                 assert row is not None
-                return TimeoutToken({}, tuple(None if v is None else str(v) for v in row[len(values) :]))
+                opened = tuple(None if v is None else str(v) for v in row[len(values) :])
+                self._remember_server(connection, opened)
+                return TimeoutToken({}, opened)
             # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
             readers = ", ".join("current_setting(%s)" for _ in values)
             cursor.execute(
@@ -259,12 +275,22 @@ class PostgreSQLBackend(Backend):
         return str(driver.info.error_message or "").strip()
 
     def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
-        """The transaction id, read by the statement that opens an outermost scope (no extra round trip).
+        """The transaction id (and the server's identity, once per connection), read by the opening statement.
 
-        Taking it assigns one, which a locking transaction gets with its first row lock regardless. lockkit keeps
-        it to resolve a COMMIT whose reply was lost (``commit_outcome``).
+        No extra round trip: the statement that opens an outermost scope reads them. Taking the id assigns one, which a locking transaction gets with its first row lock regardless. lockkit keeps
+        it, with the server it was assigned by (``_SERVER_COLUMNS``), to resolve a COMMIT whose reply was lost
+        (``commit_outcome``).
         """
-        return ("pg_current_xact_id()::text",)
+        known = connection.connection in _servers
+        return ("pg_current_xact_id()::text", *(() if known else _SERVER_COLUMNS))
+
+    def _remember_server(self, connection: BaseDatabaseWrapper, opened: tuple[str | None, ...]) -> None:
+        if len(opened) == 1 + len(_SERVER_COLUMNS):
+            _servers[connection.connection] = (opened[1], opened[2])
+
+    def transaction_server(self, connection: BaseDatabaseWrapper) -> Server | None:
+        """The (system identifier, timeline) of the server the open connection reached, once a scope opened on it."""
+        return _servers.get(connection.connection)
 
     def transaction_id(self, token: TimeoutToken | None) -> int | None:
         """``pg_current_xact_id()``, read by the statement that opened an outermost scope (``opening_columns``)."""
@@ -274,15 +300,18 @@ class PostgreSQLBackend(Backend):
         return int(opened[0])
 
     def commit_outcome(
-        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float
+        self, connection: BaseDatabaseWrapper, xid: int | None, *, within: float, server: Any = None
     ) -> str | None:
-        """Reconnect and ask ``pg_xact_status(xid)``, for up to ``within`` seconds.
+        """Reconnect and ask ``pg_xact_status(xid)``, for up to ``within`` seconds, of the server that had it.
 
-        "in progress" means the server has not yet noticed the lost connection (or the COMMIT is still running);
-        it is asked again until the answer is final or the time is up. See
+        The server reached now must be ``server`` (the system identifier and timeline the transaction's connection
+        reached): after a failover the multi-host DSN reaches a promoted standby, a new timeline, which may have
+        handed out the same transaction id to another transaction; its answer would be about that one, so the
+        outcome is unknown (``None``). "in progress" means the server has not yet noticed the lost connection (or
+        the COMMIT is still running); it is asked again until the answer is final or the time is up. See
         https://www.postgresql.org/docs/current/functions-info.html#FUNCTIONS-PG-SNAPSHOT.
         """
-        if xid is None:
+        if xid is None or server is None:
             return None
         deadline = time.monotonic() + within
         pause = _RESOLVE_PAUSE
@@ -292,6 +321,10 @@ class PostgreSQLBackend(Backend):
                     connection.close()
                 connection.ensure_connection()
                 with connection.cursor() as cursor:
+                    cursor.execute(f"SELECT {', '.join(_SERVER_COLUMNS)}")
+                    reached = cursor.fetchone()
+                    if reached is None or (reached[0], reached[1]) != tuple(server):
+                        return None  # another server or timeline: it cannot say what became of ``xid``
                     cursor.execute("SELECT pg_xact_status(%s::text::xid8)", [str(xid)])
                     row = cursor.fetchone()
                 status = row[0] if row else None
