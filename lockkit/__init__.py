@@ -30,6 +30,7 @@ from lockkit.errors import (
     StaleClaim,
     StatementTimeout,
     TransientLockError,
+    UnlockedSaveWarning,
 )
 from lockkit.operations.operation import locked_operation
 from lockkit.operations.retry import RetryEvent, RetryPolicy
@@ -58,6 +59,7 @@ __all__ = [
     "StaleClaim",
     "StatementTimeout",
     "TransientLockError",
+    "UnlockedSaveWarning",
     "__version__",
     "advisory_lock",
     "classify",
