@@ -6,6 +6,7 @@ read-modify-write with no warning.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -308,3 +309,53 @@ def test_the_command_line_filter_resolves_the_category() -> None:
 def test_force_refuses_what_is_not_a_flag() -> None:
     with pytest.raises(TypeError, match="value"):
         unlocked.force("yes")  # type: ignore[arg-type]
+
+
+@VENDORS
+def test_rows_a_prefetch_read_after_the_locking_statement_are_not_locked(alias: str) -> None:
+    owner = Owner.objects.using(alias).create(name="o")
+    first, second = (Item.objects.using(alias).create(name=n, owner=owner) for n in ("x", "y"))
+    with lockkit.locked(alias) as scope:
+        scope.get(Item, pk=first.pk)
+        (locked_owner,) = scope.lock(Owner.objects.prefetch_related("item_set"))
+        prefetched = {
+            item.pk: item for item in locked_owner.item_set.all()
+        }  # a second SELECT, without FOR UPDATE
+        with no_warning():
+            prefetched[first.pk].save()  # locked by the scope's get()
+        with pytest.warns(UnlockedSaveWarning, match=rf"^lockkit_tests\.Item pk={second.pk} saved"):
+            prefetched[second.pk].save()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_each_alias_is_checked_against_its_own_scope() -> None:
+    Stock.objects.bulk_create([Stock(sku="a", available=5), Stock(sku="c", available=5)])
+    Stock.objects.using("other").bulk_create([Stock(sku="b", available=5)])
+    with lockkit.locked("default") as scope, no_warning():
+        scope.get(Stock, pk="a")
+        Stock.objects.using("other").get(pk="b").save()  # another database, and no scope there
+    with lockkit.locked("default") as outer:
+        outer.get(Stock, pk="a")
+        with lockkit.locked("other") as inner:
+            with no_warning():
+                Stock.objects.using("other").get(
+                    pk="b"
+                ).save()  # the scope on "other" locked no Stock row yet
+            inner.get(Stock, pk="b")
+            with no_warning():
+                Stock.objects.using("other").get(pk="b").save()
+            with pytest.warns(UnlockedSaveWarning, match=_message("c", "default")):
+                Stock.objects.get(pk="c").save()
+
+
+@VENDORS
+def test_the_awaitable_form_warns_too(alias: str) -> None:
+    _stock(alias, "a", "b")
+
+    @lockkit.locked_operation(using=alias)
+    def reserve() -> None:
+        lockkit.current_scope().get(Stock, pk="a")
+        Stock.objects.using(alias).get(pk="b").save()
+
+    with pytest.warns(UnlockedSaveWarning, match=_message("b", alias)):
+        asyncio.run(reserve.acall())
