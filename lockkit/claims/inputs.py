@@ -92,16 +92,19 @@ def condition(value: object, queryset: QuerySet[Any]) -> QuerySet[Any]:
 
     Raises:
         TypeError: ``when`` is not a ``Q`` or ``None``.
-        ValueError: ``when`` names a field the model does not have.
+        ValueError: ``when`` names a field the model does not have, or uses an aggregate or window function.
     """
     if value is None:
         return queryset
     if not isinstance(value, Q):
         raise TypeError(f"when must be a django.db.models.Q or None, not {type(value).__name__}")
     try:
-        return queryset.filter(value)
+        filtered = queryset.filter(value)
     except FieldError as exc:
         raise ValueError(f"when: {exc}") from None
+    if filtered.query.where.contains_aggregate or filtered.query.where.contains_over_clause:
+        raise ValueError("when must not use aggregates or window functions: rows cannot be locked then")
+    return filtered
 
 
 def order(value: object, queryset: QuerySet[Any]) -> QuerySet[Any]:

@@ -14,8 +14,23 @@ from typing import Any
 
 import pytest
 from django.db import connections
-from django.db.models import Count, F, Max, Min, OuterRef, Q, Subquery, Sum, Window
-from django.db.models.functions import Rank, RowNumber
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    F,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+    When,
+    Window,
+)
+from django.db.models.functions import Coalesce, Rank, RowNumber
+from django.db.models.lookups import Exact, GreaterThan
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -122,8 +137,14 @@ AGGREGATED_SETS: list[Any] = [
     {"name": Window(RowNumber())},
     {"result": Window(Rank(), order_by=F("name").asc())},
     {"name": Window(Max("name"))},
+    {"result": Coalesce(Max("name"), Value("x"))},  # inside another expression
+    {
+        "name": Case(
+            When(state="pending", then=Window(RowNumber())), default=F("name"), output_field=CharField()
+        )
+    },
 ]
-AGGREGATED_IDS = ["Max", "Min", "Count", "RowNumber", "Rank", "Window-of-Max"]
+AGGREGATED_IDS = ["Max", "Min", "Count", "RowNumber", "Rank", "Window-of-Max", "in-Coalesce", "in-Case"]
 
 
 def _claimed(alias: str) -> Claim:
@@ -282,3 +303,19 @@ def test_a_window_inside_a_subquery_filter_is_still_accepted(alias: str) -> None
     wanted = [row["pk"] for row in ranked if row["rn"] == 1]
     (made,) = claim_next(Job.objects.using(alias).filter(Q(pk__in=wanted)), worker="w", lease=60)
     assert made.pk == first.pk
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        Q(Exact(Window(RowNumber()), 1)),
+        Q(GreaterThan(Max("attempts"), 1)),
+        Q(name="a") & Q(Exact(Window(Rank()), 1)),
+    ],
+    ids=["window", "aggregate", "combined"],
+)
+def test_an_aggregate_or_window_in_when_is_refused_before_sql(alias: str, when: Q) -> None:
+    Job.objects.using(alias).create(name="a")
+    with no_sql(alias), pytest.raises(ValueError, match=r"^when must not use aggregates or window functions"):
+        claim(Job.objects.using(alias).filter(name="a"), worker="w", lease=60, when=when)
+    assert Job.objects.using(alias).get().lease_expires_at is None

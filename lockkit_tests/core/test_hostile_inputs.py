@@ -22,6 +22,7 @@ from django.core.exceptions import FieldError
 from django.db import DatabaseError, NotSupportedError, OperationalError, connections
 from django.db.models import Count, F, Max, Q, Window
 from django.db.models.functions import Lower, RowNumber
+from django.db.models.lookups import Exact, GreaterThan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -617,7 +618,14 @@ def test_claim_with_hostile_values(data: st.DataObject, leftovers: Leftovers) ->
         "when": p(
             "when",
             st.sampled_from([None, Q(state="pending"), Q(name="zzz")]),
-            st.sampled_from([Q(nope=1), Q(name=F("nope"))]),
+            st.sampled_from(
+                [
+                    Q(nope=1),
+                    Q(name=F("nope")),
+                    Q(Exact(Window(RowNumber()), 1)),
+                    Q(GreaterThan(Max("attempts"), 1)),
+                ]
+            ),
         ),
         "set": p("set", VALID_SETS, BAD_SETS),
         "using": p("using", st.sampled_from([None, "default", "other"])),
