@@ -32,6 +32,7 @@ from lockkit.errors import (
     StatementTimeout,
     TransactionAborted,
     TransientLockError,
+    UnlockedSaveWarning,
 )
 from lockkit.operations.operation import locked_operation
 from lockkit.operations.retry import RetryEvent, RetryPolicy
@@ -67,6 +68,7 @@ __all__ = [
     "TableLockMode",
     "TransactionAborted",
     "TransientLockError",
+    "UnlockedSaveWarning",
     "__version__",
     "advisory_lock",
     "classify",

@@ -1,7 +1,10 @@
 """pytest plugin (entry point ``pytest11``): the ``contention`` marker and fixture for pytest-django users.
 
 Everything Django is imported lazily, inside fixtures that run only for contention tests, so installing
-lockkit never breaks a pytest run where Django is not configured. See docs/testing.md.
+lockkit never breaks a pytest run where Django is not configured. At configuration it also turns on the
+unlocked-save check (``lockkit.UnlockedSaveWarning``, as in ``DEBUG``; pytest-django runs tests with ``DEBUG = False``)
+for the session, unless the ini option ``lockkit_unlocked_save_warnings = false`` says not to; that reads no setting.
+See docs/testing.md.
 """
 
 from __future__ import annotations
@@ -26,9 +29,35 @@ _NOT_TRANSACTIONAL = (
 )
 
 
+_UNLOCKED_SAVES = "lockkit_unlocked_save_warnings"
+_UNLOCKED_SAVES_HELP = (
+    "lockkit: warn (lockkit.UnlockedSaveWarning) when a locked scope saves an existing row of a model it locked "
+    "rows of without locking that row, as in DEBUG (default: true)"
+)
+# The check's setting before the session turned it on, put back at the end.
+_PREVIOUS = pytest.StashKey[bool | None]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``lockkit_unlocked_save_warnings`` ini option (default true)."""
+    parser.addini(_UNLOCKED_SAVES, _UNLOCKED_SAVES_HELP, type="bool", default=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``contention`` marker."""
+    """Register the ``contention`` marker; turn on the unlocked-save check for the session (unless the ini says no)."""
     config.addinivalue_line("markers", _MARKER_HELP)
+    if config.getini(_UNLOCKED_SAVES):
+        from lockkit.scopes import unlocked
+
+        config.stash[_PREVIOUS] = unlocked.force(True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Put the unlocked-save check back as it was before the session."""
+    if _PREVIOUS in config.stash:
+        from lockkit.scopes import unlocked
+
+        unlocked.force(config.stash[_PREVIOUS])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

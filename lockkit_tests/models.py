@@ -187,3 +187,29 @@ class DocAccount(models.Model):
 
     owner = models.CharField(max_length=40, default="")
     balance = models.IntegerField(default=0)
+
+
+# -- composite primary keys (Django 5.2+) -------------------------------------------------------------------------------
+
+
+class PairJob(Claimable):
+    """A job keyed by two columns (``CompositePrimaryKey``): claims refuse it, naming the parameter, before any SQL."""
+
+    pk = models.CompositePrimaryKey("tenant", "number")
+    tenant = models.IntegerField()
+    number = models.IntegerField()
+    state = models.CharField(max_length=20, default="pending")
+
+    # Declared: django-stubs' plugin adds no default manager to a model with a composite primary key.
+    objects: models.Manager[PairJob] = models.Manager()
+
+
+class PairStock(models.Model):
+    """A row keyed by two columns, for the scope helpers (``lock``, ``get``, ``lock_all``) and the save warning."""
+
+    pk = models.CompositePrimaryKey("warehouse", "sku")
+    warehouse = models.IntegerField()
+    sku = models.CharField(max_length=40)
+    available = models.IntegerField(default=0)
+
+    objects: models.Manager[PairStock] = models.Manager()

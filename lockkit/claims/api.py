@@ -71,10 +71,12 @@ def claim(
         The ``Claim``, or ``None`` when the row does not exist, is already claimed, or ``when`` does not hold.
 
     Raises:
-        TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
+        TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin or has a
+            ``CompositePrimaryKey``.
         ValueError: an unsaved instance, a non-positive lease, an empty or unstorable worker name, an unknown
-            field in ``set``/``when`` or a ``set`` value its column cannot store, a queryset that already carries
-            ``select_for_update()`` (claims lock the rows themselves).
+            field in ``set``/``when``, a ``set`` value its column cannot store or an aggregate or window function
+            in it, a queryset that already carries ``select_for_update()`` (claims lock the rows themselves) or
+            uses a window function.
         AliasMismatch: ``using`` differs from the database the queryset is bound to, or from the instance's
             write database (the message names both and the fix).
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
@@ -208,10 +210,12 @@ def claim_next(
         the claim left the row.
 
     Raises:
-        TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
+        TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin or has a
+            ``CompositePrimaryKey``.
         ValueError: a non-positive ``lease`` or ``limit``, an empty or unstorable worker name, a sliced or
-            distinct queryset or one that already carries ``select_for_update()``, a bad ``set``, an ``order_by``
-            naming an unknown field or using an aggregate or window function.
+            distinct queryset, one that already carries ``select_for_update()`` or uses a window function, a bad
+            ``set`` (an aggregate or window function in it too), an ``order_by`` naming an unknown field or using
+            an aggregate or window function.
         AliasMismatch: ``using`` differs from the database the queryset is bound to.
         django.db.NotSupportedError: the database is not PostgreSQL, MariaDB 10.6+/MySQL 8 or SQLite 3.35+.
         LockTimeout, StatementTimeout: the connection's own ``lock_timeout``/``statement_timeout`` expired

@@ -17,6 +17,7 @@ from lockkit.claims import inputs
 from lockkit.claims.stale import stale_reason
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
+from lockkit.scopes import unlocked
 from lockkit.scopes.scope import LockScope, locked
 
 
@@ -62,6 +63,8 @@ def fenced(claim: Claim) -> Iterator[LockScope]:
             .values_list("claim_token", "claimed_by", "lockkit_current")
             .first()
         )
+        if row is not None:  # locked through values_list(): no instance for the unlocked-save check to see
+            unlocked.record_row(alias, held.model, pk)
         reason = _stale_reason(held, row)
         if reason is not None:
             raise StaleClaim(

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.exceptions import FieldError, ValidationError
 from django.db import connections, models, router
-from django.db.models import DecimalField, Field, Model, Q, QuerySet
+from django.db.models import CompositePrimaryKey, DecimalField, Field, Model, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
@@ -21,13 +21,24 @@ from lockkit.validation import positive_int as _positive_int
 
 
 def claimable_model(model: object, name: str) -> type[Claimable]:
-    """Return ``model`` when it is a concrete model class using the ``Claimable`` mixin."""
+    """Return ``model`` when it is a concrete model class using the ``Claimable`` mixin, with a one-column key.
+
+    Raises:
+        TypeError: not a model class, no ``Claimable`` mixin, abstract, claim fields in a parent's table, or a
+            ``CompositePrimaryKey``.
+    """
     if not (isinstance(model, type) and issubclass(model, models.Model)):
         raise TypeError(f"{name} must be a Claimable model, not {type(model).__name__}")
     if not issubclass(model, Claimable):
         raise TypeError(f"{name}: {model.__name__} does not use the lockkit.claims.Claimable mixin")
     if model._meta.abstract:
         raise TypeError(f"{name}: {model.__name__} is abstract; claim rows of a concrete model")
+    if isinstance(model._meta.pk, CompositePrimaryKey):
+        # A claim names its row by one value, and the claims statements join and fence on one key column.
+        raise TypeError(
+            f"{name}: {model.__name__} has a composite primary key (CompositePrimaryKey of "
+            f"{', '.join(model._meta.pk.field_names)}); lockkit.claims needs a single-column primary key"
+        )
     holder = model._meta.get_field("claim_token").model
     if holder._meta.concrete_model is not model._meta.concrete_model:
         # Multi-table inheritance: the claim columns live in a parent's table, which one UPDATE cannot reach.
@@ -81,16 +92,19 @@ def condition(value: object, queryset: QuerySet[Any]) -> QuerySet[Any]:
 
     Raises:
         TypeError: ``when`` is not a ``Q`` or ``None``.
-        ValueError: ``when`` names a field the model does not have.
+        ValueError: ``when`` names a field the model does not have, or uses an aggregate or window function.
     """
     if value is None:
         return queryset
     if not isinstance(value, Q):
         raise TypeError(f"when must be a django.db.models.Q or None, not {type(value).__name__}")
     try:
-        return queryset.filter(value)
+        filtered = queryset.filter(value)
     except FieldError as exc:
         raise ValueError(f"when: {exc}") from None
+    if filtered.query.where.contains_aggregate or filtered.query.where.contains_over_clause:
+        raise ValueError("when must not use aggregates or window functions: rows cannot be locked then")
+    return filtered
 
 
 def order(value: object, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -135,7 +149,7 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
     Raises:
         TypeError: not a mapping, or a key that is not a field name.
         ValueError: a field that cannot be set, a value its column cannot store, an expression naming an
-            unknown field.
+            unknown field or using an aggregate or window function.
     """
     if values is None:
         return {}
@@ -165,15 +179,30 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
         check_storable(field, value, f"{name}[{field_name!r}]", alias)
         if hasattr(value, "resolve_expression"):
             try:  # as the UPDATE compiler will, so an unknown field fails here rather than mid-statement
-                value.resolve_expression(UpdateQuery(model), allow_joins=False, for_save=True)
+                resolved = value.resolve_expression(UpdateQuery(model), allow_joins=False, for_save=True)
             except FieldError as exc:
                 raise ValueError(f"{name}[{field_name!r}]: {exc}") from None
+            if getattr(resolved, "contains_aggregate", False) or getattr(
+                resolved, "contains_over_clause", False
+            ):
+                # The UPDATE compiler would raise FieldError; an UPDATE cannot aggregate over the rows it writes.
+                raise ValueError(
+                    f"{name}[{field_name!r}] must not use aggregates or window functions "
+                    f"({type(value).__name__}): an UPDATE writes each row from its own values; compute the "
+                    "value first, or use a subquery (Subquery(...))"
+                )
         checked[field.name] = value
     return checked
 
 
 def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
-    """Return ``target`` (a queryset, a manager or a model class) as a queryset of a ``Claimable`` model."""
+    """Return ``target`` (a queryset, a manager or a model class) as a queryset of a ``Claimable`` model.
+
+    Raises:
+        TypeError: not a queryset, manager or model class of a ``Claimable`` model (``claimable_model``).
+        ValueError: a shape whose rows cannot be claimed: sliced, ``distinct()``, combined, locked, grouped, or
+            with a window function (an annotation, a filter on one, an ``order_by()`` of one).
+    """
     if isinstance(target, type) and issubclass(target, models.Model):
         claimable_model(target, name)
         return target._default_manager.all()
@@ -202,6 +231,25 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
         raise ValueError(
             f"{name} must not aggregate (GROUP BY): rows cannot be locked from a grouped query; "
             "filter with a subquery (pk__in=..., Exists(...)) instead"
+        )
+    windowed = [
+        alias
+        for alias, annotation in query.annotations.items()
+        if getattr(annotation, "contains_over_clause", False)
+    ]
+    if windowed or query.where.contains_over_clause:
+        named = f" (annotation {', '.join(map(repr, windowed))})" if windowed else ""
+        raise ValueError(
+            f"{name} must not use window functions{named}: rows cannot be locked from a query with OVER (...) "
+            "(PostgreSQL refuses FOR UPDATE there); filter with a subquery (pk__in=..., Exists(...)) instead"
+        )
+    if any(
+        getattr(item, "contains_over_clause", False) or getattr(item, "contains_aggregate", False)
+        for item in query.order_by
+        if not isinstance(item, str)
+    ):
+        raise ValueError(
+            f"{name} must not be ordered by aggregates or window functions: rows cannot be locked then"
         )
     return target
 

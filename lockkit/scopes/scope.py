@@ -28,7 +28,7 @@ from lockkit.backends.sql import relations
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import Failure, LockError, NotInLockedScope
-from lockkit.scopes import aliases
+from lockkit.scopes import aliases, unlocked
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
 from lockkit.scopes.transaction import ScopeTransaction
 from lockkit.tablemodes import TableLockMode, table_lock_mode, table_models
@@ -167,6 +167,8 @@ class LockScope:
         self._committed_elsewhere: tuple[str, ...] = ()
         # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
         self._advisory: list[HeldLock] = []
+        # DEBUG / lockkit's pytest plugin only: the record of locked rows that UnlockedSaveWarning is checked against.
+        self._watch = unlocked.Watch(alias) if unlocked.enabled() else None
 
     def __repr__(self) -> str:
         """Show the alias, the attempt and whether the scope is nested."""
@@ -624,6 +626,8 @@ class ScopeBlock:
             LockError: the database reported a classified failure while beginning.
         """
         self.scope._transaction.__enter__()
+        if self.scope._watch is not None:
+            self.scope._watch.start()
         self.scope._active = True
         _scopes.set((*_scopes.get(), self))
         return self.scope
@@ -638,6 +642,8 @@ class ScopeBlock:
         """
         scope = self.scope
         scope._active = False
+        if scope._watch is not None:
+            scope._watch.stop()
         enclosing = tuple(block for block in _scopes.get() if block is not self)
         _scopes.set(enclosing)
         try:

@@ -20,8 +20,9 @@ import pytest
 import tenacity
 from django.core.exceptions import FieldError
 from django.db import DatabaseError, NotSupportedError, OperationalError, connections
-from django.db.models import Count, F, Q, Window
+from django.db.models import Count, F, Max, Q, Window
 from django.db.models.functions import Lower, RowNumber
+from django.db.models.lookups import Exact, GreaterThan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,12 +35,13 @@ from lockkit.claims import (
     complete,
     complete_many,
     heartbeat,
+    held_by,
     reclaim_expired,
     release,
     release_many,
 )
 from lockkit.errors import AliasMismatch, LockError
-from lockkit_tests.models import CodeJob, Job, NotClaimable, PricedJob, Stock
+from lockkit_tests.models import CodeJob, Job, NotClaimable, PairJob, PricedJob, Stock
 from lockkit_tests.support.vendors import vendor_params
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
@@ -138,9 +140,18 @@ VALID_QUERYSETS = st.sampled_from(
         lambda: Job.objects.none(),
     ]
 ).map(_made)
+# Shapes the claims refuse before any SQL that once escaped (issue 26): a composite primary key (AssertionError),
+# a window function in the queryset (sent, then NotSupportedError/ProgrammingError).
+REFUSED_SHAPES: list[Callable[[], Any]] = [
+    lambda: PairJob.objects.all(),
+    lambda: Job.objects.annotate(rn=Window(RowNumber())),
+    lambda: Job.objects.annotate(rn=Window(RowNumber())).filter(rn=1),
+    lambda: Job.objects.order_by(Window(RowNumber())),
+]
 # Querysets (and things passed instead of them) of other models and aliases, or of shapes claims refuse.
 BAD_QUERYSETS = st.sampled_from(
     [
+        *REFUSED_SHAPES,
         lambda: Job.objects.using("other"),
         lambda: Job.objects.all()[:1],
         lambda: Job.objects.distinct(),
@@ -537,12 +548,18 @@ def _assert_claimed(claims: list[Claim], worker: Any) -> None:
         )
 
 
+# Aggregates and window functions in set= (once a FieldError, issue 26).
+AGGREGATED_SETS: list[dict[str, Any]] = [
+    {"result": Max("name")},
+    {"name": Window(RowNumber())},
+    {"result": Count("pk")},
+]
 VALID_SETS = st.sampled_from([None, {}, {"state": "running"}, {"result": F("name")}, {"name": Lower("name")}])
 BAD_SETS = st.one_of(
     st.dictionaries(
         st.sampled_from(["state", "name", "result", "id", "claim_token", "nope"]), hostile, max_size=2
     ),
-    st.sampled_from([{"state": F("nope")}, {"tags": 1}, {1: 2}, [("state", "x")]]),
+    st.sampled_from([{"state": F("nope")}, {"tags": 1}, {1: 2}, [("state", "x")], *AGGREGATED_SETS]),
 )
 
 
@@ -585,7 +602,14 @@ def test_claim_with_hostile_values(data: st.DataObject, leftovers: Leftovers) ->
         "target",
         st.sampled_from([first, Job.objects.filter(name="a"), Job.objects.filter(name="zzz")]),
         st.sampled_from(
-            [Job(name="x"), NotClaimable(pk=1), Job.objects.all(), Job.objects.select_for_update()]
+            [
+                Job(name="x"),
+                NotClaimable(pk=1),
+                Job.objects.all(),
+                Job.objects.select_for_update(),
+                PairJob(tenant=1, number=1),
+                Job.objects.annotate(rn=Window(RowNumber())).filter(name="a"),
+            ]
         ),
     )
     worker = p("worker", st.just("w"))
@@ -594,7 +618,14 @@ def test_claim_with_hostile_values(data: st.DataObject, leftovers: Leftovers) ->
         "when": p(
             "when",
             st.sampled_from([None, Q(state="pending"), Q(name="zzz")]),
-            st.sampled_from([Q(nope=1), Q(name=F("nope"))]),
+            st.sampled_from(
+                [
+                    Q(nope=1),
+                    Q(name=F("nope")),
+                    Q(Exact(Window(RowNumber()), 1)),
+                    Q(GreaterThan(Max("attempts"), 1)),
+                ]
+            ),
         ),
         "set": p("set", VALID_SETS, BAD_SETS),
         "using": p("using", st.sampled_from([None, "default", "other"])),
@@ -611,7 +642,7 @@ FORGEABLE = ["pk", "token", "worker", "alias", "model", "lease", "attempt"]
 def _forged(held: Claim, data: st.DataObject) -> Claim:
     changes = data.draw(st.dictionaries(st.sampled_from(FORGEABLE), hostile, max_size=2), "forged")
     if "model" in changes and data.draw(st.booleans(), "model is another Claimable"):
-        changes["model"] = data.draw(st.sampled_from([CodeJob, PricedJob, NotClaimable]), "model")
+        changes["model"] = data.draw(st.sampled_from([CodeJob, PricedJob, NotClaimable, PairJob]), "model")
     return replace(held, **changes)
 
 
@@ -677,6 +708,40 @@ def test_the_hostile_values_include_what_the_review_found() -> None:
     assert "\x00" in SPECIAL_TEXT
     assert 2**63 in SPECIAL_NUMBERS
     assert any(isinstance(n, float) and math.isinf(n) for n in SPECIAL_NUMBERS)
+    # Issue 26: a composite primary key, window functions in the queryset, aggregates in set=.
+    assert any(make().model is PairJob for make in REFUSED_SHAPES)
+    assert any(make().query.annotations for make in REFUSED_SHAPES)
+    assert any(make().query.order_by for make in REFUSED_SHAPES)
+    assert [next(iter(values.values())).contains_aggregate for values in AGGREGATED_SETS] == [
+        True,
+        False,
+        True,
+    ]
+
+
+@pytest.mark.parametrize(
+    "make", REFUSED_SHAPES, ids=["composite pk", "window", "window filter", "window order"]
+)
+@pytest.mark.parametrize("call_name", ["claim_next", "reclaim_expired", "held_by"])
+def test_the_refused_shapes_are_refused_before_sql(make: Callable[[], Any], call_name: str) -> None:
+    # Each once escaped as an undocumented type, or only after a statement was sent (issue 26, item 10).
+    calls: dict[str, Callable[[Any], Any]] = {
+        "claim_next": lambda qs: claim_next(qs, worker="w", lease=30),
+        "reclaim_expired": lambda qs: reclaim_expired(qs),
+        "held_by": lambda qs: held_by(qs, worker="w"),
+    }
+    result, sent = outcome(lambda: calls[call_name](make()))
+    assert isinstance(result, TypeError | ValueError)
+    assert str(result).startswith("queryset")
+    assert sent.statements == []
+
+
+@pytest.mark.parametrize("values", AGGREGATED_SETS, ids=["Max", "Window", "Count"])
+def test_aggregates_in_set_are_refused_before_sql(values: dict[str, Any]) -> None:
+    result, sent = outcome(lambda: claim_next(Job.objects.all(), worker="w", lease=30, set=values))
+    assert isinstance(result, ValueError)
+    assert str(result).startswith("set[")
+    assert sent.statements == []
 
 
 # -- defects the property-based tests found (each failed before its fix) -----------------------------------------

@@ -113,3 +113,33 @@ def test_plugin_fails_a_contention_test_that_is_not_transactional(
 @pytest.mark.contention(0.3)
 def test_contention_marker_takes_its_timeout_positionally(contention: ContentionKit) -> None:
     assert contention.timeout == 0.3
+
+
+@pytest.mark.parametrize(
+    ("ini", "args", "forced"),
+    [
+        ("", (), True),
+        ("lockkit_unlocked_save_warnings = false\n", (), None),
+        ("", ("-p", "no:lockkit"), None),
+    ],
+    ids=["default", "ini-off", "plugin-off"],
+)
+def test_plugin_turns_the_unlocked_save_check_on_unless_told_not_to(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    ini: str,
+    args: tuple[str, ...],
+    forced: bool | None,
+) -> None:
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)  # no settings read: the flag alone is set
+    pytester.makeini("[pytest]\n" + ini)
+    pytester.makepyfile(
+        test_sample=f"""
+        from lockkit.scopes import unlocked
+
+        def test_flag():
+            assert unlocked._forced is {forced}
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
+    result.assert_outcomes(passed=1)
