@@ -7,7 +7,9 @@ to call from many threads at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import warnings
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -15,13 +17,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKey, advisory_key
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
+from lockkit.errors import LockError
 from lockkit.scopes.aliases import check_alias
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.scope import Locked, locked, refuse_unsupported
@@ -29,6 +32,7 @@ from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")
 R = TypeVar("R")
+logger = logging.getLogger("lockkit.advisory")
 
 
 @dataclass
@@ -94,9 +98,13 @@ class AdvisoryLock:
                         nowait=self.nowait,
                         lock_timeout=scope.lock_timeout,
                     )
-            except BaseException:
+            except BaseException as exc:
                 if held is not None:  # taken, then the short transaction failed to end: give it back
                     advisory_locks.give_back(held, raise_errors=False)
+                elif not isinstance(exc, DatabaseError | LockError):
+                    # Interrupted (Ctrl-C, a time limit raised by a signal handler) while the server was granting
+                    # it: the session may hold a lock no one will release. Drop the session, and the lock with it.
+                    _discard_session(alias)
                 raise
             entry.held = held
         else:
@@ -214,3 +222,16 @@ def advisory_lock(
 
 
 __all__ = ["AdvisoryLock", "advisory_lock"]
+
+
+def _discard_session(alias: str) -> None:
+    """Close the alias's connection (outside any transaction) so the server ends its session and its locks."""
+    connection = connections[alias]
+    if connection.connection is not None and not connection.in_atomic_block:
+        logger.warning(
+            "lockkit: a session-level advisory lock on %r was interrupted while being taken; the connection is "
+            "closed so that a lock the server may have granted does not outlive the block",
+            alias,
+        )
+        with contextlib.suppress(DatabaseError):
+            connection.close()

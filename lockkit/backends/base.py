@@ -316,6 +316,18 @@ class Backend:
         """
         raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
 
+    def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
+        """Cancel the statement still running on the server after an exception interrupted the wait for its reply.
+
+        An exception a signal handler raises (a task runner's time limit, ``SIGALRM``) can leave the driver's wait
+        while the server goes on running the statement (and then holds the locks it waited for). Read locally; on
+        a statement in flight, a cancel request is sent (no round trip on the connection itself).
+
+        Returns:
+            Whether a statement was in flight (and a cancel was sent); generic: never known.
+        """
+        return False
+
     def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
         """The server session id of the open connection, read from the driver (no round trip); ``None`` here."""
         return None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from lockkit import cancellation
@@ -181,6 +181,8 @@ class ScopeTransaction:
             lockkit.cancellation.CallCancelled: the awaiting caller was cancelled before the COMMIT was sent; the
                 scope rolled back (raised from the statement's error when the server-side cancel interrupted it).
         """
+        if exc is not None and not isinstance(exc, Error | LockError):
+            self._interrupted()
         try:
             self._end(exc)
         except BaseException as error:
@@ -188,6 +190,21 @@ class ScopeTransaction:
             raise
         if exc is not None:
             self._raise_if_abandoned(exc)
+
+    def _interrupted(self) -> None:
+        """An exception that is not the database's left the block: cancel the statement it left running.
+
+        The connection is dropped too (its driver is mid-reply), so the server neither goes on waiting nor then
+        holds what it waited for; inside a caller's ``atomic()`` that block then fails, as it must.
+        """
+        if self.backend.cancel_in_flight(self._connection):
+            logger.warning(
+                "lockkit: an exception interrupted a statement on %r; it was cancelled on the server and the "
+                "connection is discarded",
+                self.alias,
+            )
+            with contextlib.suppress(Error):
+                self._connection.close()
 
     def _raise_if_abandoned(self, error: BaseException) -> None:
         """Raise ``CallCancelled`` from ``error`` when the scope failed because its awaiting caller was cancelled."""

@@ -44,7 +44,8 @@ Server = tuple[str | None, str | None]
 _servers: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
 
 
-# libpq's PQTRANS_INERROR: idle, in a failed transaction block.
+# libpq's PQTRANS_ACTIVE (a command in progress) and PQTRANS_INERROR (idle, in a failed transaction block).
+_PQTRANS_ACTIVE = 1
 _PQTRANS_INERROR = 3
 
 
@@ -256,6 +257,20 @@ class PostgreSQLBackend(Backend):
         """
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
+
+    def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
+        """A statement's reply is pending (libpq's status ``ACTIVE``): send a cancel request.
+
+        psycopg's ``cancel_safe()`` (3.2+) or ``cancel()``, both public and usable while the connection is busy. See
+        https://www.psycopg.org/psycopg3/docs/api/connections.html#psycopg.Connection.cancel_safe.
+        """
+        driver: Any = connection.connection
+        if driver is None or driver.closed or int(driver.info.transaction_status) != _PQTRANS_ACTIVE:
+            return False
+        cancel = getattr(driver, "cancel_safe", None) or driver.cancel
+        with contextlib.suppress(Exception):  # the connection is discarded next in any case
+            cancel()
+        return True
 
     def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
         """The backend pid the driver recorded when it connected (``info.backend_pid``, no round trip)."""
