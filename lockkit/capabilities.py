@@ -12,6 +12,7 @@ from django.db import connections
 
 from lockkit.backends import backend_for, has_backend
 from lockkit.scopes.aliases import check_alias
+from lockkit.scopes.options import ScopeOptions
 
 # Default ports of common connection poolers: PgBouncer, Pgpool-II, ProxySQL, MaxScale (readwritesplit).
 _POOLER_PORTS = {6432: "PgBouncer", 9999: "Pgpool-II", 6033: "ProxySQL", 4006: "MaxScale"}
@@ -203,6 +204,7 @@ def capabilities(alias: str) -> Capabilities:
         features = connection.features
         lock_timeout, statement_timeout = backend.timeout_support(connection)
         warnings += tuple(backend.server_warnings(connection))
+        warnings += tuple(statement_timeout_warnings(alias))
         return Capabilities(
             alias=alias,
             vendor=connection.vendor,
@@ -219,6 +221,25 @@ def capabilities(alias: str) -> Capabilities:
         )
     except Exception as exc:  # an unreachable server must not break the report of the others
         return Capabilities(alias=alias, vendor=connection.vendor, warnings=warnings, error=f"{exc}".strip())
+
+
+def statement_timeout_warnings(alias: str) -> list[str]:
+    """A server-side statement timeout shorter than the scopes' lock timeout ends their lock waits first.
+
+    Asks the server (one query) what statement timeout a session starts with; compares it with
+    ``settings.LOCKKIT["LOCK_TIMEOUT"]`` unless ``STATEMENT_TIMEOUT`` is set (scopes then set their own).
+    """
+    connection = connections[alias]
+    server = backend_for(connection).server_statement_timeout(connection)
+    lock_timeout, statement_timeout = ScopeOptions().timeouts()
+    if server is None or lock_timeout is None or statement_timeout is not None or server >= lock_timeout:
+        return []
+    return [
+        f"{alias!r} starts its sessions with a statement timeout of {server:g} s (a role or database setting, the "
+        f"connection's options, the platform's default), shorter than lockkit's lock_timeout of {lock_timeout:g} s: "
+        "a lock wait ends as StatementTimeout before it can end as a (retried) LockTimeout; lower LOCK_TIMEOUT or "
+        "set STATEMENT_TIMEOUT in settings.LOCKKIT"
+    ]
 
 
 def _yes(value: bool) -> str:
@@ -262,5 +283,6 @@ __all__ = [
     "format_table",
     "memory_database_warnings",
     "pooler",
+    "statement_timeout_warnings",
     "topology_warnings",
 ]

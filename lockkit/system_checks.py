@@ -23,6 +23,7 @@ from lockkit.capabilities import (
     capabilities,
     configuration_warnings,
     memory_database_warnings,
+    statement_timeout_warnings,
     topology_warnings,
 )
 from lockkit.links import docs_url
@@ -191,4 +192,13 @@ def check_capabilities(
                 id="lockkit.I001",
             )
         )
+        messages += [
+            Warning(
+                text,
+                hint=f"See {docs_url('reliability/', 'cancels-and-timeouts')}",
+                obj=alias,
+                id="lockkit.W005",
+            )
+            for text in statement_timeout_warnings(alias)
+        ]
     return messages

@@ -316,6 +316,10 @@ class Backend:
         """
         raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
 
+    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
+        """The statement timeout a new session starts with, in seconds (role, database, options); ``None``: none."""
+        return None
+
     def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
         """Cancel the statement still running on the server after an exception interrupted the wait for its reply.
 

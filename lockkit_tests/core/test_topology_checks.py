@@ -8,7 +8,7 @@ import pytest
 from django.db import connections
 
 from lockkit.capabilities import topology_warnings
-from lockkit.system_checks import check_topology
+from lockkit.system_checks import check_capabilities, check_topology
 from lockkit_tests.support.faultkit import extra_alias
 
 ALIAS = "restartable"  # a mirror alias whose settings the test may change (nothing connects)
@@ -63,3 +63,28 @@ def test_both_problems_of_one_alias_are_reported_as_w004() -> None:
 def test_the_test_settings_themselves_raise_no_w004() -> None:
     assert [m for m in check_topology() if m.obj != ALIAS] == []
     assert connections["default"].vendor == "postgresql"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", ALIAS])
+@pytest.mark.parametrize(
+    ("server_ms", "lockkit_settings", "warned"),
+    [
+        (2000, {}, True),  # 2 s < the default lock_timeout of 5 s
+        (10_000, {}, False),
+        (2000, {"LOCK_TIMEOUT": 1}, False),
+        (2000, {"STATEMENT_TIMEOUT": 30}, False),  # scopes set their own statement timeout
+        (0, {}, False),
+    ],
+)
+def test_a_server_statement_timeout_shorter_than_lock_timeout_is_w005(
+    settings: Any, server_ms: int, lockkit_settings: dict[str, Any], warned: bool
+) -> None:
+    settings.LOCKKIT = lockkit_settings
+    options = {"options": f"-c statement_timeout={server_ms}"}
+    with extra_alias(ALIAS, "default", OPTIONS=options):
+        found = [m for m in check_capabilities(databases=[ALIAS]) if m.id == "lockkit.W005"]
+        connections[ALIAS].close()
+    assert len(found) == int(warned)
+    if warned:
+        assert "2 s" in found[0].msg
+        assert "5 s" in found[0].msg

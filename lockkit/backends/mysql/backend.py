@@ -200,6 +200,17 @@ class MySQLBackend(_NamedLocks, Backend):
             _set(cursor, wanted)
         return previous
 
+    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
+        """``max_statement_time`` (MariaDB, seconds) / ``max_execution_time`` (MySQL, milliseconds), 0 = none."""
+        mariadb = bool(getattr(connection, "mysql_is_mariadb", False))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT @@SESSION.max_statement_time" if mariadb else "SELECT @@SESSION.max_execution_time"
+            )
+            row = cursor.fetchone()
+        value = float(row[0]) if row and row[0] else 0.0
+        return (value if mariadb else value / 1000) or None
+
     def after_transaction_end(
         self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
     ) -> None:

@@ -258,6 +258,13 @@ class PostgreSQLBackend(Backend):
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
 
+    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
+        """``statement_timeout`` as the session has it outside any scope (``pg_settings``, milliseconds)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setting::float8 FROM pg_settings WHERE name = 'statement_timeout'")
+            row = cursor.fetchone()
+        return float(row[0]) / 1000 if row and row[0] else None
+
     def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
         """A statement's reply is pending (libpq's status ``ACTIVE``): send a cancel request.
 
