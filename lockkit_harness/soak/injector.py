@@ -25,9 +25,16 @@ class Injector:
     """Runs faults; counts what each one actually did (a cancel may find no statement running)."""
 
     def __init__(
-        self, cluster: TempCluster, proxy: FaultProxy, kill_worker: Callable[[int], bool], workers: int
+        self,
+        cluster: TempCluster | None,
+        proxy: FaultProxy,
+        kill_worker: Callable[[int], bool],
+        workers: int,
+        *,
+        monitor_url: str,
     ):
-        self.cluster = cluster
+        self.cluster = cluster  # None: a server the soak was pointed at, never restarted
+        self.monitor_url = monitor_url
         self.proxy = proxy
         self.kill_worker = kill_worker
         self.workers = workers
@@ -39,7 +46,7 @@ class Injector:
     def _connection(self) -> psycopg.Connection[Any]:
         if self._admin is None or self._admin.closed or self._admin.broken:
             self._admin = psycopg.connect(
-                self.cluster.url("soak"), autocommit=True, application_name="soak-monitor", connect_timeout=5
+                self.monitor_url, autocommit=True, application_name="soak-monitor", connect_timeout=5
             )
         return self._admin
 
@@ -81,6 +88,8 @@ class Injector:
         return self._signal(rng, _ACTIVE, "pg_cancel_backend")
 
     def _restart_server(self, rng: random.Random) -> bool:
+        if self.cluster is None:
+            return False
         self.restart_seconds.append(self.cluster.restart("fast"))
         self._admin = None
         return True

@@ -32,6 +32,10 @@ class SoakOptions:
         seed: The random seed of the schedule and of the workers' choices.
         log_dir: Where the per-worker logs go (a temporary directory when ``None``).
         lease: Seconds of a job claim's lease.
+        database_url: A PostgreSQL database to soak instead of a throwaway cluster (its ``public`` schema is
+            dropped and recreated); the server is not the soak's to restart, so ``restart_server`` is left out.
+        mutation: A deliberate defect to put into the workers' lockkit (the soak's own test: it must then fail):
+            ``"keep-dead-connections"`` never discards a dead connection.
     """
 
     duration: float = 120.0
@@ -41,6 +45,13 @@ class SoakOptions:
     seed: int = 11
     log_dir: Path | None = None
     lease: float = 10.0
+    database_url: str | None = None
+    mutation: str | None = None
+
+    @property
+    def fault_kinds(self) -> tuple[str, ...]:
+        """The kinds this run can inject (no server restart on a server that is not the soak's own)."""
+        return tuple(k for k in FAULT_KINDS if not (self.database_url and k == "restart_server"))
 
     @property
     def warmup(self) -> float:
@@ -68,12 +79,12 @@ def schedule(options: SoakOptions) -> list[Fault]:
     start, end = options.warmup, options.duration - options.cooldown
     faults: list[Fault] = []
     at = start
-    kinds = list(FAULT_KINDS)
+    kinds = list(options.fault_kinds)
     rng.shuffle(kinds)
     while True:
         at += rng.expovariate(1.0 / options.fault_every)
         if at >= end:
             break
-        kind = kinds.pop() if kinds else rng.choice(FAULT_KINDS)
+        kind = kinds.pop() if kinds else rng.choice(options.fault_kinds)
         faults.append(Fault(round(at, 2), kind, rng.randrange(1_000_000)))
     return faults

@@ -35,6 +35,7 @@ class Logs:
     errors: Counter[str] = field(default_factory=Counter)  # exception names of failed operations
     leaks: int = 0
     enqueued: int = 0
+    delivered: Counter[str] = field(default_factory=Counter)  # order ref -> on_commit callbacks run
 
 
 def read_logs(log_dir: Path) -> Logs:
@@ -57,6 +58,8 @@ def read_logs(log_dir: Path) -> Logs:
                 logs.jobs_done.append((int(record["job"]), int(record["token"])))
             elif kind == "enqueue" and result == "ok":
                 logs.enqueued += 1
+            elif kind == "delivered":
+                logs.delivered[record["ref"]] += 1
             elif kind == "leak":
                 logs.leaks += 1
     return logs
@@ -84,6 +87,8 @@ def reconcile(
     refused_or_failed = {ref for ref, rec in logs.orders.items() if rec["r"] in ("refused", "failed")}
     unknown = {ref for ref, rec in logs.orders.items() if rec["r"] == "unknown"}
     done_without_run = sum(1 for job, token in logs.jobs_done if token not in runs.get(job, []))
+    not_delivered_once = sum(1 for ref in acked if logs.delivered[ref] != 1)
+    delivered_uncommitted = sum(1 for ref in logs.delivered if ref not in order_refs)
     twice = sum(1 for tokens in runs.values() if len(tokens) > 1)
     return [
         Check("units oversold", oversold, True),
@@ -104,6 +109,13 @@ def reconcile(
             False,
             f"{len(unknown & order_refs)} had committed",
         ),
+        Check(
+            "orders acknowledged whose on_commit callback did not run exactly once",
+            not_delivered_once,
+            True,
+            f"of {len(acked):,} acknowledged",
+        ),
+        Check("on_commit callbacks run for an order that did not commit", delivered_uncommitted, True),
         Check(
             "jobs acknowledged done without their run", done_without_run, True, f"of {len(logs.jobs_done):,}"
         ),

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import psycopg
 from rich.console import Console
@@ -23,7 +24,10 @@ from lockkit_harness.soak.plan import PLENTIFUL, SCARCE, Fault, SoakOptions, sch
 from lockkit_harness.soak.reconcile import Check, Logs, read_logs, reconcile, table
 from lockkit_harness.soak.worker import SETTINGS_MODULE, Shared, run_worker
 
-WEDGE_SECONDS = 15.0  # a live worker that finished no operation for this long is wedged
+WEDGE_SECONDS = 15.0  # a live worker with no successful operation for this long is wedged
+STARTUP_GRACE = (
+    60.0  # a new incarnation's process start and Django setup, under load, before its first success
+)
 INITIAL_JOBS = 200
 DRAIN_TIMEOUT = 180.0
 TICK = 0.1
@@ -99,6 +103,7 @@ class _Workers:
             self.options.seed,
             self.options.lease,
             self.shared,
+            self.options.mutation,
         )
         slot.process = self.ctx.Process(target=run_worker, args=args, name=f"soak-worker-{slot.index}")
         slot.process.start()
@@ -127,12 +132,23 @@ class _Workers:
                 else:
                     slot.process = None
                 continue
-            if process is None or slot.wedged or now - slot.started < WEDGE_SECONDS:
+            if process is None or slot.wedged:
                 continue
-            if now - self.shared.progress[slot.index] > WEDGE_SECONDS:
+            last_success = self.shared.progress[slot.index]
+            # Progress is the time of the last *successful* operation: failing every call is not working.
+            if last_success > slot.started:
+                stuck = now - last_success > WEDGE_SECONDS
+            else:  # this incarnation has not succeeded yet: its start (Django setup, under load) gets a grace
+                stuck = now - slot.started > STARTUP_GRACE
+            if stuck:
                 slot.wedged = True
                 wedged += 1
         return wedged
+
+    def all_wedged(self) -> bool:
+        """Every live worker is wedged: the drain cannot end by itself (they are stopped instead)."""
+        live = [slot for slot in self.slots if slot.process is not None and slot.process.is_alive()]
+        return bool(live) and all(slot.wedged for slot in live)
 
     def wait_until_working(self, timeout: float = 120.0) -> None:
         """Return once every worker has finished an operation (process start and Django setup are not load)."""
@@ -161,10 +177,53 @@ class _Workers:
                     slot.process.join(10)
 
 
-def _setup_database(cluster: TempCluster) -> None:
-    with psycopg.connect(cluster.url(), autocommit=True) as admin:
-        admin.execute("CREATE DATABASE soak")
-    os.environ["SAMPLE_DATABASE_URL"] = cluster.url("soak")
+@dataclass(frozen=True)
+class _Target:
+    """The soak's database: on its own cluster, or the one ``--database-url`` names."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    dbname: str
+
+    @classmethod
+    def of(cls, url: str) -> _Target:
+        parts = urlsplit(url)
+        if parts.scheme not in {"postgres", "postgresql"} or not parts.path.strip("/"):
+            raise ValueError(f"database_url must be postgres://user@host:port/dbname, got {url!r}")
+        return cls(
+            unquote(parts.hostname or "") or "127.0.0.1",
+            parts.port or 5432,
+            unquote(parts.username or "postgres"),
+            unquote(parts.password or ""),
+            unquote(parts.path.strip("/")),
+        )
+
+    def url(self, *, host: str | None = None, port: int | None = None, sslmode: str | None = None) -> str:
+        auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}" if self.password else "")
+        query = f"?sslmode={sslmode}" if sslmode else ""
+        location = quote(host or self.host, safe="")
+        return f"postgres://{auth}@{location}:{port or self.port}/{quote(self.dbname, safe='')}{query}"
+
+    def upstream(self) -> tuple[str, int] | str:
+        """Where the proxy connects: TCP, or the Unix socket of a socket directory."""
+        return f"{self.host}/.s.PGSQL.{self.port}" if self.host.startswith("/") else (self.host, self.port)
+
+    def describe(self) -> str:
+        return f"{self.dbname} on {self.host}:{self.port}"
+
+
+def _setup_database(cluster: TempCluster | None, url: str) -> None:
+    """Create the soak's database on its own cluster, or empty the one it was pointed at; migrate; fill it."""
+    if cluster is not None:
+        with psycopg.connect(cluster.url(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE soak")
+    else:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("DROP SCHEMA IF EXISTS public CASCADE")
+            admin.execute("CREATE SCHEMA public")
+    os.environ["SAMPLE_DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     import django
 
@@ -259,7 +318,7 @@ def _drain(workers: _Workers, injector: Injector) -> tuple[set[int], int]:
     workers.shared.drain.set()
     wedged = 0
     deadline = time.monotonic() + DRAIN_TIMEOUT
-    while workers.alive() and time.monotonic() < deadline:
+    while workers.alive() and not workers.all_wedged() and time.monotonic() < deadline:
         wedged += workers.supervise(restart=True)
         time.sleep(TICK)
     idle_pids = {row[0] for row in injector.query(_IDLE_IN_TRANSACTION)}
@@ -276,20 +335,27 @@ def run_soak(options: SoakOptions, console: Console) -> Outcome:
     for fault in faults:
         console.print(f"  t={fault.at:7.2f}s  {fault.kind}", highlight=False)
     began = time.monotonic()
-    with (
-        TempCluster({"max_connections": "100"}, prefix="lockkit-soak-") as cluster,
-        FaultProxy(("127.0.0.1", cluster.port)) as proxy,
-    ):
-        _setup_database(cluster)
-        direct = cluster.url("soak")
-        proxied = f"postgres://postgres@127.0.0.1:{proxy.port}/soak?sslmode=disable"
+    with contextlib.ExitStack() as stack:
+        cluster: TempCluster | None = None
+        if options.database_url:
+            target = _Target.of(options.database_url)
+        else:
+            cluster = stack.enter_context(TempCluster({"max_connections": "100"}, prefix="lockkit-soak-"))
+            target = _Target("127.0.0.1", cluster.port, "postgres", "", "soak")
+        proxy = stack.enter_context(FaultProxy(target.upstream()))
+        direct = target.url()
+        _setup_database(cluster, direct)
+        proxied = target.url(host="127.0.0.1", port=proxy.port, sslmode="disable")
         urls = [proxied if i < options.proxied else direct for i in range(options.workers)]
+        where = (
+            f"cluster on port {cluster.port}" if cluster else f"database {target.describe()} (no restarts)"
+        )
         console.print(
-            f"cluster on port {cluster.port}, proxy on port {proxy.port}; {options.workers} workers "
+            f"{where}, proxy on port {proxy.port}; {options.workers} workers "
             f"({options.proxied} through the proxy); logs in {log_dir}"
         )
         workers = _Workers(options, urls, log_dir)
-        injector = Injector(cluster, proxy, workers.kill, options.workers)
+        injector = Injector(cluster, proxy, workers.kill, options.workers, monitor_url=direct)
         for slot in workers.slots:
             workers.start(slot)
         workers.wait_until_working()

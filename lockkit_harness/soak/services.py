@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lockkit
 from lockkit_harness.soak.models import Order
 from sample_project.inventory.services import reserve_stock
+
+#: Called with an order's ref by its ``on_commit`` callback (the worker logs it: "delivered").
+on_delivered: Callable[[str], None] | None = None
+
+
+def _deliver(ref: str) -> None:
+    if on_delivered is not None:
+        on_delivered(ref)
 
 
 @lockkit.locked_operation
@@ -12,8 +22,10 @@ def place_order(ref: str, sku: str, quantity: int) -> int:
     """Reserve ``quantity`` of ``sku`` and record order ``ref`` with it; return the units left.
 
     ``reserve_stock`` runs nested (one attempt, in this transaction); this operation owns the transaction, so
-    lockkit retries the whole of it.
+    lockkit retries the whole of it. Its ``on_commit`` callback stands for the e-mail a real order sends: the soak
+    checks it runs exactly once for each order the call reported done, and never for one that did not commit.
     """
     left = reserve_stock(sku, quantity)
     Order.objects.create(ref=ref, sku=sku, quantity=quantity)
+    lockkit.current_scope().on_commit(lambda: _deliver(ref))
     return left

@@ -27,7 +27,7 @@ MAX_ATTEMPTS = 50  # a job is failed after this many claims: never reached unles
 class Shared:
     """What the parent and the workers share: per-worker last progress time and operation count, and events."""
 
-    progress: Any  # multiprocessing Array of doubles (time.time() of the last finished operation)
+    progress: Any  # multiprocessing Array of doubles (time.time() of the last *successful* operation)
     operations: Any  # multiprocessing Array of ints
     stop: Any  # Event: finish the current operation and exit
     drain: Any  # Event: faults are over; work jobs until none is left, then exit
@@ -40,6 +40,7 @@ class Log:
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the worker
 
     def write(self, **record: Any) -> None:
+        record = {"t": round(time.time(), 6), **record}  # wall-clock seconds: logs line up with each other
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -53,13 +54,59 @@ def _setup(url: str) -> None:
     django.setup()
 
 
+MUTATIONS = ("keep-dead-connections",)
+
+
+def _mutate(mutation: str | None) -> None:
+    """Put a known defect into this worker process, for the soak's own test (the soak must then fail).
+
+    ``keep-dead-connections``: a dead connection is never discarded, neither by lockkit (its liveness checks made
+    no-ops) nor by Django (its wrapper's ``close()`` does nothing once the driver connection is broken): the bug
+    of lockkit's turn 2, with Django's own safety net removed so that it shows under every workload. Test tooling
+    only: nothing shipped does this.
+    """
+    if mutation is None:
+        return
+    if mutation not in MUTATIONS:
+        raise ValueError(f"mutation must be one of {MUTATIONS}, got {mutation!r}")
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    import lockkit.claims.runner
+    import lockkit.scopes.transaction
+
+    def keep(alias: str) -> None:
+        return None
+
+    for module in (lockkit.scopes.transaction, lockkit.claims.runner):
+        module.discard_if_dead = keep  # type: ignore[attr-defined]
+        module.discard_after_loss = keep  # type: ignore[attr-defined]
+    close = BaseDatabaseWrapper.close
+
+    def close_unless_dead(self: BaseDatabaseWrapper) -> None:
+        driver: Any = self.connection
+        if driver is not None and (getattr(driver, "broken", False) or getattr(driver, "closed", False)):
+            return
+        close(self)
+
+    BaseDatabaseWrapper.close = close_unless_dead  # type: ignore[method-assign]
+
+
 def run_worker(
-    index: int, incarnation: int, url: str, log_path: str, seed: int, lease: float, shared: Shared
+    index: int,
+    incarnation: int,
+    url: str,
+    log_path: str,
+    seed: int,
+    lease: float,
+    shared: Shared,
+    mutation: str | None = None,
 ) -> None:
     """The worker's main loop (the target of a spawned process)."""
     _setup(url)
+    _mutate(mutation)
     from lockkit import CommitOutcomeUnknown
     from lockkit.claims import held_by
+    from lockkit_harness.soak import services
     from lockkit_harness.soak.services import place_order
     from sample_project.inventory.errors import InsufficientStock
     from sample_project.jobs.models import Job
@@ -79,11 +126,15 @@ def run_worker(
     last_reclaim = 0.0
     log.write(kind="start", worker=worker, incarnation=incarnation, pid=os.getpid())
 
-    def tick() -> None:
-        shared.progress[index] = time.time()
+    def tick(succeeded: bool) -> None:
+        """Count an operation; only a successful one (a truthful answer from the services) is progress."""
+        if succeeded:
+            shared.progress[index] = time.time()
         shared.operations[index] += 1
 
-    def order() -> None:
+    services.on_delivered = lambda ref: log.write(kind="delivered", ref=ref)
+
+    def order() -> bool:
         nonlocal sequence
         sequence += 1
         ref = f"{worker}.{incarnation}.{sequence}"
@@ -95,11 +146,17 @@ def run_worker(
             log.write(kind="order", ref=ref, sku=sku, qty=quantity, r="refused")
         except CommitOutcomeUnknown:
             log.write(kind="order", ref=ref, sku=sku, qty=quantity, r="unknown")
+            return False
         except Exception as exc:  # every other error: the service said it did not happen
             log.write(kind="order", ref=ref, sku=sku, qty=quantity, r="failed", e=type(exc).__name__)
+            return False
+        return True
 
-    def work(claim: Any) -> bool:
-        """Work one claimed job: a little time, a heartbeat, the completion. Returns whether it was done."""
+    def work(claim: Any) -> bool | None:
+        """Work one claimed job: a little time, a heartbeat, the completion.
+
+        Returns whether it was done (a stale claim is a truthful answer too), ``None`` when the step failed.
+        """
         time.sleep(rng.uniform(0.0, 0.01))
         try:
             if not heartbeat_job(claim, lease=lease):
@@ -112,7 +169,7 @@ def run_worker(
             log.write(kind="job", job=claim.pk, token=claim.token, r="unknown")
         except Exception as exc:
             log.write(kind="job", job=claim.pk, token=claim.token, r="failed", e=type(exc).__name__)
-        return False
+        return None
 
     def orphans() -> None:
         """Finish the jobs this worker still holds (a killed predecessor's, or a claim whose reply was lost)."""
@@ -122,8 +179,8 @@ def run_worker(
         except Exception as exc:
             log.write(kind="held_by", r="failed", e=type(exc).__name__)
 
-    def job_step() -> bool:
-        """Claim and work one job; returns whether there was one."""
+    def job_step() -> tuple[bool, bool]:
+        """Claim and work one job; returns whether there was one, and whether the step succeeded."""
         nonlocal last_reclaim
         now = time.monotonic()
         if now - last_reclaim > RECLAIM_EVERY:
@@ -137,21 +194,22 @@ def run_worker(
         except CommitOutcomeUnknown:
             log.write(kind="claim", r="unknown")
             orphans()
-            return True
+            return True, False
         except Exception as exc:
             log.write(kind="claim", r="failed", e=type(exc).__name__)
-            return True
+            return True, False
         if claim is None:
-            return False
-        work(claim)
-        return True
+            return False, True
+        return True, work(claim) is not None
 
-    def enqueue_step() -> None:
+    def enqueue_step() -> bool:
         try:
             job = enqueue("soak", {"by": worker})
             log.write(kind="enqueue", job=job.pk, r="ok")
+            return True
         except Exception as exc:
             log.write(kind="enqueue", r="failed", e=type(exc).__name__)
+            return False
 
     def leak_check() -> None:
         from django.db import connection
@@ -168,23 +226,25 @@ def run_worker(
     orphans()
     while not shared.stop.is_set():
         if shared.drain.is_set():
-            if not job_step():
+            found, succeeded = job_step()
+            if not found:
                 try:
                     if not Job.objects.filter(state__in=[Job.State.PENDING, Job.State.RUNNING]).exists():
                         break
                 except Exception as exc:
                     log.write(kind="drain", r="failed", e=type(exc).__name__)
+                    succeeded = False
                 time.sleep(0.05)
-            tick()
+            tick(succeeded)
             continue
         roll = rng.random()
         if roll < 0.75:
-            order()
+            succeeded = order()
         elif roll < 0.85:
-            enqueue_step()
+            succeeded = enqueue_step()
         else:
-            job_step()
-        tick()
+            succeeded = job_step()[1]
+        tick(succeeded)
         if shared.operations[index] % LEAK_CHECK_EVERY == 0:
             leak_check()
     leak_check()

@@ -6,8 +6,14 @@ The soak itself runs in CI (``python -m sample_project soak``, .ci/run); these t
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from lockkit_harness.cluster import missing_binaries
 from lockkit_harness.soak.plan import FAULT_KINDS, SoakOptions, schedule
 from lockkit_harness.soak.reconcile import Check, read_logs, reconcile
 
@@ -46,6 +52,7 @@ def test_reconciliation_flags_every_broken_invariant(tmp_path: Path) -> None:
         {"kind": "job", "job": 7, "token": 3, "r": "done"},  # no run with token 3 below
         {"kind": "enqueue", "job": 7, "r": "ok"},
         {"kind": "leak", "lock_timeout": "5s", "statement_timeout": "0"},
+        {"kind": "delivered", "ref": "w0.1.9"},  # a callback for an order that never committed
     )
     logs = read_logs(tmp_path)
     checks = reconcile(
@@ -67,6 +74,8 @@ def test_reconciliation_flags_every_broken_invariant(tmp_path: Path) -> None:
         "SKUs where reservations != audited orders": 1,
         "orders acknowledged but absent": 1,
         "orders reported failed but committed": 1,
+        "orders acknowledged whose on_commit callback did not run exactly once": 1,
+        "on_commit callbacks run for an order that did not commit": 1,
         "jobs acknowledged done without their run": 1,
         "jobs never completed": 1,
         "jobs whose side effects were applied twice": 1,
@@ -80,7 +89,11 @@ def test_reconciliation_flags_every_broken_invariant(tmp_path: Path) -> None:
 
 
 def test_a_clean_run_violates_nothing(tmp_path: Path) -> None:
-    _write(tmp_path, {"kind": "order", "ref": "w0.1.1", "sku": "a", "qty": 2, "r": "ok"})
+    _write(
+        tmp_path,
+        {"t": 1.0, "kind": "delivered", "ref": "w0.1.1"},
+        {"t": 1.1, "kind": "order", "ref": "w0.1.1", "sku": "a", "qty": 2, "r": "ok"},
+    )
     checks = reconcile(
         read_logs(tmp_path),
         initial={"a": 5},
@@ -95,3 +108,28 @@ def test_a_clean_run_violates_nothing(tmp_path: Path) -> None:
         crashes=0,
     )
     assert not any(check.violated for check in checks)
+
+
+def _soak(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sample_project", "soak", "--duration", "24", "--workers", "3"]
+    command += ["--proxied", "1", "--fault-every", "1.5", "--seed", "5", "--log-dir", str(tmp_path), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.skipif(missing_binaries() is not None, reason=f"no throwaway cluster: {missing_binaries()}")
+def test_the_soak_fails_when_dead_connections_are_never_discarded(tmp_path: Path) -> None:
+    """The soak's mutation check: with the turn-2 bug put back, it must report wedged workers and exit 1."""
+    run = _soak(tmp_path, "--mutation", "keep-dead-connections")
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    wedged = re.search(r"workers wedged after a fault\s*\S\s*(\d+)", run.stdout)
+    assert wedged is not None, run.stdout[-3000:]
+    assert int(wedged.group(1)) >= 1
+    assert "VIOLATED" in run.stdout
+    # Every log line carries its wall-clock time.
+    lines = [
+        json.loads(line)
+        for log in tmp_path.glob("worker-*.log")
+        for line in log.read_text().splitlines()[:-1]
+    ]
+    assert lines
+    assert all(isinstance(record.get("t"), float) for record in lines)

@@ -109,6 +109,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     soak.add_argument("--seed", type=int, default=11, help="random seed of the schedule (default 11)")
     soak.add_argument("--log-dir", type=Path, help="where the per-worker logs go (default a temporary dir)")
+    soak.add_argument(
+        "--database-url",
+        help="soak this PostgreSQL database (postgres://user@host:port/dbname) instead of a throwaway cluster: its "
+        "public schema is DROPPED and recreated, and the server is never restarted (no restart faults)",
+    )
+    soak.add_argument(
+        "--mutation",
+        choices=("keep-dead-connections",),  # lockkit_harness.soak.worker.MUTATIONS
+        help="put a known defect into the workers' lockkit (the soak's own test: the run must then fail)",
+    )
     return parser
 
 
@@ -200,7 +210,9 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if not 0 <= args.proxied <= args.workers:
         parser.error("--proxied must be between 0 and --workers")
-    missing = missing_binaries()
+    if args.database_url and args.database_url.split(":", 1)[0].lower() not in {"postgres", "postgresql"}:
+        parser.error("--database-url must be a PostgreSQL URL (postgres://user@host:port/dbname)")
+    missing = None if args.database_url else missing_binaries()
     if missing is not None:
         parser.exit(1, f"python -m sample_project soak: cannot start a cluster: {missing}\n")
     options = SoakOptions(
@@ -210,6 +222,8 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         fault_every=args.fault_every,
         seed=args.seed,
         log_dir=args.log_dir,
+        database_url=args.database_url,
+        mutation=args.mutation,
     )
     console = Console(width=max(Console().width, 110))  # the tables are read in CI logs and in the docs
     outcome = run_soak(options, console)
