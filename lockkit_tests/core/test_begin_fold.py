@@ -16,9 +16,16 @@ import lockkit
 from lockkit.backends.postgresql import PostgreSQLBackend
 from lockkit.testing import assert_single_alias, hold_lock
 from lockkit_tests.models import Stock
-from lockkit_tests.support.util import show
+from lockkit_tests.support.util import identify_server, show
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _server_identified() -> None:
+    """The statements pinned here are a connection's later openings (its first also reads the server's identity)."""
+    identify_server("default")
+
 
 # Django logs its own transaction markers in connection.queries; they are not statements sent by lockkit.
 _MARKERS = {"BEGIN", "COMMIT", "ROLLBACK"}
@@ -106,6 +113,7 @@ def test_nested_scope_and_open_transaction_keep_the_separate_statement() -> None
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_folded_statement_goes_through_execute_wrappers_on_the_scope_alias() -> None:
+    identify_server("other")
     with (
         CaptureQueriesContext(connections["other"]) as queries,
         assert_single_alias("other") as log,

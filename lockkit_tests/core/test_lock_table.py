@@ -215,7 +215,9 @@ def test_the_scope_lock_timeout_bounds_lock_table_and_the_next_call_works() -> N
         assert caught.value.alias == "default"
         # The server ended the wait itself: nothing of the failed statement is still running.
         with connections["default"].cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
             assert cursor.fetchone()[0] == 0
         assert session_exists(holder)
     assert setting() == before

@@ -22,8 +22,16 @@ from lockkit.claims import StaleClaim, claim_next, complete
 from lockkit.testing import hold_lock
 from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Item, Job
+from lockkit_tests.support.util import identify_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _server_identified() -> None:
+    """The statements pinned here are a connection's later openings (its first also reads the server's identity)."""
+    identify_server("default")
+
 
 OPENING = "BEGIN; SELECT set_config('lock_timeout', '5000ms', true), pg_current_xact_id()::text"
 
@@ -456,3 +464,28 @@ def test_scopes_on_two_aliases_in_one_operation_each_carry_their_own_opening() -
         with connections[alias].cursor() as cursor:
             cursor.execute("SHOW lock_timeout")
             assert cursor.fetchone() == ("0",)
+
+
+def test_a_connections_first_opening_also_reads_the_servers_identity_and_later_ones_do_not() -> None:
+    connection.close()
+    connection.ensure_connection()  # a fresh driver connection: nothing known about its server yet
+    with CaptureQueriesContext(connection) as first, lockkit.locked():
+        pass
+    with CaptureQueriesContext(connection) as second, lockkit.locked():
+        pass
+    identity = (
+        ", (SELECT system_identifier::text FROM pg_control_system()), CASE WHEN pg_is_in_recovery() THEN NULL "
+        "ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END"
+    )
+    # (Django logs its own "BEGIN" and "COMMIT" entries; the opening is still one statement: no extra round trip.)
+    assert _statements(first) == ["BEGIN", OPENING + identity, "COMMIT"]
+    assert _statements(second) == ["BEGIN", OPENING, "COMMIT"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT system_identifier::text, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) "
+            "FROM pg_control_system()"
+        )
+        server = cursor.fetchone()
+    from lockkit.backends import backend_for
+
+    assert backend_for(connection).transaction_server(connection) == server

@@ -178,4 +178,7 @@ def test_hostile_keys_get_a_hint_too(settings: Any) -> None:
     assert [m.id for m in messages] == ["lockkit.E002"] * 4
     hints = [str(m.hint) for m in messages]
     assert "Did you mean 'LOCK_TIMEOUT'?" in hints[2]
-    assert all("Valid keys: LOCK_TIMEOUT, OBSERVERS, RETRY, STATEMENT_TIMEOUT." in hint for hint in hints)
+    assert all(
+        "Valid keys: LOCKS_PRESETS, LOCK_TIMEOUT, OBSERVERS, RETRY, STATEMENT_TIMEOUT." in hint
+        for hint in hints
+    )

@@ -55,3 +55,15 @@ def reserve_one_on(alias: str) -> Callable[[], bool]:
         return True
 
     return reserve
+
+
+def identify_server(alias: str = "default") -> None:
+    """Open one empty scope on ``alias``: the first scope on a connection also reads the server's identity.
+
+    For tests that pin the exact text of a scope's opening statement (a connection's later scopes send it without
+    the identity columns; test_opening.py pins the first one).
+    """
+    import lockkit
+
+    with lockkit.locked(alias):
+        pass
