@@ -50,6 +50,7 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         values: dict[str, Any],
         condition: str = "",
         fields: Sequence[Field[Any, Any]] = (),
+        condition_params: Sequence[Any] = (),
     ) -> list[Row]:
         """``UPDATE`` then ``SELECT`` the written rows back (MariaDB has no ``UPDATE ... RETURNING``).
 
@@ -57,7 +58,7 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         """
         update, params = self.update(values)
         extra = f" AND {condition}" if condition else ""
-        self.run(f"{update} WHERE {self.where_pks(pks)}{extra}", [*params, *pks])
+        self.run(f"{update} WHERE {self.where_pks(pks)}{extra}", [*params, *pks, *condition_params])
         rows, _ = self.run(
             f"SELECT {self.returning(fields)} FROM {self.table.name} WHERE {self.where_pks(pks)}", list(pks)
         )
