@@ -709,6 +709,11 @@ def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -
     the row's current token, so ``heartbeat()``/``complete()`` work with it, fenced as usual. Its ``lease`` is
     the time from the claim (``claimed_at``) to the lease's end; pass ``lease=`` to ``heartbeat()`` to choose.
 
+    Nothing is written and no attempt is counted: running a returned claim's job runs the same attempt again. That
+    is right after a lost reply (the claim was counted, the job not started); after a restart the job may be what
+    killed the process, so give such claims back (``release_many(held_by(...), set=...)``) and claim again, which
+    counts, or let their leases expire for ``claim_next(expired=True)``. See docs/claims.md#a-worker.
+
     Args:
         queryset: The rows to look at (a queryset, manager or model class of a ``Claimable`` model).
         worker: The worker name the claims were made for.

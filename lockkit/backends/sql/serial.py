@@ -54,16 +54,25 @@ class SerialClaimsSQL(ClaimsSQL):
             value = timezone.make_aware(value, connections[self.alias].timezone)
         return value
 
-    def pick(self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool) -> list[Any]:
-        """Run ``SELECT pk ... [ORDER BY ... LIMIT n] <lock clause>``; return the primary keys in order."""
+    def pick(
+        self,
+        queryset: QuerySet[Any],
+        *,
+        limit: int | None,
+        skip_locked: bool,
+        locking: bool = True,
+        offset: int = 0,
+    ) -> list[Any]:
+        """Run ``SELECT pk ... [ORDER BY ... LIMIT n OFFSET m] [<lock clause>]``; return the primary keys in order."""
         selection = queryset.values_list("pk")
         if limit is not None:
-            selection = selection[:limit]
+            selection = selection[offset : offset + limit]
         try:
             select, params = selection.query.get_compiler(self.alias).as_sql()
         except EmptyResultSet:  # .none(), pk__in=[]: no row can match
             return []
-        rows, _ = self.run(f"{select} {self.lock_clause(skip_locked=skip_locked)}".strip(), params)
+        lock = self.lock_clause(skip_locked=skip_locked) if locking else ""
+        rows, _ = self.run(f"{select} {lock}".strip(), params)
         return [next(iter(row.values())) for row in rows]
 
     def where_pks(self, pks: Sequence[Any]) -> str:
