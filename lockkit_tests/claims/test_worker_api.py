@@ -10,6 +10,7 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
+from lockkit import AliasMismatch
 from lockkit.claims import (
     StaleClaim,
     claim_next,
@@ -20,9 +21,11 @@ from lockkit.claims import (
     worker_heartbeat,
 )
 from lockkit.errors import LockTimeout
-from lockkit.testing import in_thread
+from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Job
-from lockkit_tests.support.claims_vendors import claims_vendor_params, db_now, expire
+from lockkit_tests.support.claims_vendors import claims_vendor_params, db_now, expire, wait_for_clock
+from lockkit_tests.support.vendors import vendor_params
 
 VENDORS = claims_vendor_params()
 
@@ -256,3 +259,57 @@ def test_worker_heartbeat_raises_on_exit_when_the_latest_beat_failed() -> None:
         release_lock.set()
         holder.result(timeout=10)
     assert failed.value is beat.error
+
+
+# -- a lost reply of claim_next(expired=True) ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_a_lost_reply_of_an_expired_claim_returns_exactly_the_rows_it_claimed(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    pks = _jobs("default", 4)
+    # The same worker name held all four before (a restarted slot): two expired, two still live.
+    old = claim_next(Job.objects.all(), worker="w", lease=30, limit=4)
+    expire("default", pks[1], pks[3])
+    wait_for_clock("default", db_now("default") + timedelta(seconds=0.05))
+    proxy.arm("deliver")  # the server runs the whole message, COMMIT included; its reply is cut
+    claimed = claim_next(
+        Job.objects.using(alias), worker="w", lease=30, limit=3, expired=True, order_by=["-pk"]
+    )
+    assert proxy.cuts["deliver"] == 1
+    # Only the two expired rows were claimable: they are the call's claims, in the order asked, with new tokens.
+    assert [(c.pk, c.token, c.attempt) for c in claimed] == [(pks[3], 2, 2), (pks[1], 2, 2)]
+    for made in claimed:
+        complete(made, set={"state": "done"})
+    # The live claims of the earlier run were not taken for this call's, and still work.
+    for earlier in (old[0], old[2]):
+        heartbeat(earlier)
+    with pytest.raises(StaleClaim):
+        complete(old[1])
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_heartbeat_worker_waits_for_a_claim_being_written_never_reports_it_lost(alias: str) -> None:
+    _jobs(alias, 3)
+    jobs = Job.objects.using(alias)
+    mine = claim_next(jobs, worker="w1", lease=30, limit=3)
+    poll = 0.15 if alias == "mariadb" else 0.005
+    with hold_lock(jobs.filter(pk=mine[1].pk), timeout=20) as holder:  # e.g. the worker's own fenced() block
+        beating = in_thread(heartbeat_worker, jobs, worker="w1", lease=60)
+        wait_until_blocked(holder, contenders=beating, poll=poll)
+    assert beating.result(timeout=10) == {c.pk: c.token for c in mine}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_heartbeat_is_entered_once_and_refuses_a_mismatched_alias() -> None:
+    beat = worker_heartbeat(Job, worker="w", lease=5, every=1)
+    with beat:
+        pass
+    with pytest.raises(RuntimeError, match="entered once"):
+        beat.__enter__()
+    with pytest.raises(AliasMismatch):
+        worker_heartbeat(Job.objects.using("other"), worker="w", lease=5, every=1, using="default")
+    assert beat.error is None
+    assert beat.last_beat is not None  # it beat on entry
