@@ -129,3 +129,18 @@ def test_shapes_of_what_has_none() -> None:
     assert exprshape.shape(Value(True)) != exprshape.shape(Value(False))
     assert exprshape.shape(Value(None)) is not None
     assert exprshape.shape(Lower("name")) != exprshape.shape(Lower("state"))
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_json_documents_are_one_shape_and_bound_per_call(alias: str) -> None:
+    from sample_project.jobs.models import Job as SampleJob
+
+    SampleJob.objects.using(alias).bulk_create([SampleJob(name=f"s{i}") for i in range(3)])
+    claims = claim_next(SampleJob.objects.using(alias), worker="w", lease=30, limit=3)
+    complete(claims[0], set={"state": "done", "result": {"ok": 0}})
+    before = setclause.compilations()
+    complete(claims[1], set={"state": "done", "result": {"ok": 1, "quote": "it's"}})
+    complete(claims[2], set={"state": "failed", "result": ["a", {"b": None}]})
+    assert setclause.compilations() == before
+    results = dict(SampleJob.objects.using(alias).values_list("pk", "result"))
+    assert [results[c.pk] for c in claims] == [{"ok": 0}, {"ok": 1, "quote": "it's"}, ["a", {"b": None}]]

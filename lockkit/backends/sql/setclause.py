@@ -23,8 +23,9 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections
-from django.db.models import Field
+from django.db.models import Field, JSONField
 from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
@@ -34,6 +35,8 @@ from lockkit.backends.sql import exprshape
 #: Plain values whose field preparation yields one parameter (anything else is compiled by Django per call).
 _PLAIN = frozenset({str, int, float, bool, Decimal, datetime, date, time, timedelta, uuid.UUID, bytes})
 _MAX_SHAPES = 256
+#: Documents a ``JSONField`` adapts into one parameter.
+_DOCUMENTS = frozenset({dict, list})
 
 Compiled = tuple[str, list[Any]]
 # One recipe step per assignment: the values' parameters it contributes (may be none), or None to give up.
@@ -85,6 +88,8 @@ class SetClauses:
                 kind = "null"
             elif type(value) in _PLAIN:
                 kind = "value"
+            elif type(value) in _DOCUMENTS and _is_json(model, name):
+                kind = "json"  # one parameter, the document adapted by the field
             elif id(value) in self._constants:
                 kind = self._constants[id(value)]
             elif self._is_lease_end(value):
@@ -113,7 +118,9 @@ class SetClauses:
         if any(step is _give_up for step in recipe):
             return sql, params  # not learnable from this call (equal values): a later call may teach it
         # Kept only when the recipe gives exactly Django's parameters for this call.
-        entry = (sql, recipe) if _params(recipe, values, connection) == params else None
+        made = _params(recipe, values, connection)
+        same = made is not None and len(made) == len(params) and all(map(_same, made, params))
+        entry = (sql, recipe) if same else None
         with self._lock:
             if len(self._shapes) >= _MAX_SHAPES:
                 self._shapes.clear()
@@ -223,6 +230,28 @@ def _prepared(field: Field[Any, Any], value: Any, connection: Any) -> list[Any] 
     if prepared is None or hasattr(prepared, "as_sql"):
         return None
     return [prepared]
+
+
+def _is_json(model: type[Any], name: str) -> bool:
+    try:
+        return isinstance(model._meta.get_field(name), JSONField)
+    except FieldDoesNotExist:
+        return False
+
+
+def _same(made: Any, django: Any) -> bool:
+    """Whether a recipe's parameter is the one Django made: equal, or the same adapter of equal documents.
+
+    psycopg's JSON wrappers (``Jsonb(obj)``, what ``JSONField`` prepares on PostgreSQL) compare by identity; their
+    ``obj`` says what they send.
+    """
+    if type(made) is not type(django):
+        return False
+    if made == django:
+        return True
+    marker = object()
+    document = getattr(made, "obj", marker)
+    return document is not marker and document == getattr(django, "obj", marker)
 
 
 def _params(steps: tuple[_Step, ...], values: dict[str, Any], connection: Any) -> list[Any] | None:
