@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +28,7 @@ from lockkit.errors import LockTimeout
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
 from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Job
+from lockkit_tests.support.claim_worker import claim_and_beat
 from lockkit_tests.support.claims_vendors import claims_vendor_params, db_now, expire, wait_for_clock
 from lockkit_tests.support.vendors import vendor_params
 
@@ -313,3 +318,54 @@ def test_worker_heartbeat_is_entered_once_and_refuses_a_mismatched_alias() -> No
         worker_heartbeat(Job.objects.using("other"), worker="w", lease=5, every=1, using="default")
     assert beat.error is None
     assert beat.last_beat is not None  # it beat on entry
+
+
+# -- faults: a worker killed while its heartbeat runs; its beat connection terminated -------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_workers_claims_expire_and_are_claimed_again_with_an_attempt_counted() -> None:
+    pks = _jobs("default", 2)
+    names = {alias: connections[alias].settings_dict["NAME"] for alias in ("default", "other")}
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    worker = context.Process(target=claim_and_beat, args=(names, theirs, 1.0, 0.2), daemon=True)
+    worker.start()
+    try:
+        assert ours.poll(60), "the worker process did not claim and beat within 60s"
+        claims, held = ours.recv()
+    finally:
+        os.kill(worker.pid or 0, signal.SIGKILL)
+        worker.join(10)
+    assert worker.exitcode == -signal.SIGKILL
+    assert held == {c.pk: c.token for c in claims}
+    assert sorted(held) == pks
+    renewed: dict[Any, Any] = dict(Job.objects.values_list("pk", "lease_expires_at"))
+    assert all(renewed[c.pk] > c.lease_expires_at for c in claims)  # the beats moved the leases
+    # Nobody renews them now: once the database clock passes the last lease, a claim takes them, counted.
+    wait_for_clock("default", max(renewed.values()))
+    taken = claim_next(Job.objects.all(), worker="survivor", lease=30, limit=5, expired=True)
+    assert [(c.pk, c.token, c.attempt) for c in taken] == [(pk, 2, 2) for pk in pks]
+    with pytest.raises(StaleClaim):
+        complete(claims[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beat_whose_connection_was_terminated_carries_on_on_a_new_one() -> None:
+    (claim,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="w1", lease=2)
+    with worker_heartbeat(Job, worker="w1", lease=2, every=0.2) as beat:
+        assert beat.wait_for_beat(10)
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            assert cursor.fetchall()  # the beat's session
+        killed = time.monotonic()
+        deadline = killed + 10
+        while (beat.last_beat or 0) <= killed:  # a beat that succeeded after its session was terminated
+            assert time.monotonic() < deadline, f"no beat succeeded after the termination: {beat.error}"
+            threading.Event().wait(0.05)
+        assert beat.holds(claim)
+    assert beat.error is None
+    heartbeat(claim)  # still held
