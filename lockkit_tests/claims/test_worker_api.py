@@ -56,7 +56,12 @@ def test_expired_claims_are_claimable_with_a_new_token_and_attempt(alias: str, l
     expire(alias, pks[0], pks[2])
     # Without expired=, nothing is free: the expired rows wait for a reaper.
     assert claim_next(jobs, worker="new", lease=30, limit=limit) == []
-    taken = claim_next(jobs, worker="new", lease=30, limit=limit, expired=True, set={"state": "running"})
+    with CaptureQueriesContext(connections[alias]) as queries:
+        taken = claim_next(jobs, worker="new", lease=30, limit=limit, expired=True, set={"state": "running"})
+    if alias == "default":  # one message: its opening, the claiming statement and COMMIT, in one round trip
+        (sent,) = [q["sql"] for q in queries]
+        assert sent.startswith("BEGIN") and sent.endswith("; COMMIT"), sent
+        assert "statement_timestamp()" in sent
     expected = [pks[0], pks[2]][:limit]
     assert [c.pk for c in taken] == expected
     for claim in taken:
