@@ -60,7 +60,8 @@ def test_expired_claims_are_claimable_with_a_new_token_and_attempt(alias: str, l
         taken = claim_next(jobs, worker="new", lease=30, limit=limit, expired=True, set={"state": "running"})
     if alias == "default":  # one message: its opening, the claiming statement and COMMIT, in one round trip
         (sent,) = [q["sql"] for q in queries]
-        assert sent.startswith("BEGIN") and sent.endswith("; COMMIT"), sent
+        assert sent.startswith("BEGIN"), sent
+        assert sent.endswith("; COMMIT"), sent
         assert "statement_timestamp()" in sent
     expected = [pks[0], pks[2]][:limit]
     assert [c.pk for c in taken] == expected
@@ -335,6 +336,9 @@ def test_worker_heartbeat_is_entered_once_and_refuses_a_mismatched_alias() -> No
         worker_heartbeat(Job.objects.using("other"), worker="w", lease=5, every=1, using="default")
     assert beat.error is None
     assert beat.last_beat is not None  # it beat on entry
+    (theirs,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="someone else", lease=5)
+    with pytest.raises(ValueError, match="claim is a claim of Job on 'default' by 'someone else'"):
+        beat.holds(theirs)
 
 
 # -- faults: a worker killed while its heartbeat runs; its beat connection terminated -------------------------------
