@@ -93,6 +93,7 @@ _CLAIM_NAMES = frozenset(
         "acomplete",
         "acomplete_many",
         "aheartbeat",
+        "aheartbeat_worker",
         "aheld_by",
         "areclaim_expired",
         "arelease",
@@ -104,10 +105,12 @@ _CLAIM_NAMES = frozenset(
         "fenced",
         "heartbeat",
         "heartbeat_every",
+        "heartbeat_worker",
         "held_by",
         "reclaim_expired",
         "release",
         "release_many",
+        "worker_heartbeat",
     }
 )
 
