@@ -20,6 +20,7 @@ from django.db.transaction import TransactionManagementError
 
 from lockkit import cancellation
 from lockkit.backends import TimeoutToken, backend_for
+from lockkit.errorcodes.table import code_of
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
 from lockkit.scopes import forks
@@ -34,6 +35,9 @@ forks.install()
 # restart included) before it gives up and raises CommitOutcomeUnknown, when the scope is not given its own budget:
 # the default RetryPolicy's reconnect_within. A locked_operation resolves for its policy's reconnect_within.
 COMMIT_RESOLUTION_TIMEOUT = 5.0
+
+# SQLSTATE statement_completion_unknown: CockroachDB's "result is ambiguous" when a COMMIT's fate is unknown.
+AMBIGUOUS_COMMIT = "40003"
 
 Callback = tuple[
     Any, Callable[[], Any], bool
@@ -271,6 +275,8 @@ class ScopeTransaction:
                     # An on_commit callback failed after the COMMIT: not a failure of the transaction.
                     raise self._on_commit_error(commit_exc) from commit_exc
                 raise
+            if committing and code_of(commit_exc) == AMBIGUOUS_COMMIT:
+                raise self._ambiguous(commit_exc) from commit_exc
             error = self._translate(commit_exc)
             if committing and isinstance(error, ConnectionLost):
                 self._resolve_commit(error, callbacks)
@@ -291,6 +297,17 @@ class ScopeTransaction:
             raise error from exc
         if restore_error is not None:
             raise restore_error
+
+    def _ambiguous(self, commit_exc: BaseException) -> CommitOutcomeUnknown:
+        """SQLSTATE 40003 at COMMIT (CockroachDB's "result is ambiguous"): it may or may not have committed."""
+        return CommitOutcomeUnknown(
+            f"the COMMIT on {self.alias!r} reported statement_completion_unknown (SQLSTATE 40003): the transaction "
+            f"may or may not have committed: {commit_exc}",
+            sqlstate=AMBIGUOUS_COMMIT,
+            alias=self.alias,
+            attempts=self.translating.attempts,
+            xid=self.xid,
+        )
 
     def _swallowed_error(self) -> TransactionAborted | None:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from django.db import Error
+from django.db import Error, NotSupportedError
 
 from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
 from lockkit.backends.postgresql import locks as postgresql_locks
@@ -41,6 +41,27 @@ _SERVER_COLUMNS = (
     "CASE WHEN pg_is_in_recovery() THEN NULL ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END",
 )
 Server = tuple[str | None, str | None]
+
+
+def distributed_sql(connection: BaseDatabaseWrapper) -> str | None:
+    """Which distributed SQL database speaks PostgreSQL's protocol on this open connection, or ``None``.
+
+    Read locally from what the server announced when the connection started (libpq's ``ParameterStatus``, through
+    the driver's public ``info.parameter_status()``): CockroachDB sends ``crdb_version``, YugabyteDB's
+    ``server_version`` carries ``-YB-``. They lack what lockkit's PostgreSQL backend relies on for some features
+    (``pg_current_xact_id``/``pg_xact_status``, advisory locks, ``pg_control_system``).
+    """
+    driver: Any = connection.connection
+    if driver is None:
+        return None
+    info = driver.info
+    if info.parameter_status("crdb_version"):
+        return "CockroachDB"
+    if "-YB-" in str(info.parameter_status("server_version") or ""):
+        return "YugabyteDB"
+    return None
+
+
 _servers: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
 
 
@@ -151,7 +172,18 @@ class PostgreSQLBackend(Backend):
         )
 
     def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
-        """Every form exists on PostgreSQL."""
+        """Every form exists on PostgreSQL; none on CockroachDB or YugabyteDB reached through this backend.
+
+        Raises:
+            NotSupportedError: the server is a distributed SQL database (``distributed_sql``).
+        """
+        connection.ensure_connection()
+        other = distributed_sql(connection)
+        if other is not None:
+            raise NotSupportedError(
+                f"advisory locks are not supported on {other} ({connection.alias!r}): it has no pg_advisory_lock "
+                "functions lockkit can rely on; lock a row instead"
+            )
 
     def acquire_advisory(
         self,
@@ -303,6 +335,8 @@ class PostgreSQLBackend(Backend):
         it, with the server it was assigned by (``_SERVER_COLUMNS``), to resolve a COMMIT whose reply was lost
         (``commit_outcome``).
         """
+        if distributed_sql(connection) is not None:
+            return ()  # no transaction id to resolve a lost COMMIT with there: its outcome is unknown
         known = connection.connection in _servers
         return ("pg_current_xact_id()::text", *(() if known else _SERVER_COLUMNS))
 
