@@ -1,0 +1,448 @@
+"""The worker loop of ``manage.py lockkit_worker``: claim ready tasks, run them on threads, record each outcome.
+
+The main thread claims (``SKIP LOCKED``, one statement per batch) and handles signals; ``concurrency`` runner
+threads run tasks; one heartbeat thread renews all the worker's claims in one statement per beat. An attempt is
+counted when its task is claimed (its worker is appended to ``worker_ids``), so a task that kills its worker is
+``FAILED`` after ``max_attempts``. Every outcome is written fenced by the claim's token. See docs/tasks.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from secrets import token_hex
+from traceback import format_exception
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connections
+from django.db.models import F, Q, Value
+from django.db.models.functions import Concat
+from django.tasks.base import Task, TaskContext, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+
+from lockkit.backends import claims_sql_for
+from lockkit.claims import Claim, Claimed, complete, release
+from lockkit.errors import StaleClaim
+from lockkit.tasks import arguments, results, running
+from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.leases import WorkerBeat, claim_ready
+from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
+from lockkit.tasks.notify import Wakeup
+
+logger = logging.getLogger("lockkit.tasks.worker")
+
+#: The longest a worker name may be (the claim column's length less room for nothing else).
+WORKER_ID_MAX_LENGTH = 255
+
+
+def default_worker_id() -> str:
+    """``<host>-<pid>-<random>``: unique per process, readable in ``worker_ids`` and the admin."""
+    return f"{socket.gethostname()[:200]}-{os.getpid()}-{token_hex(4)}"
+
+
+@dataclass
+class Stats:
+    """What a worker did: tasks finished by outcome."""
+
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    lost: int = 0
+    given_back: int = 0
+    ids: list[str] = field(default_factory=list)
+
+
+class Worker:
+    """Claims and runs the tasks of one backend's queues until stopped (or, in burst mode, until none is ready).
+
+    Args:
+        backend: The ``DatabaseBackend``.
+        queues: The queues to take tasks from (each must be one of the backend's).
+        concurrency: How many tasks run at once (threads).
+        batch: The most tasks one claiming statement takes (default ``concurrency``).
+        lease: The claim's lease in seconds (default the backend's ``lease`` option).
+        burst: Exit once no task is ready and none is running.
+        worker_id: The worker's name (default ``<host>-<pid>-<random>``).
+
+    Raises:
+        ValueError, TypeError: a bad argument (named).
+    """
+
+    def __init__(
+        self,
+        backend: DatabaseBackend,
+        *,
+        queues: Sequence[str],
+        concurrency: int = 1,
+        batch: int | None = None,
+        lease: float | None = None,
+        burst: bool = False,
+        worker_id: str | None = None,
+    ) -> None:
+        """Check the arguments (nothing runs until ``run()``)."""
+        self.backend = backend
+        self.settings = backend.settings
+        self.queues = list(queues)
+        unknown = sorted(set(self.queues) - backend.queues) if backend.queues else []
+        if not self.queues or unknown:
+            raise ValueError(
+                f"queues must name queues of backend {backend.alias!r} ({', '.join(sorted(backend.queues))}); "
+                f"got {', '.join(map(repr, unknown or self.queues)) or 'none'}"
+            )
+        self.concurrency = _positive(concurrency, "concurrency")
+        self.batch = self.concurrency if batch is None else _positive(batch, "batch")
+        self.lease = self.settings.lease if lease is None else float(lease)
+        if not self.lease >= 1:
+            raise ValueError(f"lease must be at least 1 second, got {lease!r}")
+        self.burst = burst
+        self.worker_id = default_worker_id() if worker_id is None else worker_id
+        if (
+            not self.worker_id
+            or len(self.worker_id) > WORKER_ID_MAX_LENGTH
+            or WORKER_SEPARATOR in self.worker_id
+        ):
+            raise ValueError(
+                f"worker_id must be 1 to {WORKER_ID_MAX_LENGTH} characters without a newline, got "
+                f"{self.worker_id!r}"
+            )
+        self.alias = backend.database()
+        self.stopping = threading.Event()
+        self.stats = Stats()
+        self._wake = threading.Event()
+        self._pending: queue.Queue[Claimed[Any]] = queue.Queue()
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self._beat: WorkerBeat | None = None
+        now = claims_sql_for(QueuedTask, self.alias).now()
+        self._now = now
+        ready = Q(status=TaskResultStatus.READY) & (Q(ready_at__isnull=True) | Q(ready_at__lte=now))
+        # RUNNING rows are always claimed: only their expired claims are taken (counting the attempt).
+        self._candidates = QueuedTask.objects.using(self.alias).filter(
+            ready | Q(status=TaskResultStatus.RUNNING),
+            backend_name=backend.alias,
+            queue_name__in=self.queues,
+        )
+        self._claim_set = {
+            "status": TaskResultStatus.RUNNING,
+            "started_at": now,
+            "last_attempted_at": now,
+            "worker_log": Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR)),
+        }
+        self._order = [F("priority").desc(), F("enqueued_at").asc()]
+
+    def stop(self) -> None:
+        """Finish the running tasks, give back the claimed ones not started, and return from ``run()``."""
+        self.stopping.set()
+        self._wake.set()
+
+    def run(self) -> Stats:
+        """Work until stopped (``stop()``, ``SIGTERM``) or, with ``burst``, until no task is ready.
+
+        Returns:
+            What was done.
+        """
+        every = self.lease / 3
+        runners = [
+            threading.Thread(target=self._runner, name=f"lockkit-tasks-runner-{n}", daemon=True)
+            for n in range(self.concurrency)
+        ]
+        logger.info(
+            "worker %s: queues %s of backend %r on database %r (concurrency %d, batch %d, lease %gs)",
+            self.worker_id, ", ".join(self.queues), self.backend.alias, self.alias, self.concurrency,
+            self.batch, self.lease,
+        )  # fmt: skip
+        # A burst worker never waits for new tasks: it has nothing to listen for.
+        wakeup = (
+            Wakeup(self.alias, self.queues, self._wake) if self.settings.notify and not self.burst else None
+        )
+        with WorkerBeat(QueuedTask, self.alias, worker=self.worker_id, lease=self.lease, every=every) as beat:
+            self._beat = beat
+            for runner in runners:
+                runner.start()
+            try:
+                if wakeup is not None:
+                    wakeup.start()
+                self._loop()
+            finally:
+                self.stopping.set()
+                for runner in runners:
+                    runner.join(timeout=None)
+                self._give_back()
+                if wakeup is not None:
+                    wakeup.stop()
+                connections.close_all()
+        logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
+        return self.stats
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            idle = self.concurrency - self._busy_count() - self._pending.qsize()
+            claimed: list[Claimed[Any]] = []
+            if idle > 0:
+                try:
+                    claimed = self._claim(max(self.batch, idle))
+                    failures = 0
+                except DatabaseError as failure:
+                    failures += 1
+                    logger.warning("worker %s: claiming failed, retrying: %s", self.worker_id, failure)
+                    connections[self.alias].close()
+                    self._wake.wait(min(self.settings.poll_interval, 0.1 * 2**failures))
+                    self._wake.clear()
+                    continue
+            for item in claimed:
+                self._pending.put(item)
+            if claimed:
+                continue
+            if self.burst and idle == self.concurrency:
+                return  # nothing ready, nothing running, nothing waiting
+            self._wake.wait(self.settings.poll_interval)
+            self._wake.clear()
+
+    def _claim(self, limit: int) -> list[Claimed[Any]]:
+        assert self._beat is not None
+        found = claim_ready(
+            self._candidates,
+            worker=self.worker_id,
+            lease=self.lease,
+            limit=limit,
+            values=self._claim_set,
+            order_by=self._order,
+        )
+        for _, claim in found:
+            self._beat.claimed(claim)
+        return found
+
+    def _busy_count(self) -> int:
+        with self._busy_lock:
+            return self._busy
+
+    def _runner(self) -> None:
+        try:
+            while True:
+                try:
+                    item = self._pending.get(timeout=0.05)
+                except queue.Empty:
+                    if self.stopping.is_set():
+                        return
+                    continue
+                if self.stopping.is_set():
+                    self._pending.put(item)  # given back by the main thread
+                    return
+                with self._busy_lock:
+                    self._busy += 1
+                try:
+                    self._attempt(*item)
+                finally:
+                    with self._busy_lock:
+                        self._busy -= 1
+                    self._wake.set()
+        finally:
+            connections.close_all()
+
+    def _attempt(self, row: QueuedTask, claim: Claim) -> None:
+        assert self._beat is not None
+        close_old_connections()
+        try:
+            if not self._still_held(claim):
+                self.stats.lost += 1
+                logger.warning(
+                    "worker %s: lost the claim on task %s before starting it", self.worker_id, row.id
+                )
+                return
+            self._run_task(row, claim)
+        finally:
+            self._beat.forget(claim)
+            close_old_connections()
+
+    def _still_held(self, claim: Claim) -> bool:
+        assert self._beat is not None
+        if self._beat.holds(claim):
+            return True
+        try:
+            self._beat.beat()  # the latest beat is too old to say: ask the database now
+        except DatabaseError:
+            connections[self.alias].close()
+            return False
+        return self._beat.holds(claim)
+
+    def _run_task(self, row: QueuedTask, claim: Claim) -> None:
+        workers = row.worker_ids
+        attempt = len(workers)
+        errors = list(row.errors or [])
+        errors += _lost_attempts(row, workers, attempt)
+        try:
+            task = results.task_of(row)
+        except Exception as unusable:  # an import error or not a Task: no attempt can ever succeed
+            errors.append(_error(unusable, attempt))
+            self._finish(row, claim, TaskResultStatus.FAILED, errors=errors)
+            return
+        if attempt > self.settings.max_attempts:
+            # Attempts up to max_attempts died with their workers; this claim is not an attempt of its own.
+            self._finish(
+                row,
+                claim,
+                TaskResultStatus.FAILED,
+                errors=errors,
+                extra={"worker_log": _log(workers[:-1])},
+                task=task,
+            )
+            return
+        result = results.result_of(row, task)
+        task_started.send(sender=DatabaseBackend, task_result=result)
+        with running.running(claim) as run:
+            try:
+                value = _call(task, result, row)
+                stored = arguments.json_value(value, "the return value")
+            except KeyboardInterrupt:
+                raise
+            except BaseException as failure:  # SystemExit too: a task cannot stop its worker
+                if run.completed:
+                    logger.exception(
+                        "task %s failed after its fenced() block committed: kept SUCCESSFUL", row.id
+                    )
+                    return
+                errors.append(_error(failure, attempt))
+                if attempt < self.settings.max_attempts:
+                    self._retry(row, claim, errors, attempt)
+                else:
+                    self._finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
+                return
+        if run.completed:
+            QueuedTask.objects.using(self.alias).filter(
+                pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
+            ).update(return_value=stored)
+            self.stats.succeeded += 1
+            self.stats.ids.append(str(row.pk))
+            return
+        self._finish(row, claim, TaskResultStatus.SUCCESSFUL, errors=errors, value=stored, task=task)
+
+    def _retry(self, row: QueuedTask, claim: Claim, errors: list[dict[str, Any]], attempt: int) -> None:
+        wait = self.settings.backoff(attempt)
+        values = {
+            "status": TaskResultStatus.READY,
+            "errors": errors,
+            "ready_at": claims_sql_for(QueuedTask, self.alias).lease_end(wait),
+        }
+        if self._write(release, claim, values, row):
+            self.stats.retried += 1
+            logger.info("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
+
+    def _finish(
+        self,
+        row: QueuedTask,
+        claim: Claim,
+        status: TaskResultStatus,
+        *,
+        errors: list[dict[str, Any]],
+        value: Any = None,
+        extra: dict[str, Any] | None = None,
+        task: Task[..., Any] | None = None,
+    ) -> None:
+        values: dict[str, Any] = {
+            "status": status,
+            "finished_at": self._now,
+            "errors": errors,
+            "return_value": value,
+            **(extra or {}),
+        }
+        if not self._write(complete, claim, values, row):
+            return
+        if status == TaskResultStatus.SUCCESSFUL:
+            self.stats.succeeded += 1
+        else:
+            self.stats.failed += 1
+        self.stats.ids.append(str(row.pk))
+        if task is not None and task_finished.receivers:
+            finished = QueuedTask.objects.using(self.alias).get(pk=row.pk)
+            task_finished.send(sender=DatabaseBackend, task_result=results.result_of(finished, task))
+
+    def _write(self, end: Any, claim: Claim, values: dict[str, Any], row: QueuedTask) -> bool:
+        """End the claim with ``values`` (fenced); ``False`` when the claim was lost (nothing written)."""
+        deadline = time.monotonic() + self.lease
+        while True:
+            try:
+                end(claim, set=values)
+                return True
+            except StaleClaim as stale:
+                self.stats.lost += 1
+                logger.warning(
+                    "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
+                    self.worker_id, row.id, stale,
+                )  # fmt: skip
+                return False
+            except DatabaseError as failure:
+                connections[self.alias].close()
+                if time.monotonic() > deadline:
+                    logger.error("worker %s: could not record task %s: %s", self.worker_id, row.id, failure)
+                    return False
+                time.sleep(0.2)
+
+    def _give_back(self) -> None:
+        """Release the claimed tasks no runner started (SIGTERM): their attempt is not counted."""
+        while True:
+            try:
+                row, claim = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            values = {"status": TaskResultStatus.READY, "worker_log": _log(row.worker_ids[:-1])}
+            try:
+                release(claim, set=values)
+                self.stats.given_back += 1
+            except (StaleClaim, DatabaseError) as failure:
+                logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
+
+
+def _log(workers: list[str]) -> str:
+    return "".join(name + WORKER_SEPARATOR for name in workers)
+
+
+def _call(task: Task[..., Any], result: Any, row: QueuedTask) -> Any:
+    args, kwargs = row.arguments()
+    if task.takes_context:
+        return task.call(TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+def _error(failure: BaseException, attempt: int) -> dict[str, Any]:
+    kind = type(failure)
+    return {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        "traceback": "".join(format_exception(failure)),
+        "attempt": attempt,
+    }
+
+
+def _lost_attempts(row: QueuedTask, workers: list[str], attempt: int) -> list[dict[str, Any]]:
+    """A ``WorkerLost`` error for each earlier attempt that left no outcome (its worker vanished)."""
+    recorded = {e.get("attempt") for e in row.errors or []}
+    lost = []
+    for number in range(1, attempt):
+        if number not in recorded:
+            name = workers[number - 1] if number - 1 < len(workers) else "?"
+            lost.append(
+                {
+                    "exception_class_path": "lockkit.tasks.errors.WorkerLost",
+                    "traceback": (
+                        f"lockkit.tasks.errors.WorkerLost: attempt {number} of task {row.id} by worker {name!r} "
+                        f"ended without a result: the worker stopped renewing its lease (killed, frozen past the "
+                        f"lease, or cut off from the database) and the lease expired\n"
+                    ),
+                    "attempt": number,
+                }
+            )
+    return lost
+
+
+def _positive(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
