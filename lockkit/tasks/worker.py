@@ -55,7 +55,7 @@ class Stats:
     retried: int = 0
     lost: int = 0
     given_back: int = 0
-    ids: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list, repr=False)
 
 
 class Worker:

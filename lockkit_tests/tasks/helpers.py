@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connections
 from django.tasks import task_backends
 from django.test import override_settings
@@ -109,7 +109,10 @@ class WorkerProcess:
     """A ``manage.py lockkit_worker`` process on the test databases (``python -m django`` with our settings)."""
 
     def __init__(self, alias: str, *args: str, options: dict[str, Any] | None = None) -> None:
-        names = {a: str(connections[a].settings_dict["NAME"]) for a in ("default", alias)}
+        keys = ("NAME", "HOST", "PORT", "USER", "OPTIONS")
+        names = {
+            a: {k: connections[a].settings_dict.get(k) for k in keys} for a in {"default", "sqlite", alias}
+        }
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "lockkit_tests.tasks.worker_settings",
@@ -117,14 +120,18 @@ class WorkerProcess:
             "LOCKKIT_TASKS_TEST_DATABASES": json.dumps(names),
             "LOCKKIT_TASKS_TEST_TASKS": json.dumps(tasks_setting(alias, **(options or {}))),
         }
+        self.log_file = tempfile.NamedTemporaryFile(prefix="lockkit-worker-", suffix=".log", delete=False)  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "django", "lockkit_worker", *args],
             env=env,
             cwd=ROOT,
-            stdout=subprocess.PIPE,
+            stdout=self.log_file,
             stderr=subprocess.STDOUT,
-            text=True,
         )
+
+    def log(self) -> str:
+        """What the worker printed and logged so far."""
+        return Path(self.log_file.name).read_text(errors="replace")
 
     @property
     def pid(self) -> int:
@@ -135,17 +142,16 @@ class WorkerProcess:
 
     def wait(self, timeout: float = 30.0) -> tuple[int, str]:
         try:
-            output, _ = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            output, _ = self.process.communicate(timeout=10)
-            raise AssertionError(f"worker {self.pid} did not exit in {timeout}s:\n{output}") from None
-        return self.process.returncode, output
+            self.kill()
+            raise AssertionError(f"worker {self.pid} did not exit in {timeout}s:\n{self.log()}") from None
+        return self.process.returncode, self.log()
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
-        self.process.communicate(timeout=10)
+        self.process.wait(timeout=10)
 
 
 @contextmanager
@@ -154,11 +160,25 @@ def worker_process(alias: str, *args: str, options: dict[str, Any] | None = None
     worker = WorkerProcess(alias, *args, options=options)
     try:
         yield worker
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\n--- worker {worker.pid} log ---\n{worker.log()}") from failure
     finally:
         if worker.process.poll() is None:
             worker.signal(signal.SIGCONT)
             worker.kill()
+        worker.log_file.close()
+        os.unlink(worker.log_file.name)
 
 
-def sqlite_dir() -> str:
-    return os.path.dirname(str(settings.DATABASES["sqlite"]["TEST"]["NAME"]))
+def marker(tmp_path: Path, name: str) -> str:
+    """A path prefix for the files a task writes (``<prefix>.started``...)."""
+    return str(tmp_path / name)
+
+
+def lease_expired(alias: str) -> bool:
+    """Whether every claimed task's lease has run out, by the database clock (as claiming sees it)."""
+    from lockkit.backends import claims_sql_for
+
+    now = claims_sql_for(QueuedTask, alias).now()
+    claimed = QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False)
+    return claimed.exists() and not claimed.filter(lease_expires_at__gte=now).exists()

@@ -96,3 +96,21 @@ def slow_then_fenced_write(marker: str, seconds: float, alias: str) -> str:
     with fenced() as scope:
         Owner.objects.using(scope.alias).create(name=f"effect-{claim.pk}"[:40])
     return f"written by token {claim.token}"
+
+
+@task(takes_context=True)
+def hang_on_first_attempt(context: TaskContext[..., Any], marker: str) -> int:
+    """Attempt 1 writes ``<marker>.started`` and hangs (to be killed); later attempts return theirs."""
+    if context.attempt == 1:
+        Path(marker + ".started").write_text(str(os.getpid()))
+        time.sleep(120)
+    return context.attempt
+
+
+@task()
+def fenced_effect(name: str) -> str:
+    """Write one database effect in ``lockkit.tasks.fenced()``, a little slowly (a restart meets it mid-way)."""
+    time.sleep(0.05)
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+    return name

@@ -1,6 +1,7 @@
 """Settings of ``manage.py lockkit_worker`` processes started by the tasks tests: the suite's, on its test databases.
 
-``LOCKKIT_TASKS_TEST_DATABASES`` (JSON ``{alias: NAME}``) points each alias at the test database the parent made;
+``LOCKKIT_TASKS_TEST_DATABASES`` (JSON ``{alias: {setting: value}}``) points each alias at the database the parent
+uses (its test database's ``NAME``; a throwaway cluster's ``HOST``/``PORT``);
 ``LOCKKIT_TASKS_TEST_TASKS`` (JSON) replaces ``TASKS``.
 """
 
@@ -12,8 +13,8 @@ import os
 from lockkit_tests.settings import *  # noqa: F403 (the suite's settings, adjusted below)
 from lockkit_tests.settings import DATABASES
 
-for _alias, _name in json.loads(os.environ.get("LOCKKIT_TASKS_TEST_DATABASES", "{}")).items():
-    DATABASES[_alias]["NAME"] = _name
+for _alias, _overrides in json.loads(os.environ.get("LOCKKIT_TASKS_TEST_DATABASES", "{}")).items():
+    DATABASES[_alias] = {**DATABASES[_alias], **_overrides, "TEST": {}}
 if "LOCKKIT_TASKS_TEST_TASKS" in os.environ:
     TASKS = json.loads(os.environ["LOCKKIT_TASKS_TEST_TASKS"])
 LOGGING = {
