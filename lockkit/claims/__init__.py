@@ -30,7 +30,9 @@ from lockkit.claims.api import (
 from lockkit.claims.beat import heartbeat_every
 from lockkit.claims.fencing import fenced
 from lockkit.claims.mixin import CLAIM_FIELDS, Claimable
+from lockkit.claims.renewal import aheartbeat_worker, heartbeat_worker
 from lockkit.claims.value import Claim, Claimed
+from lockkit.claims.workerbeat import worker_heartbeat
 from lockkit.errors import StaleClaim
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "acomplete",
     "acomplete_many",
     "aheartbeat",
+    "aheartbeat_worker",
     "aheld_by",
     "areclaim_expired",
     "arelease",
@@ -55,8 +58,10 @@ __all__ = [
     "fenced",
     "heartbeat",
     "heartbeat_every",
+    "heartbeat_worker",
     "held_by",
     "reclaim_expired",
     "release",
     "release_many",
+    "worker_heartbeat",
 ]

@@ -140,6 +140,7 @@ def claim_next(
     using: str | None = None,
     lock_timeout: Duration | None = FROM_SETTINGS,
     fetch: Literal[False] = False,
+    expired: bool = False,
 ) -> list[Claim]: ...
 @overload
 def claim_next(
@@ -153,6 +154,7 @@ def claim_next(
     using: str | None = None,
     lock_timeout: Duration | None = FROM_SETTINGS,
     fetch: Literal[True],
+    expired: bool = False,
 ) -> list[Claimed[Any]]: ...
 def claim_next(
     queryset: QuerySet[Any],
@@ -165,6 +167,7 @@ def claim_next(
     using: str | None = None,
     lock_timeout: Duration | None = FROM_SETTINGS,
     fetch: bool = False,
+    expired: bool = False,
 ) -> list[Claim] | list[Claimed[Any]]:
     """Claim up to ``limit`` free rows of ``queryset`` without waiting on rows other sessions hold.
 
@@ -181,7 +184,11 @@ def claim_next(
     picks the rows, then ``UPDATE ... RETURNING`` claims them.
 
     Free means not claimed (``lease_expires_at IS NULL``); expired claims become free through
-    ``reclaim_expired()``.
+    ``reclaim_expired()``, or, with ``expired=True``, are claimable here directly: a row whose lease has ended
+    (``lease_expires_at <=`` the database clock) is picked in the same statement as the free rows, in the same
+    order, under the same ``limit`` and ``SKIP LOCKED``, and re-checked on the locked row. Claiming it is a claim
+    like any other: a new token (the previous holder's ``complete()``/``heartbeat()`` raise ``StaleClaim``) and
+    one more attempt, so a worker that uses it needs no reaper.
 
     Args:
         queryset: The candidate rows of a ``Claimable`` model (a queryset, manager or model class), e.g.
@@ -200,6 +207,8 @@ def claim_next(
             transaction).
         lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
             ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
+        expired: Also claim rows whose lease has expired by the database clock (not only free rows); their
+            ``attempts`` grows by one as for any claim (a job that killed its worker counts that attempt).
 
     Returns:
         The claims, in ``order_by`` order; an empty list when no free row is available right now. With
@@ -207,7 +216,8 @@ def claim_next(
         the claim left the row.
 
     Raises:
-        TypeError: a parameter has the wrong type, or the model does not use the ``Claimable`` mixin.
+        TypeError: a parameter has the wrong type (``expired`` and ``fetch`` must be ``bool``), or the model does
+            not use the ``Claimable`` mixin.
         ValueError: a non-positive ``lease`` or ``limit``, an empty or unstorable worker name, a sliced or
             distinct queryset or one that already carries ``select_for_update()``, a bad ``set``, an ``order_by``
             naming an unknown field or using an aggregate or window function.
@@ -222,19 +232,23 @@ def claim_next(
     name = inputs.worker(worker)
     seconds = inputs.lease(lease)
     count = inputs.positive_int(limit, "limit")
+    lapsed = flag(expired, "expired")
     alias = inputs.alias_for(using, candidates)
     statements = claims_sql_for(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     source = candidates
+    claimable = statements.claimable(expired=lapsed)
 
     def ordered() -> QuerySet[Any]:
-        return inputs.order(order_by, source.using(alias).filter(lease_expires_at__isnull=True))
+        return inputs.order(order_by, source.using(alias).filter(claimable))
 
     # The caller's own queryset object (not one built here from a manager or a model): its SELECT is kept.
     # order_by is validated when the SELECT is compiled, so only a None or a list/tuple order_by is ever a key.
     keyable = order_by is None or isinstance(order_by, list | tuple)
     reuse = (
-        (queryset, None if order_by is None else tuple(order_by)) if source is queryset and keyable else None
+        (queryset, (None if order_by is None else tuple(order_by), lapsed))
+        if source is queryset and keyable
+        else None
     )
     fields = model._meta.concrete_fields if flag(fetch, "fetch") else ()
     # The same (kept) SELECT the claim uses: compiled once per queryset object, not once more per call.
@@ -243,7 +257,7 @@ def claim_next(
     resolved: list[bool] = []
 
     def work() -> list[Any]:
-        return statements.claim_next(ordered, count, values, fields, reuse=reuse)
+        return statements.claim_next(ordered, count, values, fields, reuse=reuse, expired=lapsed)
 
     def found(message: Any, lost: ConnectionLost) -> list[Any]:
         resolved.append(True)
@@ -694,6 +708,11 @@ def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -
     (``CommitOutcomeUnknown``), or a process restarted under the same worker name. Each returned claim carries
     the row's current token, so ``heartbeat()``/``complete()`` work with it, fenced as usual. Its ``lease`` is
     the time from the claim (``claimed_at``) to the lease's end; pass ``lease=`` to ``heartbeat()`` to choose.
+
+    Nothing is written and no attempt is counted: running a returned claim's job runs the same attempt again. That
+    is right after a lost reply (the claim was counted, the job not started); after a restart the job may be what
+    killed the process, so give such claims back (``release_many(held_by(...), set=...)``) and claim again, which
+    counts, or let their leases expire for ``claim_next(expired=True)``. See docs/claims.md#a-worker.
 
     Args:
         queryset: The rows to look at (a queryset, manager or model class of a ``Claimable`` model).

@@ -31,3 +31,41 @@ def claim_then_hang(database_names: dict[str, str], pipe: Connection, lease: flo
     )
     pipe.send(claims)
     pipe.poll(120)  # the parent kills this process with SIGKILL long before
+
+
+def run_docs_loop(database_names: dict[str, str], source: str, slot: str) -> None:
+    """Run docs/claims.md's worker loop (``source``) as slot ``slot``; a job named "poison" kills the process.
+
+    The loop's ``myapp`` imports are the sample project's ``Job``/``JobRun`` and job code that ends the process
+    with ``os._exit(17)`` for the poison job, as a segfault or the OOM killer would (no cleanup, no ``finally``).
+    """
+    import sys
+    import types
+
+    os.environ["WORKER_SLOT"] = slot
+    setup_django(database_names)
+    from lockkit_tests.support.doc_examples import RetryableError
+    from sample_project.jobs.models import Job, JobRun
+
+    def compute(job: Job, should_stop: object) -> dict[str, object]:
+        if job.name == "poison":
+            os._exit(17)
+        return {"ok": job.pk}
+
+    def notify(job: Job, idempotency_key: str) -> None:
+        pass
+
+    modules: dict[str, dict[str, object]] = {
+        "myapp": {},
+        "myapp.models": {"Job": Job, "JobRun": JobRun},
+        "myapp.jobs": {"RetryableError": RetryableError, "compute": compute, "notify": notify},
+    }
+    for name, attributes in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        sys.modules[name] = module
+    namespace: dict[str, object] = {"__name__": "docs_worker"}
+    exec(compile(source, "docs/claims.md", "exec"), namespace)
+    work_forever = namespace["work_forever"]
+    assert callable(work_forever)
+    work_forever()

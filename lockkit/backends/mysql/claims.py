@@ -1,16 +1,18 @@
-"""MariaDB 10.6+/MySQL 8 claims: ``SELECT ... FOR UPDATE SKIP LOCKED``, ``UPDATE`` by primary key, read back.
+"""MariaDB 10.6+/MySQL 8 claims: candidates read without locking, locked by primary key, updated, read back.
 
-See https://mariadb.com/kb/en/select/#skip-locked.
+See https://mariadb.com/kb/en/select/#skip-locked and
+https://dev.mysql.com/doc/refman/8.0/en/innodb-locks-set.html.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import DateTimeField, Expression, Field, Func
+from django.db.models import DateTimeField, Expression, Field, Func, QuerySet
 from django.db.models.functions import Now
 
 from lockkit.backends.sql.claims import Row
@@ -40,6 +42,73 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         """``UTC_TIMESTAMP(6)`` with ``USE_TZ`` (values are stored as naive UTC), else Django's ``Now()``."""
         return UTCTimestamp() if settings.USE_TZ else Now()
 
+    def claim_next(
+        self,
+        candidates: QuerySet[Any] | Callable[[], QuerySet[Any]],
+        limit: int,
+        values: dict[str, Any],
+        fields: Sequence[Field[Any, Any]] = (),
+        *,
+        reuse: tuple[QuerySet[Any], Hashable] | None = None,
+        expired: bool = False,
+    ) -> list[Row]:
+        """Pick candidates in order without locking, lock the first free ones by primary key, claim them.
+
+        InnoDB locks every row a locking read examines, and ``ORDER BY`` a column no index covers examines every
+        candidate before the sort: ``SELECT ... ORDER BY <unindexed> LIMIT n FOR UPDATE SKIP LOCKED`` locked all
+        of them, so one claim in flight hid every free job from the others (empty polls). Here a plain ``SELECT``
+        reads the candidates' primary keys in the order asked (``limit`` plus a margin, ``_candidates``), then
+        ``SELECT pk ... WHERE <the queryset's filters and the claimable condition> AND pk IN (<next batch>) FOR
+        UPDATE SKIP LOCKED`` locks them batch by batch in that order, examining only the batch's rows, until
+        ``limit`` are locked or the candidates run out. The rows claimed are the first ``limit`` candidates, in
+        the order asked, that no other session holds: what ``SKIP LOCKED`` promises. The locking statement
+        re-checks every condition on the row's latest version, so a row completed or claimed since the plain
+        ``SELECT`` is not taken.
+        """
+        queryset = candidates if isinstance(candidates, QuerySet) else candidates()
+        size = _candidates(limit)
+        picked: list[Any] = []
+        for offset in (0, size):  # a second window when the first was all held by other sessions
+            window = self.pick(queryset, limit=size, skip_locked=False, locking=False, offset=offset)
+            start, batch_size = 0, limit
+            while len(picked) < limit and start < len(window):
+                batch = window[start : start + batch_size]
+                start += len(batch)
+                locked = set(self.lock_by_pk(queryset, batch))
+                picked += [pk for pk in batch if pk in locked][: limit - len(picked)]
+                # Doubling: a window mostly held by others is crossed in a few statements; a row locked here
+                # beyond those taken stays locked (unclaimed) only until this short transaction commits.
+                batch_size = max(limit - len(picked), 2 * batch_size)
+            if len(picked) == limit or len(window) < size:
+                break
+        if not picked:
+            return []
+        condition, condition_params = self.claimable_sql(expired=expired)
+        rows = self.write(picked, values, condition, fields, condition_params)
+        position = {pk: index for index, pk in enumerate(picked)}
+        rows.sort(key=lambda row: position[row["pk"]])
+        return rows
+
+    def lock_by_pk(self, queryset: QuerySet[Any], pks: Sequence[Any]) -> list[Any]:
+        """``SELECT pk ... FORCE INDEX (PRIMARY) WHERE <filters> AND pk IN (pks) FOR UPDATE SKIP LOCKED``.
+
+        The primary key is forced so InnoDB examines (and locks) the listed rows only: through a secondary index
+        (``lease_expires_at IS NULL`` matches every free row) it would lock rows outside the list while it scans,
+        and a concurrent claim would skip them.
+        """
+        selection = queryset.filter(pk__in=pks).order_by().values_list("pk")
+        try:
+            select, params = selection.query.get_compiler(self.alias).as_sql()
+        except EmptyResultSet:
+            return []
+        table = f" FROM {self.table.name}"
+        at = select.find(table)
+        if at != -1 and select.find(table, at + 1) == -1:
+            end = at + len(table)
+            select = f"{select[:end]} FORCE INDEX (PRIMARY){select[end:]}"
+        rows, _ = self.run(f"{select} {self.lock_clause(skip_locked=True)}", params)
+        return [next(iter(row.values())) for row in rows]
+
     def lock_clause(self, *, skip_locked: bool) -> str:
         """``FOR UPDATE [SKIP LOCKED]`` (no ``OF``, no ``NO KEY``: MariaDB has neither)."""
         return connections[self.alias].ops.for_update_sql(skip_locked=skip_locked)
@@ -50,6 +119,7 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         values: dict[str, Any],
         condition: str = "",
         fields: Sequence[Field[Any, Any]] = (),
+        condition_params: Sequence[Any] = (),
     ) -> list[Row]:
         """``UPDATE`` then ``SELECT`` the written rows back (MariaDB has no ``UPDATE ... RETURNING``).
 
@@ -57,7 +127,7 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         """
         update, params = self.update(values)
         extra = f" AND {condition}" if condition else ""
-        self.run(f"{update} WHERE {self.where_pks(pks)}{extra}", [*params, *pks])
+        self.run(f"{update} WHERE {self.where_pks(pks)}{extra}", [*params, *pks, *condition_params])
         rows, _ = self.run(
             f"SELECT {self.returning(fields)} FROM {self.table.name} WHERE {self.where_pks(pks)}", list(pks)
         )
@@ -79,3 +149,8 @@ class MySQLClaimsSQL(SerialClaimsSQL):
     def typed(self, row: Row) -> Row:
         """The row with its lease as an aware ``datetime``."""
         return {**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])}
+
+
+def _candidates(limit: int) -> int:
+    """How many candidates one window reads: the rows asked for, plus room for the claims of other workers."""
+    return limit * 4 + 32

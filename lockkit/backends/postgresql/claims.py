@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import DurationField, Expression, Field, QuerySet, Value
 from django.db.models.expressions import BaseExpression
@@ -60,6 +61,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         fields: Sequence[Field[Any, Any]] = (),
         *,
         reuse: tuple[QuerySet[Any], Hashable] | None = None,
+        expired: bool = False,
     ) -> list[Row]:
         """One statement: a ``MATERIALIZED`` CTE picks and locks, an ``UPDATE`` joined to it claims.
 
@@ -74,27 +76,29 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         select, select_params = picked
         update, set_params = self.update(values)
         table = self.table
+        # statement_timestamp() has no parameter: the re-check is the same text for every call.
+        claimable = self.claimable_sql(expired=expired)[0]
         if limit == 1 and not self.qualified:
             # Not for a schema-qualified table: its SELECT names the table by an alias (``FOR UPDATE OF`` refuses
             # a qualified name), so SQL of the caller's naming the table itself (``.extra()``, ``RawSQL``) would
             # bind to the outer UPDATE and correlate the subquery, run once per row. The CTE form refuses it.
             statement = self.text(
-                ("claim_one", update, select, tuple(fields)),
+                ("claim_one", update, select, tuple(fields), expired),
                 lambda: (
                     f"{update} WHERE {table.pk_of()} = ({select}) "
-                    f"AND {table.column('lease_expires_at')} IS NULL RETURNING {self.returning(fields)}"
+                    f"AND {claimable} RETURNING {self.returning(fields)}"
                 ),
             )
             rows, _ = self.run(statement, [*set_params, *select_params])
             return rows
         statement = self.text(
-            ("claim_many", update, select, tuple(fields)),
+            ("claim_many", update, select, tuple(fields), expired),
             lambda: (
                 f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
                 f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
                 f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
                 f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
-                f"AND {table.column('lease_expires_at')} IS NULL "
+                f"AND {claimable} "
                 f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
             ),
         )
@@ -152,6 +156,35 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         )
         rows, _ = self.run(statement, [list(pks), list(tokens), list(workers), *set_params, len(pks)])
         return rows
+
+    def renew_worker(self, held: QuerySet[Any], worker: str, values: dict[str, Any]) -> tuple[list[Row], Any]:
+        """One statement: renew the worker's unexpired claims, and read the clock (one row even when none).
+
+        The ``UPDATE`` re-checks worker and lease on each row after any lock wait (a claim completed meanwhile is
+        left alone); the clock comes back on a row of its own joined to the renewed ones, so an empty result still
+        says when the statement ran.
+        """
+        try:
+            select, select_params = held.order_by().values("pk").query.get_compiler(self.alias).as_sql()
+        except EmptyResultSet:
+            return [], None
+        update, set_params = self.update(values)
+        table = self.table
+        statement = self.text(
+            ("renew_worker", update, select),
+            lambda: (
+                f'WITH "lockkit_renewed" AS ({update} WHERE {table.pk_of()} IN ({select}) '
+                f"AND {table.column('claimed_by')} = (%s)::text "
+                f"AND {table.column('lease_expires_at')} > statement_timestamp() "
+                f'RETURNING {table.pk_of()} AS "pk", {table.column("claim_token")} AS "claim_token") '
+                f'SELECT "lockkit_renewed".pk AS "pk", "lockkit_renewed".claim_token AS "claim_token", '
+                f'statement_timestamp() AS "now" FROM (SELECT 1) AS "lockkit_one" '
+                f'LEFT JOIN "lockkit_renewed" ON true'
+            ),
+        )
+        rows, _ = self.run(statement, [*set_params, *select_params, worker])
+        clock = rows[0]["now"] if rows else None
+        return [row for row in rows if row["pk"] is not None], clock
 
     def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
         """One statement: lock the expired rows (``SKIP LOCKED``), re-check the lease on each row updated.

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import django
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, QuerySet, Value
+from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, Q, QuerySet, Value
 from django.db.models.expressions import BaseExpression, CombinedExpression
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.datastructures import BaseTable
@@ -117,6 +117,26 @@ class ClaimsSQL(abc.ABC):
     def now(self) -> Expression:
         """The database clock as an expression (stable within one statement)."""
 
+    def claimable(self, *, expired: bool) -> Q:
+        """The rows a claim may take: free ones, and with ``expired`` those whose lease ended by the clock."""
+        free = Q(lease_expires_at__isnull=True)
+        return free | Q(lease_expires_at__lte=self.now()) if expired else free
+
+    def claimable_sql(self, *, expired: bool) -> tuple[str, list[Any]]:
+        """``claimable()`` as SQL on the job table's own columns, for a statement's re-check of a locked row."""
+        lease = self.table.column("lease_expires_at")
+        if not expired:
+            return f"{lease} IS NULL", []
+        now, params = self.compile(self.now())
+        return f"({lease} IS NULL OR {lease} <= {now})", params
+
+    def compile(self, expression: Expression) -> tuple[str, list[Any]]:
+        """Compile an expression for this alias (the clock, in hand-written statements)."""
+        query = QuerySet(self.table.model).query
+        compiler = query.get_compiler(self.alias)
+        sql, params = compiler.compile(expression.resolve_expression(query))
+        return sql, list(params)
+
     def lease_end(self, lease: float) -> BaseExpression:
         """``<now> + <lease seconds>`` (the interval travels as a parameter)."""
         return self.now() + Value(timedelta(seconds=lease), output_field=DurationField())
@@ -147,8 +167,12 @@ class ClaimsSQL(abc.ABC):
         fields: Sequence[Field[Any, Any]] = (),
         *,
         reuse: tuple[QuerySet[Any], Hashable] | None = None,
+        expired: bool = False,
     ) -> list[Row]:
         """Claim up to ``limit`` free rows of ``candidates`` (ordered), skipping locked ones.
+
+        ``candidates`` are already filtered by ``claimable(expired=expired)``; the statement re-checks that
+        condition on each locked row (``claimable_sql``).
 
         ``candidates`` may be a zero-argument callable building them, called only when the locking ``SELECT``
         must be compiled; ``reuse`` is ``(the caller's queryset object, a key)`` under which the compiled
@@ -167,6 +191,16 @@ class ClaimsSQL(abc.ABC):
         All rows are written, or none (also when the database compares two of ``pks`` as the same row).
 
         Returns one row per live row found: ``pk``, ``written`` (bool), ``lease_expires_at`` (after the write).
+        """
+
+    @abc.abstractmethod
+    def renew_worker(self, held: QuerySet[Any], worker: str, values: dict[str, Any]) -> tuple[list[Row], Any]:
+        """Write ``values`` (a new lease) to every row of ``held`` still claimed by ``worker`` and unexpired.
+
+        ``held`` is already filtered by ``claimed_by = worker`` and an unexpired lease; the write re-checks both
+        on each row it changes, after any lock wait.
+
+        Returns the rows renewed (``pk``, ``claim_token``) and the database clock the statement ran at.
         """
 
     @abc.abstractmethod

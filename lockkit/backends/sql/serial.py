@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import Expression, Field, QuerySet
+from django.db.models import Field, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -40,6 +40,7 @@ class SerialClaimsSQL(ClaimsSQL):
         values: dict[str, Any],
         condition: str = "",
         fields: Sequence[Field[Any, Any]] = (),
+        condition_params: Sequence[Any] = (),
     ) -> list[Row]:
         """``UPDATE ... WHERE pk IN (pks) [AND condition]``; return the written rows' ``CLAIM_COLUMNS``."""
 
@@ -53,16 +54,25 @@ class SerialClaimsSQL(ClaimsSQL):
             value = timezone.make_aware(value, connections[self.alias].timezone)
         return value
 
-    def pick(self, queryset: QuerySet[Any], *, limit: int | None, skip_locked: bool) -> list[Any]:
-        """Run ``SELECT pk ... [ORDER BY ... LIMIT n] <lock clause>``; return the primary keys in order."""
+    def pick(
+        self,
+        queryset: QuerySet[Any],
+        *,
+        limit: int | None,
+        skip_locked: bool,
+        locking: bool = True,
+        offset: int = 0,
+    ) -> list[Any]:
+        """Run ``SELECT pk ... [ORDER BY ... LIMIT n OFFSET m] [<lock clause>]``; return the primary keys in order."""
         selection = queryset.values_list("pk")
         if limit is not None:
-            selection = selection[:limit]
+            selection = selection[offset : offset + limit]
         try:
             select, params = selection.query.get_compiler(self.alias).as_sql()
         except EmptyResultSet:  # .none(), pk__in=[]: no row can match
             return []
-        rows, _ = self.run(f"{select} {self.lock_clause(skip_locked=skip_locked)}".strip(), params)
+        lock = self.lock_clause(skip_locked=skip_locked) if locking else ""
+        rows, _ = self.run(f"{select} {lock}".strip(), params)
         return [next(iter(row.values())) for row in rows]
 
     def where_pks(self, pks: Sequence[Any]) -> str:
@@ -82,6 +92,7 @@ class SerialClaimsSQL(ClaimsSQL):
         fields: Sequence[Field[Any, Any]] = (),
         *,
         reuse: tuple[QuerySet[Any], Hashable] | None = None,
+        expired: bool = False,
     ) -> list[Row]:
         """Pick up to ``limit`` free rows in order (skipping locked ones), then claim them, in one transaction.
 
@@ -91,7 +102,8 @@ class SerialClaimsSQL(ClaimsSQL):
         pks = self.pick(queryset, limit=limit, skip_locked=True)
         if not pks:
             return []
-        rows = self.write(pks, values, f"{self.table.column('lease_expires_at')} IS NULL", fields)
+        condition, condition_params = self.claimable_sql(expired=expired)
+        rows = self.write(pks, values, condition, fields, condition_params)
         position = {pk: index for index, pk in enumerate(pks)}
         rows.sort(key=lambda row: position[row["pk"]])
         return rows
@@ -127,6 +139,38 @@ class SerialClaimsSQL(ClaimsSQL):
             {"pk": row["pk"], "written": True, "lease_expires_at": row["lease_expires_at"]} for row in written
         ]
 
+    def renew_worker(self, held: QuerySet[Any], worker: str, values: dict[str, Any]) -> tuple[list[Row], Any]:
+        """Lock the worker's unexpired claims in primary-key order (waiting), renew them by primary key.
+
+        Token and worker are compared here, in Python, as ``fenced_update`` does (a case-insensitive collation
+        must not make ``"W1"`` renew the claims of ``"w1"``).
+        """
+        table = self.table
+        clock_sql, clock_params = self.compile(self.now())
+        selection = held.order_by("pk").values_list("pk", "claim_token", "claimed_by")
+        try:
+            select, params = selection.query.get_compiler(self.alias).as_sql()
+        except EmptyResultSet:
+            return [], None
+        found, _ = self.run(f"{select} {self.lock_clause(skip_locked=False)}".strip(), params)
+        rows = [
+            {"pk": pk, "claim_token": token}
+            for pk, token, name in (tuple(row.values()) for row in found)
+            if name == worker
+        ]
+        (clock_row,), _ = self.run(f"SELECT {clock_sql}", clock_params)
+        clock = self.read_datetime(next(iter(clock_row.values())))
+        if rows:
+            pks = [row["pk"] for row in rows]
+            update, set_params = self.update(values)
+            lease = table.column("lease_expires_at")
+            for start in range(0, len(pks), _CHUNK):
+                chunk = pks[start : start + _CHUNK]
+                self.run(
+                    f"{update} WHERE {self.where_pks(chunk)} AND {lease} IS NOT NULL", [*set_params, *chunk]
+                )
+        return rows, clock
+
     def reclaim_expired(self, candidates: QuerySet[Any], values: dict[str, Any]) -> list[Any]:
         """Pick the expired rows (skipping locked ones), write them, re-checking the lease on each row."""
         expired = candidates.order_by().filter(lease_expires_at__lt=self.now())
@@ -144,10 +188,3 @@ class SerialClaimsSQL(ClaimsSQL):
         self, pks: Sequence[Any], values: dict[str, Any], condition: str, condition_params: Sequence[Any]
     ) -> list[Any]:
         """``UPDATE ... WHERE pk IN (pks) AND condition``; return the primary keys written."""
-
-    def compile(self, expression: Expression) -> tuple[str, list[Any]]:
-        """Compile an expression for this alias (the clock, in hand-written statements)."""
-        query = QuerySet(self.table.model).query
-        compiler = query.get_compiler(self.alias)
-        sql, params = compiler.compile(expression.resolve_expression(query))
-        return sql, list(params)

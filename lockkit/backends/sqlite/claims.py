@@ -38,12 +38,14 @@ class SQLiteClaimsSQL(SerialClaimsSQL):
         values: dict[str, Any],
         condition: str = "",
         fields: Sequence[Field[Any, Any]] = (),
+        condition_params: Sequence[Any] = (),
     ) -> list[Row]:
         """``UPDATE ... WHERE pk IN (...) RETURNING`` the claim columns."""
         update, params = self.update(values)
         extra = f" AND {condition}" if condition else ""
         rows, _ = self.run(
-            f"{update} WHERE {self.where_pks(pks)}{extra} RETURNING {self.returning(fields)}", [*params, *pks]
+            f"{update} WHERE {self.where_pks(pks)}{extra} RETURNING {self.returning(fields)}",
+            [*params, *pks, *condition_params],
         )
         return [{**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])} for row in rows]
 

@@ -1,0 +1,258 @@
+"""claim_next(expired=True), heartbeat_worker() and worker_heartbeat(): the pieces of a worker's own loop."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+
+from lockkit.claims import (
+    StaleClaim,
+    claim_next,
+    complete,
+    heartbeat,
+    heartbeat_worker,
+    release,
+    worker_heartbeat,
+)
+from lockkit.errors import LockTimeout
+from lockkit.testing import in_thread
+from lockkit_tests.models import Job
+from lockkit_tests.support.claims_vendors import claims_vendor_params, db_now, expire
+
+VENDORS = claims_vendor_params()
+
+
+def _jobs(alias: str, n: int) -> list[Any]:
+    return [job.pk for job in Job.objects.using(alias).bulk_create([Job(name=f"j{i}") for i in range(n)])]
+
+
+def _row(alias: str, pk: Any) -> Any:
+    return Job.objects.using(alias).values("claim_token", "claimed_by", "attempts", "state").get(pk=pk)
+
+
+# -- claim_next(expired=True) ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@pytest.mark.parametrize("limit", [1, 3], ids=["one", "many"])
+def test_expired_claims_are_claimable_with_a_new_token_and_attempt(alias: str, limit: int) -> None:
+    pks = _jobs(alias, 3)
+    jobs = Job.objects.using(alias)
+    old = claim_next(jobs, worker="dead", lease=30, limit=3)
+    assert [c.pk for c in old] == pks
+    expire(alias, pks[0], pks[2])
+    # Without expired=, nothing is free: the expired rows wait for a reaper.
+    assert claim_next(jobs, worker="new", lease=30, limit=limit) == []
+    taken = claim_next(jobs, worker="new", lease=30, limit=limit, expired=True, set={"state": "running"})
+    expected = [pks[0], pks[2]][:limit]
+    assert [c.pk for c in taken] == expected
+    for claim in taken:
+        assert (claim.token, claim.attempt, claim.worker) == (2, 2, "new")
+        assert _row(alias, claim.pk) == {
+            "claim_token": 2,
+            "claimed_by": "new",
+            "attempts": 2,
+            "state": "running",
+        }
+    # The previous holder's claim is stale; the unexpired one (pks[1]) was left alone.
+    with pytest.raises(StaleClaim):
+        complete(old[0], set={"state": "done"})
+    with pytest.raises(StaleClaim):
+        heartbeat(old[0])
+    assert _row(alias, pks[1])["claimed_by"] == "dead"
+    heartbeat(old[1])  # still its holder's
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_expired_and_free_rows_are_claimed_in_one_order(alias: str) -> None:
+    pks = _jobs(alias, 4)
+    jobs = Job.objects.using(alias)
+    (a,) = claim_next(jobs.filter(pk=pks[1]), worker="dead", lease=30)
+    (b,) = claim_next(jobs.filter(pk=pks[3]), worker="dead", lease=30)
+    claim_next(jobs.filter(pk=pks[2]), worker="live", lease=30)  # unexpired: never taken
+    expire(alias, a.pk, b.pk)
+    taken = claim_next(jobs, worker="new", lease=30, limit=10, expired=True, order_by=["-pk"])
+    assert [c.pk for c in taken] == [pks[3], pks[1], pks[0]]
+    assert [c.attempt for c in taken] == [2, 2, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expired_row_held_by_another_session_is_skipped() -> None:
+    pks = _jobs("default", 2)
+    jobs = Job.objects.all()
+    claim_next(jobs, worker="dead", lease=30, limit=2)
+    expire("default", *pks)
+    started, release_it = threading.Event(), threading.Event()
+
+    def hold() -> list[Any]:
+        from django.db import transaction
+
+        with transaction.atomic():
+            got = claim_next(jobs, worker="slow", lease=30, expired=True)  # locks pks[0] until commit
+            started.set()
+            assert release_it.wait(10)
+        return got
+
+    holder = in_thread(hold)
+    assert started.wait(10)
+    try:
+        (other,) = claim_next(jobs, worker="fast", lease=30, expired=True)
+    finally:
+        release_it.set()
+    (held,) = holder.result(timeout=10)
+    assert (held.pk, other.pk) == (pks[0], pks[1])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_expired_must_be_a_bool(value: Any) -> None:
+    with CaptureQueriesContext(connections["default"]) as queries:
+        with pytest.raises(TypeError, match="expired"):
+            claim_next(Job.objects.all(), worker="w", lease=30, expired=value)
+    assert len(queries) == 0
+
+
+# -- heartbeat_worker ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_heartbeat_worker_renews_every_held_claim_and_reports_the_rest_lost(alias: str) -> None:
+    pks = _jobs(alias, 5)
+    jobs = Job.objects.using(alias)
+    mine = claim_next(jobs, worker="w1", lease=5, limit=4)
+    claim_next(jobs, worker="w2", lease=5)  # pks[4]: another worker's
+    expire(alias, mine[1].pk)  # lapsed: never renewed
+    (stolen,) = claim_next(jobs.filter(pk=mine[1].pk), worker="w3", lease=30, expired=True)
+    complete(mine[2])  # ended by its worker: not held
+    before = db_now(alias)
+    with CaptureQueriesContext(connections[alias]) as queries:
+        held = heartbeat_worker(jobs, worker="w1", lease=60)
+    assert held == {mine[0].pk: mine[0].token, mine[3].pk: mine[3].token}
+    if alias == "default":
+        assert len(queries) == 1  # one statement (one message with its BEGIN and COMMIT)
+    rows: dict[Any, Any] = {r["pk"]: r for r in jobs.values("pk", "lease_expires_at", "claim_token")}
+    for pk in held:
+        assert rows[pk]["lease_expires_at"] >= before + timedelta(seconds=59)
+    assert rows[stolen.pk]["claim_token"] == stolen.token
+    complete(mine[0])  # the tokens are unchanged: the claims still work
+    assert heartbeat_worker(jobs.filter(pk__in=[pks[0], pks[1]]), worker="w1", lease=60) == {}
+    assert heartbeat_worker(jobs.none(), worker="w1", lease=60) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"worker": "", "lease": 5}, ValueError, "worker"),
+        ({"worker": 3, "lease": 5}, TypeError, "worker"),
+        ({"worker": "w", "lease": 0}, ValueError, "lease"),
+        ({"worker": "w", "lease": True}, TypeError, "lease"),
+    ],
+)
+def test_heartbeat_worker_refuses_bad_arguments_before_sql(kwargs: Any, error: Any, match: str) -> None:
+    with CaptureQueriesContext(connections["default"]) as queries:
+        with pytest.raises(error, match=match):
+            heartbeat_worker(Job, **kwargs)
+        with pytest.raises(TypeError, match="model_or_queryset"):
+            heartbeat_worker(object(), worker="w", lease=5)
+    assert len(queries) == 0
+
+
+# -- worker_heartbeat ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lease": 5, "every": 5}, "every must be shorter"),
+        ({"lease": 5, "every": 0}, "every"),
+        ({"lease": 5, "every": -1}, "every"),
+        ({"lease": 0, "every": 1}, "lease"),
+        ({"lease": 5, "every": float("nan")}, "every"),
+    ],
+)
+def test_worker_heartbeat_validates_before_sql(kwargs: Any, match: str) -> None:
+    with CaptureQueriesContext(connections["default"]) as queries:
+        with pytest.raises(ValueError, match=match):
+            worker_heartbeat(Job, worker="w", **kwargs)
+    assert len(queries) == 0
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_worker_heartbeat_keeps_the_claims_and_tells_which_were_lost(alias: str) -> None:
+    jobs = Job.objects.using(alias)
+    pks = _jobs(alias, 3)
+    claims = claim_next(jobs, worker="w1", lease=1, limit=3)
+    with worker_heartbeat(jobs, worker="w1", lease=1, every=0.2) as beat:
+        assert beat.wait_for_beat(10)
+        assert all(beat.holds(c) for c in claims)
+        complete(claims[0])  # ended by the worker: not lost
+        # Another session takes claims[1]'s row: the beat cannot renew it any more.
+        expire(alias, claims[1].pk)
+        (thief,) = claim_next(jobs.filter(pk=claims[1].pk), worker="w2", lease=30, expired=True)
+        first = beat.last_beat
+        assert first is not None
+        deadline = db_now(alias) + timedelta(seconds=10)
+        while beat.last_beat == first or claims[1].pk not in beat.lost:
+            assert db_now(alias) < deadline
+            threading.Event().wait(0.05)
+        assert beat.lost == {claims[1].pk}
+        assert not beat.holds(claims[1])
+        assert not beat.holds(claims[0])  # completed: no longer held (and not lost)
+        assert beat.holds(claims[2])
+        # Past the original lease, the remaining claim is still held thanks to the beats.
+        threading.Event().wait(1.2)
+        heartbeat(claims[2])  # live: not StaleClaim
+        # A claim made after the latest beat is held until a beat says otherwise.
+        release(claims[2])
+        (again,) = claim_next(jobs.filter(pk=pks[2]), worker="w1", lease=1)
+        assert beat.holds(again)
+        seen = beat.last_beat
+        while beat.last_beat == seen:
+            assert db_now(alias) < deadline
+            threading.Event().wait(0.05)
+        assert beat.held.get(again.pk) == again.token == 2
+        assert beat.holds(again)
+        assert not beat.holds(claims[2])  # the beat renewed a newer claim of that row
+        assert beat.lost == {claims[1].pk}
+    assert beat.error is None
+    assert thief.worker == "w2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_heartbeat_raises_on_exit_when_the_latest_beat_failed() -> None:
+    jobs = Job.objects.all()
+    _jobs("default", 1)
+    claim_next(jobs, worker="w1", lease=5)
+    table = connections["default"].ops.quote_name(Job._meta.db_table)
+    started = threading.Event()
+    release_lock = threading.Event()
+
+    def lock_table() -> None:
+        from django.db import transaction
+
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            started.set()
+            assert release_lock.wait(10)
+
+    from django.test import override_settings
+
+    with override_settings(LOCKKIT={"LOCK_TIMEOUT": 0.2}):
+        holder = in_thread(lock_table)
+        assert started.wait(10)
+        with pytest.raises(LockTimeout) as failed:
+            with worker_heartbeat(jobs, worker="w1", lease=5, every=0.3) as beat:
+                deadline = db_now("default") + timedelta(seconds=10)
+                while beat.error is None:
+                    assert db_now("default") < deadline
+                    threading.Event().wait(0.05)
+        release_lock.set()
+        holder.result(timeout=10)
+    assert failed.value is beat.error
