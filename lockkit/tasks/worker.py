@@ -161,7 +161,8 @@ class Worker:
         wakeup = (
             Wakeup(self.alias, self.queues, self._wake) if self.settings.notify and not self.burst else None
         )
-        with WorkerBeat(QueuedTask, self.alias, worker=self.worker_id, lease=self.lease, every=every) as beat:
+        mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
+        with WorkerBeat(mine, worker=self.worker_id, lease=self.lease, every=every) as beat:
             self._beat = beat
             for runner in runners:
                 runner.start()
@@ -206,7 +207,6 @@ class Worker:
             self._wake.clear()
 
     def _claim(self, limit: int) -> list[Claimed[Any]]:
-        assert self._beat is not None
         found = claim_ready(
             self._candidates,
             worker=self.worker_id,
@@ -215,8 +215,6 @@ class Worker:
             values=self._claim_set,
             order_by=self._order,
         )
-        for _, claim in found:
-            self._beat.claimed(claim)
         return found
 
     def _busy_count(self) -> int:
@@ -258,18 +256,10 @@ class Worker:
                 return
             self._run_task(row, claim)
         finally:
-            self._beat.forget(claim)
             close_old_connections()
 
     def _still_held(self, claim: Claim) -> bool:
         assert self._beat is not None
-        if self._beat.holds(claim):
-            return True
-        try:
-            self._beat.beat()  # the latest beat is too old to say: ask the database now
-        except DatabaseError:
-            connections[self.alias].close()
-            return False
         return self._beat.holds(claim)
 
     def _run_task(self, row: QueuedTask, claim: Claim) -> None:

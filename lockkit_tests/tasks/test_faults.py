@@ -82,18 +82,20 @@ def test_poison_task_fails_after_max_attempts(alias: str) -> None:
 def test_sigstop_past_the_lease_the_stale_worker_writes_nothing(alias: str, tmp_path: Path) -> None:
     """Frozen past its lease, a worker's task is taken and finished by another; thawed, it writes nothing.
 
-    The task's database effect is written in ``lockkit.tasks.fenced()``: exactly once in all.
+    The running task's database effect is written in ``lockkit.tasks.fenced()``: exactly once in all; the task
+    it had claimed but not started is not started once it thaws (its claim was taken).
     """
     prefix = marker(tmp_path, "s")
     opts = {"lease": 1, "max_attempts": 3}
     with backend_on(alias, **opts) as backend:
         result = jobs.slow_then_fenced_write.enqueue(prefix, 1.0, alias)
-        with worker_process(alias, "--worker-id", "frozen", options=opts) as frozen:
+        waiting = jobs.fenced_effect.enqueue("waiting-effect")  # claimed with the first, not started
+        with worker_process(alias, "--worker-id", "frozen", "--batch", "2", options=opts) as frozen:
             wait_for(lambda: list(tmp_path.glob("s.*.started")), what="the task to start")
             frozen.signal(signal.SIGSTOP)
             wait_for(lambda: lease_expired(alias), what="the frozen worker's lease to expire")
             stats = run_worker(backend, worker_id="thawed-out")
-            assert stats.succeeded == 1
+            assert stats.succeeded == 2
             frozen.signal(signal.SIGCONT)
             # The frozen worker wakes inside its task: its fenced() finds the claim stale and writes nothing.
             wait_for(
@@ -102,7 +104,11 @@ def test_sigstop_past_the_lease_the_stale_worker_writes_nothing(alias: str, tmp_
             frozen.signal(signal.SIGTERM)
             code, output = frozen.wait()
         assert code == 0, output
-        assert "1 lost" in output
+        assert "2 lost" in output
+        waiting.refresh()
+        assert waiting.status == TaskResultStatus.SUCCESSFUL
+        assert waiting.worker_ids == ["frozen", "thawed-out"]  # claimed by the frozen worker, never run by it
+        assert Owner.objects.using(alias).filter(name="waiting-effect").count() == 1
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.worker_ids == ["frozen", "thawed-out"]
