@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -11,9 +12,13 @@ from django.tasks.base import TaskResultStatus
 
 from lockkit.tasks.models import QueuedTask
 
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[QueuedTask]
+else:  # ModelAdmin is generic for type checkers only (django-stubs); at run time it takes no subscript
+    _ModelAdmin = admin.ModelAdmin
 
-@admin.register(QueuedTask)
-class QueuedTaskAdmin(admin.ModelAdmin[QueuedTask]):
+
+class QueuedTaskAdmin(_ModelAdmin):
     """Tasks as workers left them: read-only (workers own the rows), with "retry" for finished ones."""
 
     list_display = (
@@ -54,3 +59,8 @@ class QueuedTaskAdmin(admin.ModelAdmin[QueuedTask]):
             errors=[],
         )  # fmt: skip
         self.message_user(request, f"{count} task(s) will run again.", messages.SUCCESS)
+
+
+# Django imports admin.py only when django.contrib.admin is installed; the check lets the class be imported anyway.
+if apps.is_installed("django.contrib.admin"):
+    admin.site.register(QueuedTask, QueuedTaskAdmin)
