@@ -51,7 +51,8 @@ class WorkerBeat:
 
     ``holds(claim)`` answers from the latest beat when it is recent (within one and a half beat intervals);
     otherwise (the process was stopped, the database unreachable) it makes a beat on the calling thread first,
-    and answers ``False`` if that fails: a worker never starts a task it may no longer hold.
+    and answers ``False`` if that fails: a worker never starts a task it may no longer hold. Before the first
+    beat has returned, ``worker_heartbeat.holds`` answers (a claim just made is held).
     """
 
     def __init__(self, queryset: QuerySet[Any], *, worker: str, lease: float, every: float) -> None:
@@ -63,7 +64,8 @@ class WorkerBeat:
     def holds(self, claim: Claim) -> bool:
         """Whether the worker still holds ``claim``, by a beat at most one and a half intervals old."""
         last = self._beat.last_beat
-        if last is None or time.monotonic() - last > 1.5 * self.every:
+        # Before the first beat (just started) a fresh claim is held; after, a stale answer is not trusted.
+        if last is not None and time.monotonic() - last > 1.5 * self.every:
             try:
                 self._beat.beat()
             except DatabaseError as failure:

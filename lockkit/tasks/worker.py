@@ -8,6 +8,7 @@ counted when its task is claimed (its worker is appended to ``worker_ids``), so 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -25,9 +26,10 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
 
 from lockkit.backends import claims_sql_for
-from lockkit.claims import Claim, Claimed, complete, release
+from lockkit.claims import Claim, Claimed, complete, complete_many, release
 from lockkit.errors import StaleClaim
 from lockkit.tasks import arguments, results, running
 from lockkit.tasks.backend import DatabaseBackend
@@ -119,12 +121,14 @@ class Worker:
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._beat: WorkerBeat | None = None
+        self._local = threading.local()
         now = claims_sql_for(QueuedTask, self.alias).now()
         self._now = now
-        ready = Q(status=TaskResultStatus.READY) & (Q(ready_at__isnull=True) | Q(ready_at__lte=now))
-        # RUNNING rows are always claimed: only their expired claims are taken (counting the attempt).
+        # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
+        # only its expired claim is taken (counting the attempt); a retry is READY with ready_at ahead.
         self._candidates = QueuedTask.objects.using(self.alias).filter(
-            ready | Q(status=TaskResultStatus.RUNNING),
+            Q(ready_at__isnull=True) | Q(ready_at__lte=now),
+            status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING),
             backend_name=backend.alias,
             queue_name__in=self.queues,
         )
@@ -148,9 +152,11 @@ class Worker:
             What was done.
         """
         every = self.lease / 3
+        # One task at a time runs on the main thread: no hand-off between threads (each costs up to the GIL's
+        # switch interval, 5 ms); signal handlers still run between the task's bytecodes and only set a flag.
         runners = [
             threading.Thread(target=self._runner, name=f"lockkit-tasks-runner-{n}", daemon=True)
-            for n in range(self.concurrency)
+            for n in range(self.concurrency if self.concurrency > 1 else 0)
         ]
         logger.info(
             "worker %s: queues %s of backend %r on database %r (concurrency %d, batch %d, lease %gs)",
@@ -181,7 +187,26 @@ class Worker:
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
 
+    def _run_pending_here(self) -> None:
+        """Run the claimed tasks on this (the main) thread, until stopped (the rest are given back)."""
+        try:
+            while not self.stopping.is_set():
+                try:
+                    item = self._pending.get_nowait()
+                except queue.Empty:
+                    return
+                with self._busy_lock:
+                    self._busy += 1
+                try:
+                    self._attempt(*item)
+                finally:
+                    with self._busy_lock:
+                        self._busy -= 1
+        finally:
+            self._flush()
+
     def _loop(self) -> None:
+        runners_started = self.concurrency > 1
         failures = 0
         while not self.stopping.is_set():
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
@@ -199,6 +224,8 @@ class Worker:
                     continue
             for item in claimed:
                 self._pending.put(item)
+            if claimed and not runners_started:
+                self._run_pending_here()
             if claimed:
                 continue
             if self.burst and idle == self.concurrency:
@@ -227,6 +254,7 @@ class Worker:
                 try:
                     item = self._pending.get(timeout=0.05)
                 except queue.Empty:
+                    self._flush()
                     if self.stopping.is_set():
                         return
                     continue
@@ -237,12 +265,17 @@ class Worker:
                     self._busy += 1
                 try:
                     self._attempt(*item)
+                    if self._pending.empty():
+                        self._flush()
                 finally:
                     with self._busy_lock:
                         self._busy -= 1
                     self._wake.set()
         finally:
-            connections.close_all()
+            try:
+                self._flush()
+            finally:
+                connections.close_all()
 
     def _attempt(self, row: QueuedTask, claim: Claim) -> None:
         assert self._beat is not None
@@ -342,25 +375,89 @@ class Worker:
             "return_value": value,
             **(extra or {}),
         }
+        if self.batch > 1 and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
+            # Successes with the same values are completed together: one statement (one commit) per batch.
+            done = self._done()
+            key = json.dumps(value, sort_keys=True)
+            if done and done[0][0] != key:
+                self._flush()
+            done.append((key, row, claim, values, task))
+            if len(done) >= self.batch:
+                self._flush()
+            return
         if not self._write(complete, claim, values, row):
             return
+        self._finished(row, status, errors, value, extra, task)
+
+    def _done(self) -> list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]]:
+        """This thread's successes not written yet."""
+        done: list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]] | None
+        done = getattr(self._local, "done", None)
+        if done is None:
+            done = self._local.done = []
+        return done
+
+    def _flush(self) -> None:
+        """Complete this thread's buffered successes in one fenced statement (all or none).
+
+        When one of them was taken by another worker meanwhile (``StaleClaim``: nothing was written), each is
+        completed on its own, so only the stale ones are dropped.
+        """
+        done = self._done()
+        if not done:
+            return
+        items = list(done)
+        done.clear()
+        values = items[0][3]
+        claims = [item[2] for item in items]
+        try:
+            written = self._write(complete_many, claims, values, items[0][1], quiet_stale=True)
+        except StaleClaim:
+            written = False
+        for _, row, claim, values_of_one, task in items:
+            if written or self._write(complete, claim, values_of_one, row):
+                self._finished(
+                    row, TaskResultStatus.SUCCESSFUL, [], values_of_one["return_value"], None, task
+                )
+
+    def _finished(
+        self,
+        row: QueuedTask,
+        status: TaskResultStatus,
+        errors: list[dict[str, Any]],
+        value: Any,
+        extra: dict[str, Any] | None,
+        task: Task[..., Any] | None,
+    ) -> None:
         if status == TaskResultStatus.SUCCESSFUL:
             self.stats.succeeded += 1
         else:
             self.stats.failed += 1
         self.stats.ids.append(str(row.pk))
         if task is not None and task_finished.receivers:
-            finished = QueuedTask.objects.using(self.alias).get(pk=row.pk)
-            task_finished.send(sender=DatabaseBackend, task_result=results.result_of(finished, task))
+            # The row as written (finished_at by this process's clock, within a round trip of the database's).
+            row.status, row.errors, row.return_value = status, errors, value
+            row.finished_at = timezone.now()
+            if extra and "worker_log" in extra:
+                row.worker_log = extra["worker_log"]
+            task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
 
-    def _write(self, end: Any, claim: Claim, values: dict[str, Any], row: QueuedTask) -> bool:
-        """End the claim with ``values`` (fenced); ``False`` when the claim was lost (nothing written)."""
+    def _write(
+        self, end: Any, claim: Any, values: dict[str, Any], row: QueuedTask, *, quiet_stale: bool = False
+    ) -> bool:
+        """End the claim(s) with ``values`` (fenced); ``False`` when the claim was lost (nothing written).
+
+        Raises:
+            StaleClaim: with ``quiet_stale``, instead of logging it and returning ``False``.
+        """
         deadline = time.monotonic() + self.lease
         while True:
             try:
                 end(claim, set=values)
                 return True
             except StaleClaim as stale:
+                if quiet_stale:
+                    raise
                 self.stats.lost += 1
                 logger.warning(
                     "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
