@@ -83,6 +83,7 @@ _CLAIM_NAMES = frozenset(
         "acomplete",
         "acomplete_many",
         "aheartbeat",
+        "aheartbeat_worker",
         "aheld_by",
         "areclaim_expired",
         "arelease",
@@ -94,10 +95,12 @@ _CLAIM_NAMES = frozenset(
         "fenced",
         "heartbeat",
         "heartbeat_every",
+        "heartbeat_worker",
         "held_by",
         "reclaim_expired",
         "release",
         "release_many",
+        "worker_heartbeat",
     }
 )
 

@@ -90,6 +90,7 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         self._ends: dict[Any, datetime] = {}  # pk -> the lease end the latest beat set
         self._crashed: BaseException | None = None
         self._lock = threading.Lock()
+        self._beating = threading.Lock()
         self._stop = threading.Event()
         self._beaten = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,13 +120,17 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         return moment >= clock - timedelta(seconds=self.every)
 
     def beat(self) -> dict[Any, int]:
-        """Renew now, on the calling thread's connection, and update ``held``/``lost``; return ``held``.
+        """Renew now, on the calling thread's connection, and update ``held``/``lost``; return what it renewed.
+
+        For a worker that wants ``holds()`` to know at once (after claiming a batch, before starting it); the
+        thread keeps beating on its own schedule.
 
         Raises:
             As ``heartbeat_worker()``.
         """
-        held, clock = renew_held(self._candidates, worker=self.worker, lease=self.lease, using=self.alias)
-        self._record(held, clock)
+        with self._beating:  # one beat at a time: the thread's and a caller's
+            held, clock = renew_held(self._candidates, worker=self.worker, lease=self.lease, using=self.alias)
+            self._record(held, clock)
         return dict(held)
 
     def __enter__(self) -> worker_heartbeat:

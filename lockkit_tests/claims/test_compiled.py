@@ -85,7 +85,7 @@ def test_shapes_are_told_apart() -> None:
     (b,) = claim_next(pending, worker="w", lease=30, set={"state": "running"})  # other field: another shape
     (c,) = claim_next(
         pending, worker="w", lease=30, set={"result": F("name")}
-    )  # an expression: Django per call
+    )  # an expression: its own shape
     rows = {j.pk: j for j in Job.objects.all()}
     assert (rows[a.pk].result, rows[a.pk].state) == ("x", "pending")
     assert (rows[b.pk].result, rows[b.pk].state) == ("", "running")

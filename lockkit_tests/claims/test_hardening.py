@@ -29,6 +29,7 @@ from lockkit.claims import (
     complete,
     complete_many,
     heartbeat,
+    heartbeat_worker,
     reclaim_expired,
     release,
     release_many,
@@ -259,6 +260,15 @@ def test_every_claims_call_works_on_a_schema_qualified_table() -> None:
         release_many([late])
     states = dict(QueuedJob.objects.values_list("pk", "state"))
     assert states == {first.pk: "pending", second.pk: "done", third.pk: "done"}
+    # expired=True (one row and many) and the worker-level heartbeat, on the qualified table too.
+    (soon,) = claim_next(QueuedJob.objects.all(), worker="w", lease=60)
+    _expire(QueuedJob, soon.pk)
+    (taken,) = claim_next(QueuedJob.objects.all(), worker="w3", lease=60, expired=True)
+    assert (taken.pk, taken.token) == (soon.pk, soon.token + 1)
+    _expire(QueuedJob, taken.pk)
+    many = claim_next(QueuedJob.objects.exclude(state="done"), worker="w3", lease=60, limit=2, expired=True)
+    assert [c.pk for c in many] == [taken.pk]
+    assert heartbeat_worker(QueuedJob.objects.all(), worker="w3", lease=90) == {taken.pk: many[0].token}
 
 
 @pytest.mark.usefixtures("queue_schema")

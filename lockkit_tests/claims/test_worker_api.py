@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -10,6 +14,7 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
+from lockkit import AliasMismatch
 from lockkit.claims import (
     StaleClaim,
     claim_next,
@@ -20,9 +25,12 @@ from lockkit.claims import (
     worker_heartbeat,
 )
 from lockkit.errors import LockTimeout
-from lockkit.testing import in_thread
+from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Job
-from lockkit_tests.support.claims_vendors import claims_vendor_params, db_now, expire
+from lockkit_tests.support.claim_worker import claim_and_beat
+from lockkit_tests.support.claims_vendors import claims_vendor_params, db_now, expire, wait_for_clock
+from lockkit_tests.support.vendors import vendor_params
 
 VENDORS = claims_vendor_params()
 
@@ -256,3 +264,108 @@ def test_worker_heartbeat_raises_on_exit_when_the_latest_beat_failed() -> None:
         release_lock.set()
         holder.result(timeout=10)
     assert failed.value is beat.error
+
+
+# -- a lost reply of claim_next(expired=True) ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_a_lost_reply_of_an_expired_claim_returns_exactly_the_rows_it_claimed(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    pks = _jobs("default", 4)
+    # The same worker name held all four before (a restarted slot): two expired, two still live.
+    old = claim_next(Job.objects.all(), worker="w", lease=30, limit=4)
+    expire("default", pks[1], pks[3])
+    wait_for_clock("default", db_now("default") + timedelta(seconds=0.05))
+    proxy.arm("deliver")  # the server runs the whole message, COMMIT included; its reply is cut
+    claimed = claim_next(
+        Job.objects.using(alias), worker="w", lease=30, limit=3, expired=True, order_by=["-pk"]
+    )
+    assert proxy.cuts["deliver"] == 1
+    # Only the two expired rows were claimable: they are the call's claims, in the order asked, with new tokens.
+    assert [(c.pk, c.token, c.attempt) for c in claimed] == [(pks[3], 2, 2), (pks[1], 2, 2)]
+    for made in claimed:
+        complete(made, set={"state": "done"})
+    # The live claims of the earlier run were not taken for this call's, and still work.
+    for earlier in (old[0], old[2]):
+        heartbeat(earlier)
+    with pytest.raises(StaleClaim):
+        complete(old[1])
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_heartbeat_worker_waits_for_a_claim_being_written_never_reports_it_lost(alias: str) -> None:
+    _jobs(alias, 3)
+    jobs = Job.objects.using(alias)
+    mine = claim_next(jobs, worker="w1", lease=30, limit=3)
+    poll = 0.15 if alias == "mariadb" else 0.005
+    with hold_lock(jobs.filter(pk=mine[1].pk), timeout=20) as holder:  # e.g. the worker's own fenced() block
+        beating = in_thread(heartbeat_worker, jobs, worker="w1", lease=60)
+        wait_until_blocked(holder, contenders=beating, poll=poll)
+    assert beating.result(timeout=10) == {c.pk: c.token for c in mine}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_heartbeat_is_entered_once_and_refuses_a_mismatched_alias() -> None:
+    beat = worker_heartbeat(Job, worker="w", lease=5, every=1)
+    with beat:
+        pass
+    with pytest.raises(RuntimeError, match="entered once"):
+        beat.__enter__()
+    with pytest.raises(AliasMismatch):
+        worker_heartbeat(Job.objects.using("other"), worker="w", lease=5, every=1, using="default")
+    assert beat.error is None
+    assert beat.last_beat is not None  # it beat on entry
+
+
+# -- faults: a worker killed while its heartbeat runs; its beat connection terminated -------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_workers_claims_expire_and_are_claimed_again_with_an_attempt_counted() -> None:
+    pks = _jobs("default", 2)
+    names = {alias: connections[alias].settings_dict["NAME"] for alias in ("default", "other")}
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    worker = context.Process(target=claim_and_beat, args=(names, theirs, 1.0, 0.2), daemon=True)
+    worker.start()
+    try:
+        assert ours.poll(60), "the worker process did not claim and beat within 60s"
+        claims, held = ours.recv()
+    finally:
+        os.kill(worker.pid or 0, signal.SIGKILL)
+        worker.join(10)
+    assert worker.exitcode == -signal.SIGKILL
+    assert held == {c.pk: c.token for c in claims}
+    assert sorted(held) == pks
+    renewed: dict[Any, Any] = dict(Job.objects.values_list("pk", "lease_expires_at"))
+    assert all(renewed[c.pk] > c.lease_expires_at for c in claims)  # the beats moved the leases
+    # Nobody renews them now: once the database clock passes the last lease, a claim takes them, counted.
+    wait_for_clock("default", max(renewed.values()))
+    taken = claim_next(Job.objects.all(), worker="survivor", lease=30, limit=5, expired=True)
+    assert [(c.pk, c.token, c.attempt) for c in taken] == [(pk, 2, 2) for pk in pks]
+    with pytest.raises(StaleClaim):
+        complete(claims[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beat_whose_connection_was_terminated_carries_on_on_a_new_one() -> None:
+    (claim,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="w1", lease=2)
+    with worker_heartbeat(Job, worker="w1", lease=2, every=0.2) as beat:
+        assert beat.wait_for_beat(10)
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            assert cursor.fetchall()  # the beat's session
+        killed = time.monotonic()
+        deadline = killed + 10
+        while (beat.last_beat or 0) <= killed:  # a beat that succeeded after its session was terminated
+            assert time.monotonic() < deadline, f"no beat succeeded after the termination: {beat.error}"
+            threading.Event().wait(0.05)
+        assert beat.holds(claim)
+    assert beat.error is None
+    heartbeat(claim)  # still held

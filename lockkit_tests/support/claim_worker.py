@@ -69,3 +69,20 @@ def run_docs_loop(database_names: dict[str, str], source: str, slot: str) -> Non
     work_forever = namespace["work_forever"]
     assert callable(work_forever)
     work_forever()
+
+
+def claim_and_beat(database_names: dict[str, str], pipe: Connection, lease: float, every: float) -> None:
+    """Claim every pending job under ``worker_heartbeat``, report the claims after two beats, then wait to be killed."""
+    setup_django(database_names)
+    from lockkit.claims import claim_next, worker_heartbeat
+    from lockkit_tests.models import Job
+
+    jobs = Job.objects.all()
+    claims = claim_next(jobs.filter(state="pending"), worker="beating", lease=lease, limit=10)
+    with worker_heartbeat(jobs, worker="beating", lease=lease, every=every) as beat:
+        assert beat.wait_for_beat(30)
+        first = beat.last_beat
+        while beat.last_beat == first:
+            pipe.poll(every / 4)
+        pipe.send((claims, dict(beat.held)))
+        pipe.poll(120)  # the parent kills this process with SIGKILL long before

@@ -152,5 +152,11 @@ class MySQLClaimsSQL(SerialClaimsSQL):
 
 
 def _candidates(limit: int) -> int:
-    """How many candidates one window reads: the rows asked for, plus room for the claims of other workers."""
-    return limit * 4 + 32
+    """How many candidates one window reads: the rows asked for, plus room for the claims of other workers.
+
+    Bounded so that two windows stay within ``LIMIT``'s range (a ``limit`` may be as large as a bigint).
+    """
+    return min(limit * 4 + 32, _MAX_WINDOW)
+
+
+_MAX_WINDOW = 2**62
