@@ -24,11 +24,8 @@ _R = TypeVar("_R")
 class DatabaseBackend(BaseTaskBackend):
     """A Django Tasks backend storing tasks in a table that ``manage.py lockkit_worker`` claims and runs.
 
-    Configure it in ``settings.TASKS`` with ``"lockkit.tasks"`` in ``INSTALLED_APPS``::
-
-        TASKS = {"default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "QUEUES": ["default"],
-                             "OPTIONS": {"lease": 30, "max_attempts": 3}}}
-
+    Configure it in ``settings.TASKS`` (``{"default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "QUEUES":
+    [...], "OPTIONS": {"lease": 30, "max_attempts": 3}}}``) with ``"lockkit.tasks"`` in ``INSTALLED_APPS``.
     ``enqueue()`` inserts one row (inside the caller's ``atomic()`` when one is open: the task exists only if
     that transaction commits); workers claim rows with ``SKIP LOCKED`` under a lease and a fencing token
     (lockkit.claims), so a task runs on one worker at a time, a dead worker's task is taken again when its

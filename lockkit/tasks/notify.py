@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 logger = logging.getLogger("lockkit.tasks.worker")
 
@@ -60,10 +60,19 @@ class Wakeup:
                 raw.execute(f"LISTEN {CHANNEL}")
                 self.listening.set()
                 while not self._stop.is_set():
-                    for note in raw.notifies(timeout=_WAIT, stop_after=1):
+                    try:
+                        notes = raw.notifies(timeout=_WAIT, stop_after=1)
+                    except TypeError:
+                        # psycopg < 3.2 has no notifies(timeout=): it would block until a notification, and
+                        # a stopping worker could not end this thread. Poll instead.
+                        logger.info(
+                            "psycopg %s cannot wait for notifications with a timeout: polling", _version()
+                        )
+                        return
+                    for note in notes:
                         if note.payload in self.queues:
                             self.wake.set()
-            except (DatabaseError, OSError, Exception) as failure:  # psycopg's own errors too
+            except Exception as failure:  # Django's DatabaseError, psycopg's own errors, OSError
                 self.listening.clear()
                 logger.warning("LISTEN %s failed (polling meanwhile): %s", CHANNEL, failure)
                 self._stop.wait(1.0)
@@ -72,3 +81,9 @@ class Wakeup:
                     wrapper.close()
                 except Exception:  # already broken: nothing to close
                     logger.debug("closing the LISTEN connection failed", exc_info=True)
+
+
+def _version() -> str:
+    import psycopg
+
+    return str(psycopg.__version__)
