@@ -43,6 +43,13 @@ def test_run_enqueued_task(alias: str) -> None:
         assert row.attempts == 1
 
 
+def test_async_task_runs(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.noop_task_async.enqueue(1, two=2)
+        assert run_worker(backend).succeeded == 1
+        assert status_of(result) == TaskResultStatus.SUCCESSFUL
+
+
 def test_batch_processes_all_tasks(alias: str) -> None:
     with backend_on(alias) as backend:
         for _ in range(5):
