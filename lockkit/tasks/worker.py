@@ -36,6 +36,7 @@ from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.leases import WorkerBeat, claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
+from lockkit.validation import duration
 
 logger = logging.getLogger("lockkit.tasks.worker")
 
@@ -99,8 +100,8 @@ class Worker:
             )
         self.concurrency = _positive(concurrency, "concurrency")
         self.batch = self.concurrency if batch is None else _positive(batch, "batch")
-        self.lease = self.settings.lease if lease is None else float(lease)
-        if not self.lease >= 1:
+        self.lease = self.settings.lease if lease is None else duration(lease, "lease")
+        if self.lease < 1:
             raise ValueError(f"lease must be at least 1 second, got {lease!r}")
         self.burst = burst
         self.worker_id = default_worker_id() if worker_id is None else worker_id

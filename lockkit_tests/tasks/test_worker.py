@@ -251,6 +251,9 @@ def test_worker_arguments_checked(alias: str) -> None:
             ({"queues": []}, ValueError),
             ({"worker_id": "a\nb"}, ValueError),
             ({"worker_id": ""}, ValueError),
+            ({"lease": float("inf")}, ValueError),
+            ({"lease": float("nan")}, ValueError),
+            ({"lease": "30"}, TypeError),
         ]
         for kwargs, error in cases:
             options: dict[str, Any] = {"queues": ["default"], **kwargs}
