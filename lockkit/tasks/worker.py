@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -169,21 +170,35 @@ class Worker:
             Wakeup(self.alias, self.queues, self._wake) if self.settings.notify and not self.burst else None
         )
         mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
-        with WorkerBeat(mine, worker=self.worker_id, lease=self.lease, every=every) as beat:
+        # The worker's threads start with SIGTERM/SIGINT blocked (a thread inherits its creator's mask), so the
+        # kernel delivers them to the main thread: its blocking calls (a task's sleep, a query) are interrupted
+        # and the handler runs at once, rather than when the main thread next runs Python code.
+        masked = _block_stop_signals()
+        try:
+            beat = WorkerBeat(mine, worker=self.worker_id, lease=self.lease, every=every).__enter__()
             self._beat = beat
             for runner in runners:
                 runner.start()
+            if wakeup is not None:
+                wakeup.start()
+        except BaseException:
+            _restore_signals(masked)
+            if self._beat is not None:
+                self._beat.__exit__(None, None, None)
+            raise
+        _restore_signals(masked)
+        try:
+            self._loop()
+        finally:
+            self.stopping.set()
+            for runner in runners:
+                runner.join(timeout=None)
             try:
-                if wakeup is not None:
-                    wakeup.start()
-                self._loop()
-            finally:
-                self.stopping.set()
-                for runner in runners:
-                    runner.join(timeout=None)
                 self._give_back()
+            finally:
                 if wakeup is not None:
                     wakeup.stop()
+                beat.__exit__(None, None, None)
                 connections.close_all()
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
@@ -485,6 +500,21 @@ class Worker:
                 self.stats.given_back += 1
             except (StaleClaim, DatabaseError) as failure:
                 logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _block_stop_signals() -> set[int] | None:
+    """Block SIGTERM/SIGINT on this thread if it is the main thread (POSIX); the previous mask, else ``None``."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return {int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)}
+
+
+def _restore_signals(previous: set[int] | None) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _log(workers: list[str]) -> str:
