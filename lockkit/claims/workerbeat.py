@@ -104,10 +104,16 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         carries a newer claim.
 
         Raises:
-            TypeError, ValueError: ``claim`` is not a valid ``Claim``.
+            TypeError, ValueError: ``claim`` is not a valid ``Claim``, or not one of this heartbeat's model, alias
+                and worker.
         """
         held = inputs.claim(claim)
         pk = inputs.exact_pk(held.model, held.pk, "claim.pk")
+        if (held.model, held.alias, held.worker) != (self.model, self.alias, self.worker):
+            raise ValueError(
+                f"claim is a claim of {held.model.__name__} on {held.alias!r} by {held.worker!r}; this heartbeat "
+                f"renews {self.model.__name__} claims on {self.alias!r} by {self.worker!r}"
+            )
         with self._lock:
             clock, tokens = self._clock, self.held
         if clock is None:

@@ -56,7 +56,13 @@ def test_expired_claims_are_claimable_with_a_new_token_and_attempt(alias: str, l
     expire(alias, pks[0], pks[2])
     # Without expired=, nothing is free: the expired rows wait for a reaper.
     assert claim_next(jobs, worker="new", lease=30, limit=limit) == []
-    taken = claim_next(jobs, worker="new", lease=30, limit=limit, expired=True, set={"state": "running"})
+    with CaptureQueriesContext(connections[alias]) as queries:
+        taken = claim_next(jobs, worker="new", lease=30, limit=limit, expired=True, set={"state": "running"})
+    if alias == "default":  # one message: its opening, the claiming statement and COMMIT, in one round trip
+        (sent,) = [q["sql"] for q in queries]
+        assert sent.startswith("BEGIN"), sent
+        assert sent.endswith("; COMMIT"), sent
+        assert "statement_timestamp()" in sent
     expected = [pks[0], pks[2]][:limit]
     assert [c.pk for c in taken] == expected
     for claim in taken:
@@ -89,19 +95,19 @@ def test_expired_and_free_rows_are_claimed_in_one_order(alias: str) -> None:
     assert [c.attempt for c in taken] == [2, 2, 1]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_an_expired_row_held_by_another_session_is_skipped() -> None:
-    pks = _jobs("default", 2)
-    jobs = Job.objects.all()
-    claim_next(jobs, worker="dead", lease=30, limit=2)
-    expire("default", *pks)
+@pytest.mark.parametrize("alias", vendor_params())
+def test_an_expired_row_held_by_another_session_is_skipped(alias: str) -> None:
+    pks = _jobs(alias, 3)
+    jobs = Job.objects.using(alias)
+    claim_next(jobs, worker="dead", lease=30, limit=3)
+    expire(alias, *pks)
     started, release_it = threading.Event(), threading.Event()
 
     def hold() -> list[Any]:
         from django.db import transaction
 
-        with transaction.atomic():
-            got = claim_next(jobs, worker="slow", lease=30, expired=True)  # locks pks[0] until commit
+        with transaction.atomic(using=alias):
+            got = claim_next(jobs, worker="slow", lease=30, expired=True, order_by=["name"])  # holds pks[0]
             started.set()
             assert release_it.wait(10)
         return got
@@ -109,11 +115,13 @@ def test_an_expired_row_held_by_another_session_is_skipped() -> None:
     holder = in_thread(hold)
     assert started.wait(10)
     try:
-        (other,) = claim_next(jobs, worker="fast", lease=30, expired=True)
+        # Ordered by a column no index covers: MariaDB must still skip only the row in flight.
+        others = claim_next(jobs, worker="fast", lease=30, expired=True, limit=2, order_by=["name"])
     finally:
         release_it.set()
     (held,) = holder.result(timeout=10)
-    assert (held.pk, other.pk) == (pks[0], pks[1])
+    assert (held.pk, [c.pk for c in others]) == (pks[0], pks[1:])
+    assert [c.attempt for c in others] == [2, 2]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -160,6 +168,10 @@ def test_heartbeat_worker_renews_every_held_claim_and_reports_the_rest_lost(alia
         ({"worker": 3, "lease": 5}, TypeError, "worker"),
         ({"worker": "w", "lease": 0}, ValueError, "lease"),
         ({"worker": "w", "lease": True}, TypeError, "lease"),
+        ({"worker": "a\x00b", "lease": 5}, ValueError, "worker"),
+        ({"worker": "w" * 256, "lease": 5}, ValueError, "worker"),
+        ({"worker": "w", "lease": float("inf")}, ValueError, "lease"),
+        ({"worker": "w", "lease": "5"}, TypeError, "lease"),
     ],
 )
 def test_heartbeat_worker_refuses_bad_arguments_before_sql(kwargs: Any, error: Any, match: str) -> None:
@@ -168,6 +180,12 @@ def test_heartbeat_worker_refuses_bad_arguments_before_sql(kwargs: Any, error: A
             heartbeat_worker(Job, **kwargs)
         with pytest.raises(TypeError, match="model_or_queryset"):
             heartbeat_worker(object(), worker="w", lease=5)
+        with pytest.raises(ValueError, match="model_or_queryset must not be sliced"):
+            heartbeat_worker(Job.objects.all()[:3], worker="w", lease=5)
+        with pytest.raises(TypeError, match="every"):
+            worker_heartbeat(Job, worker="w", lease=5, every=True)
+        with pytest.raises(TypeError, match="claim"):
+            worker_heartbeat(Job, worker="w", lease=5, every=1).holds("not a claim")  # type: ignore[arg-type]
     assert len(queries) == 0
 
 
@@ -318,6 +336,9 @@ def test_worker_heartbeat_is_entered_once_and_refuses_a_mismatched_alias() -> No
         worker_heartbeat(Job.objects.using("other"), worker="w", lease=5, every=1, using="default")
     assert beat.error is None
     assert beat.last_beat is not None  # it beat on entry
+    (theirs,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="someone else", lease=5)
+    with pytest.raises(ValueError, match="claim is a claim of Job on 'default' by 'someone else'"):
+        beat.holds(theirs)
 
 
 # -- faults: a worker killed while its heartbeat runs; its beat connection terminated -------------------------------
