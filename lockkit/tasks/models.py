@@ -61,14 +61,17 @@ class QueuedTask(Claimable):
     objects: models.Manager[QueuedTask] = models.Manager()
 
     class Meta:
-        """The ready-task index: what ``lockkit_worker`` filters and orders by."""
+        """The indexes ``lockkit_worker`` claims and renews by."""
 
         ordering = ("-priority", "enqueued_at")
         # The partial index of unfinished tasks in claim order (PostgreSQL, SQLite) is made by the migration
         # itself, only where the database has partial indexes: declared here, it would raise a system check
-        # warning on every command on MariaDB/MySQL, which use this one.
+        # warning on every command on MariaDB/MySQL, which use the first one. claimed_by: the heartbeat locks a
+        # worker's claims; on MariaDB/MySQL, without an index it would lock (and wait for) every row it
+        # examines, other workers' included.
         indexes = (
             models.Index(fields=("status", "-priority", "enqueued_at"), name="lockkit_tasks_status_idx"),
+            models.Index(fields=("claimed_by",), name="lockkit_tasks_worker_idx"),
         )
         verbose_name = "task"
 

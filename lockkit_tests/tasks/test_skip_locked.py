@@ -4,6 +4,7 @@ locks, one writer holds the whole database). Ported from django-tasks' ``test_wo
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -17,8 +18,9 @@ from lockkit_tests.tasks.helpers import backend_on, run_worker, vendor_aliases
 pytestmark = pytest.mark.parametrize("alias", vendor_aliases()[:2])
 
 
-def test_worker_with_locked_rows(alias: str) -> None:
-    """A task row another session holds locked is skipped (``SKIP LOCKED``), not waited for."""
+def test_worker_with_locked_rows(alias: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A task row another session holds locked is skipped (``SKIP LOCKED``), not waited for; nor does the
+    worker's heartbeat wait for it (no warning is logged: no lock timeout)."""
     with backend_on(alias) as backend:
         first = jobs.noop_task.enqueue()
         locked = threading.Event()
@@ -38,7 +40,9 @@ def test_worker_with_locked_rows(alias: str) -> None:
         try:
             assert locked.wait(10)
             second = jobs.noop_task.enqueue()
-            assert run_worker(backend).ids == [second.id]
+            with caplog.at_level(logging.WARNING, logger="lockkit"):
+                assert run_worker(backend).ids == [second.id]
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
         finally:
             release.set()
             holder.join(20)

@@ -79,7 +79,8 @@ class Migration(migrations.Migration):
                 "indexes": [
                     models.Index(
                         fields=["status", "-priority", "enqueued_at"], name="lockkit_tasks_status_idx"
-                    )
+                    ),
+                    models.Index(fields=["claimed_by"], name="lockkit_tasks_worker_idx"),
                 ],
             },
         ),
