@@ -152,13 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="200 tasks, 1 and 2 workers: a smoke run")
     options = parser.parse_args(argv)
+    import django
+
+    if django.VERSION < (6, 0):
+        print(f"python -m benchmarks.tasks needs Django 6 (django.tasks); this is {django.get_version()}")
+        return 2
     from benchmarks.dbserver import target
 
     url = target(options.database_url or None).url
     os.environ.update(
         {"DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings", "LOCKKIT_BENCH_DATABASE_URL": url}
     )
-    import django
     from django.core.management import call_command
 
     django.setup()
