@@ -89,10 +89,14 @@ def slow(marker: str, seconds: float) -> str:
 
 @task()
 def slow_then_fenced_write(marker: str, seconds: float, alias: str) -> str:
-    """Start, sleep, then write a database effect in ``lockkit.tasks.fenced()`` (exactly once per task)."""
+    """Start, sleep (the first claim only), then write a database effect in ``lockkit.tasks.fenced()``.
+
+    The effect is written exactly once per task. The sleep keeps the first worker out of ``fenced()`` while the
+    test freezes it: frozen inside the block, it would hold the row lock and no other worker could take the task.
+    """
     claim = current_claim()
     Path(f"{marker}.{claim.token}.started").write_text(str(os.getpid()))
-    time.sleep(seconds)
+    time.sleep(seconds if claim.attempt == 1 else 0)
     with fenced() as scope:
         Owner.objects.using(scope.alias).create(name=f"effect-{claim.pk}"[:40])
     return f"written by token {claim.token}"

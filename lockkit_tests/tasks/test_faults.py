@@ -88,7 +88,7 @@ def test_sigstop_past_the_lease_the_stale_worker_writes_nothing(alias: str, tmp_
     prefix = marker(tmp_path, "s")
     opts = {"lease": 1, "max_attempts": 3}
     with backend_on(alias, **opts) as backend:
-        result = jobs.slow_then_fenced_write.enqueue(prefix, 1.0, alias)
+        result = jobs.slow_then_fenced_write.enqueue(prefix, 3.0, alias)
         waiting = jobs.fenced_effect.enqueue("waiting-effect")  # claimed with the first, not started
         with worker_process(alias, "--worker-id", "frozen", "--batch", "2", options=opts) as frozen:
             wait_for(lambda: list(tmp_path.glob("s.*.started")), what="the task to start")
