@@ -118,8 +118,11 @@ def test_refresh_result(alias: str) -> None:
         assert again == result
 
 
-@pytest.mark.parametrize("result_id", [str(uuid.uuid4()), "123", "", "not a uuid' OR 1=1 --", "x" * 1000])
-def test_get_missing_or_malformed_result(alias: str, result_id: str) -> None:
+@pytest.mark.parametrize(
+    "result_id",
+    [str(uuid.uuid4()), "123", "", "not a uuid' OR 1=1 --", "x" * 1000, None, 123, -1, ["a"], "\x00"],
+)
+def test_get_missing_or_malformed_result(alias: str, result_id: Any) -> None:
     with backend_on(alias) as backend:
         with pytest.raises(TaskResultDoesNotExist):
             backend.get_result(result_id)
