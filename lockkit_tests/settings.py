@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import dj_database_url
+import django
 
 from lockkit_tests.support import topology
 
@@ -32,6 +33,17 @@ INSTALLED_APPS = [
     "sample_project.jobs",
     "lockkit_harness.soak",
 ]
+# lockkit.tasks is a Django 6 app (django.tasks): on Django 5.2 importing it raises ImproperlyConfigured, and its
+# tests are not collected (lockkit_tests/conftest.py).
+if django.VERSION >= (6, 0):
+    INSTALLED_APPS.append("lockkit.tasks")
+    TASKS: dict[str, dict[str, Any]] = {
+        "default": {
+            "BACKEND": "lockkit.tasks.DatabaseBackend",
+            "QUEUES": ["default", "queue-1"],
+            "OPTIONS": {"lease": 5, "max_attempts": 3, "retry_backoff": 0.01, "poll_interval": 0.2},
+        }
+    }
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import dj_database_url
+import django
 from django.core.exceptions import ImproperlyConfigured
 
 DATABASE_URL_ENV = "SAMPLE_DATABASE_URL"
@@ -33,6 +34,12 @@ SECRET_KEY = os.environ.get("SAMPLE_SECRET_KEY", "sample-project-not-secret")
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 INSTALLED_APPS = ["lockkit", "sample_project.inventory", "sample_project.jobs"]
+# Django 6: the job queue's tasks (sample_project/jobs/tasks.py) run on lockkit.tasks, `manage lockkit_worker`.
+if django.VERSION >= (6, 0):
+    INSTALLED_APPS.append("lockkit.tasks")
+    TASKS: dict[str, dict[str, Any]] = {
+        "default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "OPTIONS": {"lease": 30, "max_attempts": 3}}
+    }
 # A JSON API for a demo: no sessions, no CSRF middleware. A real project keeps its usual middleware.
 MIDDLEWARE: list[str] = []
 ROOT_URLCONF = "sample_project.urls"

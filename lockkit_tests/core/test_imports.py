@@ -115,7 +115,18 @@ _ALONE = """
 import importlib, sys
 import django
 from django.conf import settings
-settings.configure(INSTALLED_APPS=[], DATABASES={})
+from django.core.exceptions import ImproperlyConfigured
+tasks = sys.argv[1] == "lockkit.tasks" or sys.argv[1].startswith("lockkit.tasks.")
+# lockkit.tasks is a Django 6 app (its models need it installed); on older Django importing it must fail clearly.
+settings.configure(INSTALLED_APPS=["lockkit.tasks"] if tasks and django.VERSION >= (6, 0) else [], DATABASES={})
+if tasks and django.VERSION < (6, 0):
+    try:
+        importlib.import_module(sys.argv[1])
+    except ImproperlyConfigured as error:
+        assert "lockkit.tasks needs Django 6.0 or later" in str(error), error
+    else:
+        raise AssertionError("imported on Django < 6")
+    raise SystemExit(0)
 django.setup()
 importlib.import_module(sys.argv[1])
 """

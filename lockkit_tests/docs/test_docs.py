@@ -10,6 +10,7 @@ import importlib
 import re
 from pathlib import Path
 
+import django
 import pytest
 from sybil import Document, Region
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer, RawFencedCodeBlockLexer
@@ -30,6 +31,8 @@ PUBLIC_MODULES = (
     "lockkit.aio",
     "lockkit.signals",
 )
+# lockkit.tasks needs Django 6 (django.tasks); on Django 5.2 its reference entries are not resolved.
+DJANGO_6_PUBLIC_MODULES = ("lockkit.tasks",)
 # Checked when they import: they need their extra (opentelemetry-api, prometheus-client).
 OPTIONAL_PUBLIC_MODULES = ("lockkit.contrib.otel", "lockkit.contrib.prometheus")
 SKIP_WITH_REASON = re.compile(r'next\s+"[^"]{10,}"$')
@@ -88,6 +91,8 @@ def _documented_objects() -> set[int]:
     documented: set[int] = set()
     for page in (ROOT / "docs" / "reference").glob("*.md"):
         for dotted in re.findall(r"^::: (\S+)", page.read_text(encoding="utf-8"), re.MULTILINE):
+            if django.VERSION < (6, 0) and dotted.startswith(DJANGO_6_PUBLIC_MODULES):
+                continue
             documented.add(id(_resolve(dotted)))
     return documented
 
@@ -108,6 +113,8 @@ def _resolve(dotted: str) -> object:
 def test_the_api_reference_documents_every_public_name() -> None:
     documented = _documented_objects()
     modules = list(PUBLIC_MODULES)
+    if django.VERSION >= (6, 0):
+        modules += DJANGO_6_PUBLIC_MODULES
     for name in OPTIONAL_PUBLIC_MODULES:
         try:
             importlib.import_module(name)

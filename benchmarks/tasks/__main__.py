@@ -1,0 +1,5 @@
+"""Entry point: ``python -m benchmarks.tasks``."""
+
+from benchmarks.tasks.run import main
+
+raise SystemExit(main())

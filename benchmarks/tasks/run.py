@@ -1,0 +1,187 @@
+"""Tasks per second of ``lockkit_worker`` and of django-tasks' ``db_worker``, on one PostgreSQL, same trivial task.
+
+For each row: W worker processes are started and warmed up (they run 20 tasks each first), then N tasks are
+enqueued in one transaction, all due (``run_after``) at one instant shortly after; the clock runs from that instant
+until every task is recorded as finished (polled every 10 ms from this process). Workers are stopped with SIGTERM between rows. django-tasks' row is left out, with a
+note, when ``django_tasks_db`` is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+# Seconds between the end of enqueueing and the moment the timed tasks become due.
+START_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class Row:
+    worker: str
+    processes: int
+    batch: int
+    tasks: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.seconds
+
+
+def _environment(url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings",
+        "LOCKKIT_BENCH_DATABASE_URL": url,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def _command(worker: str, batch: int) -> list[str]:
+    from benchmarks.tasks.settings import POLL
+
+    if worker == "lockkit":
+        return ["lockkit_worker", "--batch", str(batch), "--concurrency", "1", "--verbosity", "0"]
+    return ["db_worker", "--backend", "django_tasks_db", "--interval", str(POLL), "--no-startup-delay"]
+
+
+# The task table of each worker (django-tasks-db's app label is "django_tasks_database").
+MODELS = {"lockkit": "lockkit_tasks.QueuedTask", "django_tasks_db": "django_tasks_database.DBTaskResult"}
+
+
+def _model(worker: str) -> Any:
+    from django.apps import apps
+
+    label = MODELS[worker]  # a variable, not a literal: the optional app is unknown to the type checker
+    return apps.get_model(label)
+
+
+def _finished(worker: str) -> int:
+    return int(_model(worker).objects.filter(status__in=["SUCCESSFUL", "FAILED"]).count())
+
+
+def _clear(worker: str) -> None:
+    _model(worker).objects.all().delete()
+
+
+def _enqueue(worker: str, count: int, run_after: datetime | None = None) -> None:
+    from django.db import transaction
+
+    from benchmarks.tasks import jobs
+
+    chosen: Any = jobs.trivial_lockkit if worker == "lockkit" else jobs.trivial_django_tasks_db
+    if run_after is not None:
+        chosen = chosen.using(run_after=run_after)
+    with transaction.atomic():
+        for _ in range(count):
+            chosen.enqueue()
+
+
+def _wait_for(worker: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _finished(worker) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{worker}: {_finished(worker)} of {count} tasks finished in {timeout:g}s")
+        time.sleep(0.01)
+
+
+def measure(url: str, worker: str, processes: int, batch: int, tasks: int) -> Row:
+    """One row: start the workers, warm them up, time ``tasks`` tasks, stop them."""
+    _clear(worker)
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-m", "django", *_command(worker, batch)],
+            env=_environment(url),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        warm = 20 * processes
+        _enqueue(worker, warm)
+        _wait_for(worker, warm, timeout=120)
+        # Enqueued ahead, due at one instant: the clock starts then (enqueueing is not what is measured).
+        due = datetime.now(UTC) + timedelta(seconds=START_DELAY + tasks / 500)
+        _enqueue(worker, tasks, run_after=due)
+        _wait_for(worker, warm + tasks, timeout=600)
+        seconds = (datetime.now(UTC) - due).total_seconds()
+    finally:
+        for process in started:
+            process.send_signal(signal.SIGTERM)
+        for process in started:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+    return Row(worker, processes, batch, tasks, seconds)
+
+
+def table(rows: list[Row], note: str) -> str:
+    lines = [
+        "| worker | processes | batch | tasks | seconds | tasks/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        batch = str(row.batch) if row.worker == "lockkit" else "-"
+        name = "lockkit_worker" if row.worker == "lockkit" else "django-tasks db_worker"
+        lines.append(
+            f"| {name} | {row.processes} | {batch} | {row.tasks} | {row.seconds:.2f} | {row.rate:,.0f} |"
+        )
+    return "\n".join(lines) + (f"\n\n{note}" if note else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tasks", description=__doc__)
+    parser.add_argument("--database-url", default=os.environ.get("LOCKKIT_BENCH_DATABASE_URL", ""))
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks timed per row (default 2000)")
+    parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
+    parser.add_argument(
+        "--batch", type=int, default=50, help="lockkit's --batch for the batch rows (default 50)"
+    )
+    parser.add_argument("--quick", action="store_true", help="200 tasks, 1 and 2 workers: a smoke run")
+    options = parser.parse_args(argv)
+    import django
+
+    if django.VERSION < (6, 0):
+        print(f"python -m benchmarks.tasks needs Django 6 (django.tasks); this is {django.get_version()}")
+        return 2
+    from benchmarks.dbserver import target
+
+    url = target(options.database_url or None).url
+    os.environ.update(
+        {"DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings", "LOCKKIT_BENCH_DATABASE_URL": url}
+    )
+    from django.core.management import call_command
+
+    django.setup()
+    from benchmarks.tasks.settings import DJANGO_TASKS_DB
+
+    call_command("migrate", verbosity=0)
+    counts = [1, 2] if options.quick else [int(n) for n in options.workers.split(",")]
+    tasks = 200 if options.quick else options.tasks
+    workers = ["lockkit", "django_tasks_db"] if DJANGO_TASKS_DB else ["lockkit"]
+    note = "" if DJANGO_TASKS_DB else "django-tasks' row skipped: django-tasks-db is not installed."
+    rows: list[Row] = []
+    for worker in workers:
+        for processes in counts:
+            rows.append(measure(url, worker, processes, 1, tasks))
+            print(rows[-1], file=sys.stderr, flush=True)
+    for processes in counts:
+        rows.append(measure(url, "lockkit", processes, options.batch, tasks))
+        print(rows[-1], file=sys.stderr, flush=True)
+    print(f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python {sys.version.split()[0]}, "
+          f"Django {django.get_version()}, {os.cpu_count()} CPUs.\n")  # fmt: skip
+    print(table(rows, note))
+    return 0

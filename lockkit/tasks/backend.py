@@ -1,0 +1,152 @@
+"""``DatabaseBackend``: Django 6's Tasks API on a lockkit.claims table (``enqueue``, ``get_result``, checks)."""
+
+from __future__ import annotations
+
+from typing import Any, ParamSpec, TypeVar, cast
+
+from django.apps import apps
+from django.core import checks
+from django.core.exceptions import ValidationError
+from django.db import connections, router
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import Task, TaskResult, TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from lockkit.tasks import arguments, options, results
+from lockkit.tasks.notify import CHANNEL
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class DatabaseBackend(BaseTaskBackend):
+    """A Django Tasks backend storing tasks in a table that ``manage.py lockkit_worker`` claims and runs.
+
+    Configure it in ``settings.TASKS`` (``{"default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "QUEUES":
+    [...], "OPTIONS": {"lease": 30, "max_attempts": 3}}}``) with ``"lockkit.tasks"`` in ``INSTALLED_APPS``.
+    ``enqueue()`` inserts one row (inside the caller's ``atomic()`` when one is open: the task exists only if
+    that transaction commits); workers claim rows with ``SKIP LOCKED`` under a lease and a fencing token
+    (lockkit.claims), so a task runs on one worker at a time, a dead worker's task is taken again when its
+    lease ends, and a stale worker cannot overwrite a newer result. See docs/tasks.md and
+    https://docs.djangoproject.com/en/6.0/topics/tasks/.
+
+    Attributes:
+        settings (lockkit.tasks.options.TaskOptions): The checked ``OPTIONS`` (``lease``, ``max_attempts``,
+            ``retry_backoff``, ``retry_backoff_max``, ``poll_interval``, ``database``, ``notify``).
+
+    Raises:
+        django.core.exceptions.ImproperlyConfigured: when built, ``OPTIONS`` has an unknown option or a bad
+            value (the message names it).
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        """Read ``QUEUES`` and check ``OPTIONS``.
+
+        Raises:
+            django.core.exceptions.ImproperlyConfigured: a bad option.
+        """
+        super().__init__(alias, params)
+        self.settings = options.parse(alias, self.options)
+
+    def database(self) -> str:
+        """The alias of the task table: ``OPTIONS["database"]``, else ``router.db_for_write`` of the model."""
+        if self.settings.database is not None:
+            return self.settings.database
+        from lockkit.tasks.models import QueuedTask
+
+        return router.db_for_write(QueuedTask)
+
+    def enqueue(self, task: Task[_P, _R], args: list[Any], kwargs: dict[str, Any]) -> TaskResult[_P, _R]:
+        """Store a task to be run by a worker; the arguments are checked before any SQL.
+
+        Inside an open ``atomic()`` on the task table's alias, the row (and the ``NOTIFY`` that wakes idle
+        PostgreSQL workers) commits or rolls back with the caller's transaction.
+
+        Args:
+            task: The ``Task`` (its ``priority``, ``queue_name`` and ``run_after`` are stored).
+            args: Positional arguments, JSON (lists, dicts with string keys, str, int, float, bool, None).
+            kwargs: Keyword arguments, JSON.
+
+        Returns:
+            The ``TaskResult``, ``READY``.
+
+        Raises:
+            django.tasks.exceptions.InvalidTask: the task is not valid for this backend (queue, priority,
+                ``run_after`` not aware...).
+            TypeError, ValueError: an argument is not JSON (see ``lockkit.tasks.arguments.json_value``).
+        """
+        self.validate_task(task)
+        row = self._row(task, args, kwargs)
+        alias = self.database()
+        row.save(using=alias, force_insert=True)
+        self._notify(alias, task.queue_name)
+        result = cast("TaskResult[_P, _R]", results.result_of(row, task))
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _row(self, task: Task[..., Any], args: Any, kwargs: Any) -> Any:
+        from lockkit.tasks.models import QueuedTask
+
+        stored = {
+            "args": arguments.json_value(list(args), "args"),
+            "kwargs": arguments.json_value(dict(kwargs), "kwargs"),
+        }
+        return QueuedTask(
+            backend_name=self.alias,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            task_path=task.module_path,
+            takes_context=task.takes_context,
+            args_kwargs=stored,
+            status=TaskResultStatus.READY,
+            run_after=task.run_after,
+            ready_at=task.run_after,
+            enqueued_at=timezone.now(),
+        )
+
+    def _notify(self, alias: str, queue: str) -> None:
+        # NOTIFY is transactional: inside the caller's atomic() it is delivered when (if) that commits.
+        connection = connections[alias]
+        if self.settings.notify and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
+
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
+        """Read a task's result (its status, return value, errors and workers) from the database.
+
+        Args:
+            result_id: The ``TaskResult.id``.
+
+        Returns:
+            The ``TaskResult``.
+
+        Raises:
+            django.tasks.exceptions.TaskResultDoesNotExist: no task of this id, or an id that is not a UUID.
+        """
+        from lockkit.tasks.models import QueuedTask
+
+        try:
+            row = QueuedTask.objects.using(self.database()).get(pk=result_id)
+        except (QueuedTask.DoesNotExist, ValidationError, TypeError, ValueError) as missing:
+            raise TaskResultDoesNotExist(result_id) from missing
+        return results.result_of(row)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Django's checks, plus an error when ``lockkit.tasks`` is missing from ``INSTALLED_APPS``."""
+        found: list[checks.CheckMessage] = list(super().check(**kwargs))
+        if not apps.is_installed("lockkit.tasks"):
+            found.append(
+                checks.Error(
+                    f"{type(self).__name__} is configured in TASKS[{self.alias!r}] but its app is not installed",
+                    hint='Add "lockkit.tasks" to INSTALLED_APPS and run migrate.',
+                    id="lockkit.tasks.E001",
+                )
+            )
+        return found

@@ -1,0 +1,1 @@
+"""``lockkit_worker``."""

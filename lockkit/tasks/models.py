@@ -1,0 +1,90 @@
+"""``QueuedTask``: one row per enqueued task, claimed by ``manage.py lockkit_worker`` through lockkit.claims."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models
+from django.tasks.base import TaskResultStatus
+
+from lockkit.claims.mixin import Claimable
+
+__all__ = ["QueuedTask"]
+
+#: The separator of ``QueuedTask.worker_log`` (worker names cannot contain it: the worker checks).
+WORKER_SEPARATOR = "\n"
+
+
+class QueuedTask(Claimable):
+    """A task enqueued through ``lockkit.tasks.DatabaseBackend``, its state, and its result.
+
+    ``status`` is Django's ``TaskResultStatus``: ``READY`` (waiting, or waiting to be retried), ``RUNNING``
+    (claimed by a worker, see the ``Claimable`` fields), ``SUCCESSFUL`` or ``FAILED``. A task is ready to run
+    when it is ``READY`` and ``ready_at`` is ``NULL`` or past by the database clock.
+
+    Attributes:
+        id: The task result's id (``TaskResult.id``), a UUID.
+        backend_name: The alias of the backend in ``settings.TASKS``.
+        queue_name: The task's queue.
+        priority: -100 to 100; higher runs first.
+        task_path: The dotted path of the ``Task`` object.
+        takes_context: Whether the task function receives a ``TaskContext``.
+        args_kwargs: ``{"args": [...], "kwargs": {...}}``, as JSON.
+        run_after: The task's own ``run_after`` (``Task.run_after``), or ``NULL``.
+        ready_at: The earliest the next attempt may start: ``run_after`` at first, then the retry's backoff.
+        enqueued_at, started_at, finished_at, last_attempted_at: As ``TaskResult`` has them.
+        return_value: The JSON return value of a successful run.
+        errors: One ``{"exception_class_path", "traceback", "attempt"}`` per failed attempt.
+        worker_log: The worker of each attempt, one per line (``TaskResult.worker_ids``), appended when claimed.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    backend_name = models.CharField(max_length=32)
+    queue_name = models.CharField(max_length=32)
+    priority = models.SmallIntegerField(default=0)
+    task_path = models.CharField(max_length=255)
+    takes_context = models.BooleanField(default=False)
+    args_kwargs = models.JSONField()
+    status = models.CharField(max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY)
+    run_after = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(default=list, blank=True)
+    worker_log = models.TextField(default="", blank=True)
+
+    # Declared, so type checkers know it even where the app is not installed (Django < 6, mypy's plugin).
+    objects: models.Manager[QueuedTask] = models.Manager()
+
+    class Meta:
+        """The indexes ``lockkit_worker`` claims and renews by."""
+
+        ordering = ("-priority", "enqueued_at")
+        # The partial index of unfinished tasks in claim order (PostgreSQL, SQLite) is made by the migration
+        # itself, only where the database has partial indexes: declared here, it would raise a system check
+        # warning on every command on MariaDB/MySQL, which use the first one. claimed_by: the heartbeat locks a
+        # worker's claims; on MariaDB/MySQL, without an index it would lock (and wait for) every row it
+        # examines, other workers' included.
+        indexes = (
+            models.Index(fields=("status", "-priority", "enqueued_at"), name="lockkit_tasks_status_idx"),
+            models.Index(fields=("claimed_by",), name="lockkit_tasks_worker_idx"),
+        )
+        verbose_name = "task"
+
+    def __str__(self) -> str:
+        """``<task path> <id> (<status>)``."""
+        return f"{self.task_path} {self.id} ({self.status})"
+
+    @property
+    def worker_ids(self) -> list[str]:
+        """The worker of each attempt, oldest first (``TaskResult.worker_ids``)."""
+        return [name for name in self.worker_log.split(WORKER_SEPARATOR) if name]
+
+    def arguments(self) -> tuple[list[Any], dict[str, Any]]:
+        """The stored ``(args, kwargs)``."""
+        stored = self.args_kwargs or {}
+        return list(stored.get("args", [])), dict(stored.get("kwargs", {}))

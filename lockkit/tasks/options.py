@@ -1,0 +1,96 @@
+"""The ``OPTIONS`` of a ``lockkit.tasks.DatabaseBackend``, validated once, when the backend is built."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from lockkit.validation import duration, positive_int
+
+#: Every option and its default (seconds for durations).
+DEFAULTS: dict[str, Any] = {
+    "database": None,
+    "lease": 30.0,
+    "max_attempts": 3,
+    "retry_backoff": 1.0,
+    "retry_backoff_max": 300.0,
+    "poll_interval": 1.0,
+    "notify": True,
+}
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """A backend's options, checked.
+
+    Attributes:
+        database: The database alias of the task table; ``None`` for ``router.db_for_write`` of the task model.
+        lease: Seconds a worker's claim on a task lasts without a heartbeat (the worker renews every third).
+        max_attempts: How many times a task is claimed at most: a task that fails (or whose worker dies) on its
+            last attempt ends ``FAILED``.
+        retry_backoff: Seconds before the first retry; each later retry waits twice as long as the previous.
+        retry_backoff_max: The longest wait between two attempts, in seconds.
+        poll_interval: The longest an idle worker waits before looking for ready tasks again, in seconds (on
+            PostgreSQL a ``NOTIFY`` sent when an enqueue commits wakes it sooner).
+        notify: Whether enqueues on PostgreSQL send ``NOTIFY`` (on commit) to wake idle workers.
+    """
+
+    database: str | None
+    lease: float
+    max_attempts: int
+    retry_backoff: float
+    retry_backoff_max: float
+    poll_interval: float
+    notify: bool
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before the attempt after ``attempt`` (1-based): exponential, capped."""
+        return float(min(self.retry_backoff_max, self.retry_backoff * 2 ** max(0, attempt - 1)))
+
+
+def parse(alias: str, options: object) -> TaskOptions:
+    """Check a backend's ``OPTIONS`` and fill in the defaults.
+
+    Args:
+        alias: The backend's alias in ``settings.TASKS``, for the messages.
+        options: The ``OPTIONS`` dict.
+
+    Returns:
+        The options.
+
+    Raises:
+        ImproperlyConfigured: ``OPTIONS`` is not a dict, names an unknown option, or an option has a wrong type
+            or value (the message names ``TASKS[alias]["OPTIONS"][name]`` and what is accepted).
+    """
+    where = f'TASKS["{alias}"]["OPTIONS"]'
+    if not isinstance(options, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict, not {type(options).__name__}")
+    unknown = sorted(str(name) for name in options if name not in DEFAULTS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where} has unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(DEFAULTS)}"
+        )
+    values = {**DEFAULTS, **options}
+    try:
+        database = values["database"]
+        if database is not None and (not isinstance(database, str) or not database):
+            raise TypeError(f"database must be a database alias (a non-empty str) or None, not {database!r}")
+        if not isinstance(values["notify"], bool):
+            raise TypeError(f"notify must be True or False, not {type(values['notify']).__name__}")
+        parsed = TaskOptions(
+            database=database,
+            lease=duration(values["lease"], "lease"),
+            max_attempts=positive_int(values["max_attempts"], "max_attempts"),
+            retry_backoff=duration(values["retry_backoff"], "retry_backoff"),
+            retry_backoff_max=duration(values["retry_backoff_max"], "retry_backoff_max"),
+            poll_interval=duration(values["poll_interval"], "poll_interval"),
+            notify=values["notify"],
+        )
+    except (TypeError, ValueError) as error:
+        raise ImproperlyConfigured(f"{where}: {error}") from error
+    if parsed.lease < 1:
+        raise ImproperlyConfigured(f"{where}: lease must be at least 1 second, got {parsed.lease:g}")
+    return parsed

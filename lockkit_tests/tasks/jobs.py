@@ -1,0 +1,120 @@
+"""Task functions the tasks tests enqueue (imported by worker processes too, by their dotted paths)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.tasks import TaskContext, task
+
+from lockkit.tasks import current_claim, fenced
+from lockkit_tests.models import Owner
+
+
+@task()
+def noop_task(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@task()
+async def noop_task_async(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@task()
+def calculate_meaning_of_life() -> int:
+    return 42
+
+
+@task()
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task()
+def failing_task_value_error() -> None:
+    raise ValueError("This task failed due to ValueError")
+
+
+class ComplexError(Exception):
+    def __init__(self, value: object) -> None:
+        super().__init__("complex")
+        self.value = value
+
+
+@task()
+def complex_exception() -> None:
+    raise ComplexError(object())
+
+
+@task()
+def complex_return_value() -> Any:
+    return object()  # not JSON: the attempt fails
+
+
+@task()
+def exit_task() -> None:
+    sys.exit(1)
+
+
+@task(takes_context=True)
+def context_task(context: TaskContext[..., Any], marker: str) -> dict[str, Any]:
+    return {"attempt": context.attempt, "id": context.task_result.id, "marker": marker}
+
+
+@task(takes_context=True)
+def fail_until(context: TaskContext[..., Any], succeed_on: int) -> int:
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails on purpose")
+    return context.attempt
+
+
+@task()
+def kill_own_worker() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # a poison task: takes its worker down every time
+
+
+@task()
+def slow(marker: str, seconds: float) -> str:
+    """Write ``<marker>.started``, sleep, write ``<marker>.done``: the tests watch the files, not the clock."""
+    Path(marker + ".started").write_text(str(os.getpid()))
+    time.sleep(seconds)
+    Path(marker + ".done").write_text(str(os.getpid()))
+    return "slept"
+
+
+@task()
+def slow_then_fenced_write(marker: str, seconds: float, alias: str) -> str:
+    """Start, sleep (the first claim only), then write a database effect in ``lockkit.tasks.fenced()``.
+
+    The effect is written exactly once per task. The sleep keeps the first worker out of ``fenced()`` while the
+    test freezes it: frozen inside the block, it would hold the row lock and no other worker could take the task.
+    """
+    claim = current_claim()
+    Path(f"{marker}.{claim.token}.started").write_text(str(os.getpid()))
+    time.sleep(seconds if claim.attempt == 1 else 0)
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=f"effect-{claim.pk}"[:40])
+    return f"written by token {claim.token}"
+
+
+@task(takes_context=True)
+def hang_on_first_attempt(context: TaskContext[..., Any], marker: str) -> int:
+    """Attempt 1 writes ``<marker>.started`` and hangs (to be killed); later attempts return theirs."""
+    if context.attempt == 1:
+        Path(marker + ".started").write_text(str(os.getpid()))
+        time.sleep(120)
+    return context.attempt
+
+
+@task()
+def fenced_effect(name: str) -> str:
+    """Write one database effect in ``lockkit.tasks.fenced()``, a little slowly (a restart meets it mid-way)."""
+    time.sleep(0.05)
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+    return name

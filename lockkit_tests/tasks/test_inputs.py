@@ -1,0 +1,88 @@
+"""What the backend refuses before any SQL: bad tasks, arguments that are not JSON, bad ``OPTIONS``.
+
+No test here may touch a database (pytest-django refuses any query without a ``django_db`` mark), so each one also
+shows that the refusal comes before SQL. Ported in part from django-tasks' ``test_database_backend.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
+from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
+
+from lockkit.tasks import DatabaseBackend
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import backend_on, tasks_setting
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1.5])
+def test_priority_range_refused_before_sql(priority: Any) -> None:
+    with backend_on("default"):
+        with pytest.raises(InvalidTask, match="priority must be a whole number"):
+            jobs.noop_task.using(priority=priority).enqueue()
+
+
+def test_run_after_must_be_aware() -> None:
+    with backend_on("default"), pytest.raises(InvalidTask, match="run_after must be an aware datetime"):
+        jobs.noop_task.using(run_after=datetime.now()).enqueue()
+
+
+def test_validate_on_enqueue() -> None:
+    with backend_on("default"):
+        with pytest.raises(InvalidTask, match="Queue 'unknown_queue' is not valid for backend"):
+            jobs.noop_task.using(queue_name="unknown_queue").enqueue()
+        with pytest.raises(InvalidTask, match="Queue 'unknown_queue' is not valid for backend"):
+            async_to_sync(jobs.noop_task.using(queue_name="unknown_queue").aenqueue)()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        ((object(),), {}, TypeError, "args must be JSON-serializable: Unsupported type"),
+        ((), {"when": timezone.now()}, TypeError, "kwargs must be JSON-serializable"),
+        ((float("nan"),), {}, ValueError, "NaN or infinity"),
+        ((float("inf"),), {}, ValueError, "NaN or infinity"),
+        (({1: "int key"},), {}, TypeError, "dict keys must be strings"),
+        (("nul \x00 char",), {}, ValueError, "NUL characters"),
+        ((b"\xff\xfe",), {}, ValueError, "args must be JSON-serializable: Unsupported value"),
+        (({1, 2},), {}, TypeError, "Unsupported type"),
+    ],
+)
+def test_arguments_refused_before_sql(
+    args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with backend_on("default"):
+        with pytest.raises(error, match=message):
+            jobs.echo.enqueue(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lease": 0}, r'TASKS\["default"\]\["OPTIONS"\]: lease must be a positive number of seconds'),
+        ({"lease": 0.5}, "lease must be at least 1 second"),
+        ({"lease": "30"}, "lease must be seconds"),
+        ({"max_attempts": 0}, "max_attempts must be at least 1"),
+        ({"max_attempts": True}, "max_attempts must be an int"),
+        ({"retry_backoff": float("nan")}, "retry_backoff must be a finite number"),
+        ({"poll_interval": -1}, "poll_interval must be a positive number"),
+        ({"notify": "yes"}, "notify must be True or False"),
+        ({"database": ""}, "database must be a database alias"),
+        ({"leese": 30}, r"unknown option\(s\) 'leese'; known: database, lease"),
+    ],
+)
+def test_options_checked(options: dict[str, Any], message: str) -> None:
+    setting = tasks_setting("default")
+    setting["default"]["OPTIONS"].update(options)
+    with pytest.raises(ImproperlyConfigured, match=message):
+        DatabaseBackend("default", setting["default"])
+
+
+def test_options_must_be_a_dict() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r'TASKS\["x"\]\["OPTIONS"\] must be a dict, not list'):
+        DatabaseBackend("x", {"OPTIONS": []})

@@ -1,0 +1,261 @@
+"""The worker's side of django-tasks' database-backend scenarios, and lockkit's retries and fencing, on every vendor.
+
+Ported from django-tasks' ``DatabaseBackendWorkerTestCase`` and ``DatabaseTaskResultTestCase``
+(``tests/tests/test_database_backend.py``): the worker runs in this process (``Worker(..., burst=True)``, on
+its own threads and connections), against PostgreSQL, MariaDB and SQLite.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.tasks import TaskResultStatus
+from django.test import override_settings
+from django.utils import timezone
+
+from lockkit.claims import claim_next, complete
+from lockkit.errors import StaleClaim
+from lockkit.tasks.models import QueuedTask
+from lockkit.tasks.worker import Worker
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import backend_on, rows, run_worker, status_of, tasks_setting, vendor_aliases
+
+pytestmark = pytest.mark.parametrize("alias", vendor_aliases())
+
+
+def test_run_enqueued_task(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.calculate_meaning_of_life.enqueue()
+        stats = run_worker(backend, worker_id="worker-1")
+        assert stats.succeeded == 1
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == 42
+        assert result.worker_ids == ["worker-1"]
+        assert result.errors == []
+        row = QueuedTask.objects.using(alias).get()
+        assert row.lease_expires_at is None  # the claim ended with the result
+        assert row.attempts == 1
+
+
+def test_async_task_runs(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.noop_task_async.enqueue(1, two=2)
+        assert run_worker(backend).succeeded == 1
+        assert status_of(result) == TaskResultStatus.SUCCESSFUL
+
+
+def test_batch_processes_all_tasks(alias: str) -> None:
+    with backend_on(alias) as backend:
+        for _ in range(5):
+            jobs.noop_task.enqueue()
+        jobs.failing_task_value_error.enqueue()
+        stats = run_worker(backend, concurrency=2, batch=4)
+        assert (stats.succeeded, stats.failed) == (5, 1)
+        assert {row.status for row in rows(alias)} == {TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED}
+
+
+def test_no_tasks(alias: str) -> None:
+    with backend_on(alias) as backend:
+        stats = run_worker(backend)
+        assert stats.ids == []
+
+
+def test_doesnt_process_different_queue(alias: str) -> None:
+    with backend_on(alias) as backend:
+        other = jobs.noop_task.using(queue_name="queue-1").enqueue()
+        run_worker(backend, queues=["default"])
+        assert status_of(other) == TaskResultStatus.READY
+        run_worker(backend, queues=["queue-1"])
+        assert status_of(other) == TaskResultStatus.SUCCESSFUL
+
+
+def test_process_all_queues(alias: str) -> None:
+    with backend_on(alias) as backend:
+        first = jobs.noop_task.enqueue()
+        second = jobs.noop_task.using(queue_name="queue-1").enqueue()
+        assert set(run_worker(backend).ids) == {first.id, second.id}
+
+
+def test_failing_task(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.failing_task_value_error.enqueue()
+        run_worker(backend)
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        with pytest.raises(ValueError, match="Task failed"):
+            _ = result.return_value
+        assert result.finished_at is not None
+        [error] = result.errors
+        assert error.exception_class_path == "builtins.ValueError"
+        assert error.exception_class is ValueError
+        assert "This task failed due to ValueError" in error.traceback
+        assert error.traceback.startswith("Traceback (most recent call last):")
+
+
+def test_complex_exception(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.complex_exception.enqueue()
+        run_worker(backend)
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert result.errors[0].exception_class is jobs.ComplexError
+
+
+def test_complex_return_value(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.complex_return_value.enqueue()
+        run_worker(backend)
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert result.errors[0].exception_class is TypeError
+        assert "the return value must be JSON-serializable" in result.errors[0].traceback
+
+
+def test_system_exit_task_fails_without_stopping_the_worker(alias: str) -> None:
+    with backend_on(alias) as backend:
+        exiting = jobs.exit_task.enqueue()
+        after = jobs.noop_task.enqueue()
+        run_worker(backend, concurrency=1, batch=1)
+        exiting.refresh()
+        after.refresh()
+        assert exiting.status == TaskResultStatus.FAILED
+        assert exiting.errors[0].exception_class is SystemExit
+        assert after.status == TaskResultStatus.SUCCESSFUL
+
+
+def test_doesnt_process_different_backend(alias: str) -> None:
+    with backend_on(alias) as backend:
+        jobs.noop_task.enqueue()
+        QueuedTask.objects.using(alias).update(backend_name="other")
+        assert run_worker(backend).ids == []
+        assert QueuedTask.objects.using(alias).get().status == TaskResultStatus.READY
+
+
+def test_run_after(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.noop_task.using(run_after=timezone.now() + timedelta(hours=10)).enqueue()
+        assert run_worker(backend).ids == []
+        QueuedTask.objects.using(alias).update(ready_at=timezone.now() - timedelta(seconds=1))
+        assert run_worker(backend).ids == [result.id]
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.task.run_after is not None  # the task's own run_after is kept
+
+
+def test_takes_context(alias: str) -> None:
+    with backend_on(alias) as backend:
+        result = jobs.context_task.enqueue(marker="m")
+        run_worker(backend)
+        result.refresh()
+        assert result.return_value == {"attempt": 1, "id": result.id, "marker": "m"}
+
+
+def test_failures_retry_with_backoff_up_to_max_attempts(alias: str) -> None:
+    with backend_on(alias, max_attempts=3, retry_backoff=0.2) as backend:
+        result = jobs.fail_until.enqueue(succeed_on=2)
+        started = timezone.now()
+        stats = run_worker(backend)  # burst: attempt 1 fails; the retry is not ready yet
+        assert (stats.retried, stats.succeeded) == (1, 0)
+        row = QueuedTask.objects.using(alias).get()
+        assert row.status == TaskResultStatus.READY
+        assert row.ready_at is not None
+        assert row.ready_at >= started + timedelta(seconds=0.15)
+        assert row.lease_expires_at is None
+        result.refresh()
+        assert result.attempts == 1
+        assert [e.exception_class for e in result.errors] == [RuntimeError]
+        QueuedTask.objects.using(alias).update(ready_at=None)
+        run_worker(backend)
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == 2
+        assert result.attempts == 2
+
+
+def test_last_failure_is_final(alias: str) -> None:
+    with backend_on(alias, max_attempts=2, retry_backoff=0.01) as backend:
+        result = jobs.fail_until.enqueue(succeed_on=5)
+        run_worker(backend)
+        QueuedTask.objects.using(alias).update(ready_at=None)
+        run_worker(backend)
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        assert result.attempts == 2
+        assert ["attempt 1 fails" in e.traceback for e in result.errors] == [True, False]
+        assert "attempt 2 fails" in result.errors[1].traceback
+
+
+def test_stale_worker_never_overwrites_a_newer_result(alias: str) -> None:
+    """A claim whose lease expired is taken by the next worker; the old claim's completion is refused."""
+    with backend_on(alias, lease=1) as backend:
+        result = jobs.calculate_meaning_of_life.enqueue()
+        queryset = QueuedTask.objects.using(alias).filter(status=TaskResultStatus.READY)
+        [(_row, stale)] = claim_next(
+            queryset, worker="frozen", lease=1, set={"status": TaskResultStatus.RUNNING}, fetch=True
+        )
+        QueuedTask.objects.using(alias).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        stats = run_worker(backend, worker_id="fresh")
+        assert stats.succeeded == 1
+        with pytest.raises(StaleClaim):
+            complete(stale, set={"status": TaskResultStatus.FAILED})
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == 42
+        assert result.worker_ids == ["fresh"]  # "frozen" claimed with claim_next directly, not as a worker
+
+
+def test_command_options_checked(alias: str) -> None:
+    with override_settings(TASKS=tasks_setting(alias)):
+        with pytest.raises(CommandError, match=r"--backend: .*'missing'"):
+            call_command("lockkit_worker", "--backend", "missing", "--burst")
+        with pytest.raises(CommandError, match="queues must name queues of backend 'default'"):
+            call_command("lockkit_worker", "--queue", "nope", "--burst")
+        with pytest.raises(CommandError, match="concurrency must be at least 1"):
+            call_command("lockkit_worker", "--concurrency", "0", "--burst")
+        with pytest.raises(CommandError, match="lease must be at least 1 second"):
+            call_command("lockkit_worker", "--lease", "0.1", "--burst")
+        with pytest.raises(CommandError, match="worker_id must be 1 to 255 characters"):
+            call_command("lockkit_worker", "--worker-id", "x" * 256, "--burst")
+    immediate = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    with (
+        override_settings(TASKS=immediate),
+        pytest.raises(CommandError, match=r"not lockkit\.tasks\.DatabaseBackend"),
+    ):
+        call_command("lockkit_worker", "--burst")
+
+
+def test_command_burst(alias: str) -> None:
+    with override_settings(TASKS=tasks_setting(alias)):
+        jobs.noop_task.enqueue()
+        jobs.noop_task.using(queue_name="queue-1").enqueue()
+        out = StringIO()
+        call_command("lockkit_worker", "--burst", "--queue", "default", "--worker-id", "cmd", stdout=out)
+        assert "worker cmd: 1 succeeded, 0 failed" in out.getvalue()
+        assert sorted(row.status for row in rows(alias)) == [
+            TaskResultStatus.READY,
+            TaskResultStatus.SUCCESSFUL,
+        ]
+
+
+def test_worker_arguments_checked(alias: str) -> None:
+    with backend_on(alias) as backend:
+        cases: list[tuple[dict[str, Any], type[Exception]]] = [
+            ({"concurrency": True}, TypeError),
+            ({"batch": 0}, ValueError),
+            ({"queues": []}, ValueError),
+            ({"worker_id": "a\nb"}, ValueError),
+            ({"worker_id": ""}, ValueError),
+            ({"lease": float("inf")}, ValueError),
+            ({"lease": float("nan")}, ValueError),
+            ({"lease": "30"}, TypeError),
+        ]
+        for kwargs, error in cases:
+            options: dict[str, Any] = {"queues": ["default"], **kwargs}
+            with pytest.raises(error):
+                Worker(backend, **options)

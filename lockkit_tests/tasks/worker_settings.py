@@ -1,0 +1,25 @@
+"""Settings of ``manage.py lockkit_worker`` processes started by the tasks tests: the suite's, on its test databases.
+
+``LOCKKIT_TASKS_TEST_DATABASES`` (JSON ``{alias: {setting: value}}``) points each alias at the database the parent
+uses (its test database's ``NAME``; a throwaway cluster's ``HOST``/``PORT``);
+``LOCKKIT_TASKS_TEST_TASKS`` (JSON) replaces ``TASKS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from lockkit_tests.settings import *  # noqa: F403 (the suite's settings, adjusted below)
+from lockkit_tests.settings import DATABASES
+
+for _alias, _overrides in json.loads(os.environ.get("LOCKKIT_TASKS_TEST_DATABASES", "{}")).items():
+    DATABASES[_alias] = {**DATABASES[_alias], **_overrides, "TEST": {}}
+if "LOCKKIT_TASKS_TEST_TASKS" in os.environ:
+    TASKS = json.loads(os.environ["LOCKKIT_TASKS_TEST_TASKS"])
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"lockkit.tasks": {"level": "INFO", "handlers": ["console"]}},
+}
