@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import SuspiciousOperation
@@ -38,14 +39,68 @@ def errors_of(row: QueuedTask) -> list[TaskError]:
     ]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredTaskResult(TaskResult):  # type: ignore[type-arg,misc]
+    """Django's ``TaskResult``, with the return value held in a public field of lockkit's own.
+
+    Django keeps a result's return value in a private field that its constructor does not take; rather than write
+    it, this subclass carries ``stored_return_value`` and answers ``return_value`` and ``refresh()`` from it, exactly
+    as Django's do (``ValueError`` until the task succeeded). See
+    https://docs.djangoproject.com/en/dev/ref/tasks/#django.tasks.TaskResult.return_value.
+
+    Attributes:
+        stored_return_value: What the task returned (JSON), or ``None`` until it succeeded.
+    """
+
+    stored_return_value: Any = None
+
+    @property
+    def return_value(self) -> Any:
+        """The task's return value.
+
+        Raises:
+            ValueError: the task failed, or has not finished yet.
+        """
+        if self.status == TaskResultStatus.SUCCESSFUL:
+            return self.stored_return_value
+        if self.status == TaskResultStatus.FAILED:
+            raise ValueError("Task failed")
+        raise ValueError("Task has not finished yet")
+
+    def refresh(self) -> None:
+        """Reload the result's state from the backend, as Django's ``TaskResult.refresh()`` does."""
+        self._copy(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        """Awaitable ``refresh()``."""
+        self._copy(await self.task.get_backend().aget_result(self.id))
+
+    def _copy(self, refreshed: TaskResult[..., Any]) -> None:
+        for name in _REFRESHED:
+            object.__setattr__(self, name, getattr(refreshed, name))  # this class's own (frozen) fields
+
+
+# What refresh() reloads: Django's refreshable fields, with lockkit's return value in place of Django's private one.
+_REFRESHED = (
+    "errors",
+    "finished_at",
+    "started_at",
+    "last_attempted_at",
+    "status",
+    "enqueued_at",
+    "worker_ids",
+    "stored_return_value",
+)
+
+
 def result_of(row: QueuedTask, task: Task[..., Any] | None = None) -> TaskResult[..., Any]:
-    """The row as Django's ``TaskResult`` (``return_value`` set only when the task succeeded).
+    """The row as a ``TaskResult`` (a ``StoredTaskResult``: ``return_value`` answers only once the task succeeded).
 
     Raises:
         ImportError, SuspiciousOperation: as ``task_of`` (unless ``task`` is given).
     """
     args, kwargs = row.arguments()
-    result: TaskResult[..., Any] = TaskResult(
+    return StoredTaskResult(
         task=task if task is not None else task_of(row),
         id=str(row.id),
         status=TaskResultStatus(row.status),
@@ -58,12 +113,5 @@ def result_of(row: QueuedTask, task: Task[..., Any] | None = None) -> TaskResult
         backend=row.backend_name,
         errors=errors_of(row),
         worker_ids=row.worker_ids,
+        stored_return_value=row.return_value if row.status == TaskResultStatus.SUCCESSFUL else None,
     )
-    if row.status == TaskResultStatus.SUCCESSFUL:
-        _set(result, "_return_value", row.return_value)
-    return result
-
-
-def _set(result: TaskResult[..., Any], name: str, value: Any) -> None:
-    # TaskResult is a frozen dataclass; Django's own backends set its fields the same way.
-    object.__setattr__(result, name, value)
