@@ -15,3 +15,20 @@ def through_proxy() -> Iterator[tuple[str, FaultProxy]]:
     """The ``"proxied"`` alias, reaching the default database through a ``FaultProxy``: ``(alias, proxy)``."""
     with proxied("default") as pair:
         yield pair
+
+
+@pytest.fixture(autouse=True)
+def _no_broken_connection_outlives_its_test() -> Iterator[None]:
+    """After each test, close this thread's connections whose driver connection broke (a test's fault left it so).
+
+    Django keeps a broken connection object until a request boundary, and pytest-django's teardown (the table flush)
+    would fail on it, and so would every test after: one failure would read as hundreds. Runs before
+    pytest-django's teardown (plugin autouse fixtures are set up first, so torn down last).
+    """
+    yield
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        raw = connection.connection
+        if raw is not None and (getattr(raw, "broken", False) or getattr(raw, "closed", False)):
+            connection.close()
