@@ -132,7 +132,8 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         thread keeps beating on its own schedule.
 
         Raises:
-            As ``heartbeat_worker()``.
+            LockError: the database failed (``ConnectionLost``, ``LockTimeout``...), as ``heartbeat_worker()``
+                reports it.
         """
         with self._beating:  # one beat at a time: the thread's and a caller's
             held, clock = renew_held(self._candidates, worker=self.worker, lease=self.lease, using=self.alias)
