@@ -243,7 +243,8 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
         return exc.failure
     row = lookup(exc)
     if row is None:
-        return None
+        # psycopg before 3.2 reports the server's FATAL for it without its code: its (untranslated) text tells.
+        return Failure.IDLE_IN_TRANSACTION_TIMEOUT if idle_in_transaction_ended(exc) else None
     if row.ambiguous_timeout:
         fired = statement_timer_fired(exc)
         if fired is None:
@@ -258,6 +259,24 @@ def classify(exc: BaseException, *, nowait: bool | None = None, timed: bool | No
     if nowait is None:
         return row.failure
     return Failure.LOCK_NOT_AVAILABLE if nowait else Failure.LOCK_TIMEOUT
+
+
+# PostgreSQL's FATAL when idle_in_transaction_session_timeout ends a session (src/backend/tcop/postgres.c).
+_IDLE_IN_TRANSACTION_TEXT = "terminating connection due to idle-in-transaction timeout"
+
+
+def idle_in_transaction_ended(exc: BaseException) -> bool:
+    """Whether a code-less error carries PostgreSQL's message for an idle-in-transaction termination (25P03).
+
+    psycopg before 3.2 raises the server's FATAL as a code-less ``OperationalError`` ("consuming input failed:
+    terminating connection due to idle-in-transaction timeout"); the untranslated text is then the only sign.
+    """
+    return any(_IDLE_IN_TRANSACTION_TEXT in str(link) for link in chain(exc))
+
+
+def row_for(vendor: str, code: str) -> CodeRow | None:
+    """The table's row for ``code`` of ``vendor``, or ``None``."""
+    return next((row for row in CODES if row.vendor == vendor and row.code == code), None)
 
 
 # The primary messages PostgreSQL's ProcessInterrupts gives a 57014, untranslated (src/backend/tcop/postgres.c).

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import Error, InterfaceError, OperationalError, connections
 
-from lockkit.errorcodes.table import classify, code_of, lookup
+from lockkit.errorcodes.table import classify, code_of, lookup, row_for
 from lockkit.errors import Failure, LockError, error_class
 
 
@@ -66,6 +66,8 @@ def translate(
     if failure is None:
         return None
     row = lookup(exc)
+    if row is None and failure is Failure.IDLE_IN_TRANSACTION_TIMEOUT:
+        row = row_for("postgresql", "25P03")  # recognised by its message (a driver that gave no code)
     hint = f" ({row.hint})" if row is not None and row.hint else ""
     error = error_class(failure)(
         f"{failure.value} on database {alias!r}: {exc}".strip() + hint,

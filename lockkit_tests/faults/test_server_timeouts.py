@@ -109,7 +109,8 @@ def test_an_idle_in_transaction_termination_is_its_own_kind_and_not_retried() ->
         slow_body()
     assert (calls, events) == ([1], [])  # retrying would repeat the slow body and its external effects
     error = caught.value
-    assert error.sqlstate == "25P03"
+    # psycopg 3.2+ gives the server's code; 3.1 raises the FATAL without one, recognised by its text.
+    assert error.sqlstate in ("25P03", None)
     assert isinstance(error, lockkit.ConnectionLost)  # the connection is gone either way
     assert lockkit.classify(error) is Failure.IDLE_IN_TRANSACTION_TIMEOUT
     assert "idle_in_transaction_session_timeout" in str(error)
