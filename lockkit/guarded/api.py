@@ -142,6 +142,10 @@ def _checked(queryset: object, using: object, changes: dict[str, Any]) -> str:
                 f"changes: {model.__name__}.{name} belongs to the parent model {field.model.__name__}; "
                 "a guarded update writes one table"
             )
+    try:  # Django's own checks of the names and values (no SQL), as queryset.update() makes them
+        cast(UpdateQuery, query.chain(UpdateQuery)).add_update_values(changes)
+    except FieldError as exc:
+        raise ValueError(f"changes: {exc}") from None
     bound: str | None = queryset._db  # type: ignore[attr-defined]
     if using is None:
         alias = bound if bound is not None else aliases.resolve(None, model)
