@@ -34,6 +34,7 @@ from lockkit.errors import (
     TransientLockError,
     UnlockedSaveWarning,
 )
+from lockkit.guarded import guarded_update
 from lockkit.operations.operation import locked_operation
 from lockkit.operations.retry import RetryEvent, RetryPolicy
 from lockkit.priority import Prioritized, PrioritizeFailed, prioritize
@@ -73,6 +74,7 @@ __all__ = [
     "advisory_lock",
     "classify",
     "current_scope",
+    "guarded_update",
     "lock",
     "locked",
     "locked_operation",
