@@ -364,3 +364,21 @@ def test_a_hot_row_under_real_contention_loses_no_update() -> None:
     workers = [in_thread(loop, 20) for _ in range(2)]
     assert [call.result(timeout=60) for call in workers] == [20, 20]
     assert Stock.objects.get(pk="widget").available == 7
+
+
+@pg
+def test_server_side_binding_is_a_plain_save() -> None:
+    # psycopg's server-binding cursor may prepare a statement it has seen often; a prepared one holds one statement.
+    Stock.objects.create(sku="widget", available=50)
+    connection.ensure_connection()
+    raw: Any = connection.connection
+    raw.cursor_factory = psycopg.Cursor  # what Django's server_side_binding option configures
+    try:
+        for expected in range(49, 41, -1):  # past psycopg's prepare_threshold (5) for the same statement
+            with requests() as sent:
+                assert _reserve() == expected
+            assert sent.texts[-1] == "COMMIT"
+            assert not any(text.endswith("; COMMIT") for text in sent.texts)
+    finally:
+        connection.close()
+    assert Stock.objects.get(pk="widget").available == 42

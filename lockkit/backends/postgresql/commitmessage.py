@@ -24,12 +24,18 @@ if TYPE_CHECKING:
 
 
 def possible(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection`` is psycopg 3, inside an open transaction block, not in pipeline mode (read locally)."""
+    """Whether ``connection`` is psycopg 3 with client-side binding, in an open transaction, not in pipeline mode.
+
+    Client-side binding (Django's default ``ClientCursor``) is required as for the claims' one message: the
+    server-binding ``Cursor`` (``OPTIONS["server_side_binding"]``) may prepare a statement it has seen often, and a
+    prepared statement cannot hold two. Read locally.
+    """
     if psycopg is None:  # pragma: no cover - psycopg2-only installations
         return False
     raw = connection.connection
     return (
         isinstance(raw, psycopg.Connection)
+        and issubclass(raw.cursor_factory, psycopg.ClientCursor)
         and not raw.autocommit
         and raw.info.transaction_status == pq.TransactionStatus.INTRANS
         and raw.pgconn.pipeline_status == pq.PipelineStatus.OFF
