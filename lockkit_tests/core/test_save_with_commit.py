@@ -90,12 +90,13 @@ def test_a_plain_save_reservation_is_four_requests() -> None:
 def test_the_scope_sends_nothing_after_the_message() -> None:
     identify_server("default")
     Stock.objects.create(sku="widget", available=5)
-    with lockkit.locked(lock_timeout=2, statement_timeout=3) as scope:
-        stock = scope.get(Stock, pk="widget")
-        stock.available -= 1
-        with requests() as sent:
+    with contextlib.ExitStack() as tracing:
+        with lockkit.locked(lock_timeout=2, statement_timeout=3) as scope:
+            stock = scope.get(Stock, pk="widget")
+            stock.available -= 1
+            sent = tracing.enter_context(requests())
             scope.save_with_commit(stock)
-            # Still inside the scope: the exit path below (commit, autocommit, callbacks) is traced too.
+        # The trace is still on: the scope's exit path (commit, autocommit, restoring nothing) was traced too.
     assert sent.count == 1
     assert sent.texts[0].endswith("; COMMIT")
     assert Stock.objects.get(pk="widget").available == 4
