@@ -222,6 +222,18 @@ class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
 
 
+class StatementAfterCommit(LockError, TransactionManagementError):
+    """A statement was run in a scope after its ``save_with_commit()``, which is the scope's last statement.
+
+    The statement was not sent. When the save sent its ``UPDATE`` together with the ``COMMIT``, the transaction has
+    already committed on the server; a later statement would otherwise run in a new transaction of its own.
+    """
+
+
+class RowNotLocked(LockError, TransactionManagementError):
+    """``save_with_commit()`` was given a row the active scopes on its alias did not lock (no SQL was sent)."""
+
+
 class AdvisoryLockLost(LockError):
     """A session-level advisory lock was no longer held by this session when its block ended.
 

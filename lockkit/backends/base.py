@@ -428,6 +428,27 @@ class Backend:
         of it) and raise.
         """
 
+    # -- save_with_commit: a row's UPDATE and the COMMIT in one message --------------------------------------
+
+    def commit_in_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether the open transaction can end with a statement sent together with its ``COMMIT``, as one message.
+
+        Generic: ``False`` (``LockScope.save_with_commit`` is a plain ``save()``; the scope commits at its end).
+        """
+        return False
+
+    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> str:
+        """The text of one message carrying ``sql`` with ``params`` bound client-side, then ``COMMIT``.
+
+        Only called when ``commit_in_message_possible``.
+
+        Raises:
+            NotSupportedError: always, here.
+        """
+        raise NotSupportedError(
+            f"a statement cannot travel with COMMIT on {connection.vendor} ({connection.alias!r})"
+        )
+
     # -- lockkit's own claims statements in one message -----------------------------------------------------
 
     def claims_message_possible(self, connection: BaseDatabaseWrapper) -> bool:

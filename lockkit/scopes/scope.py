@@ -27,8 +27,8 @@ from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
 from lockkit.backends.sql import relations
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import Failure, LockError, NotInLockedScope
-from lockkit.scopes import aliases, unlocked
+from lockkit.errors import Failure, LockError, NotInLockedScope, StatementAfterCommit
+from lockkit.scopes import aliases, commitsave, unlocked
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
 from lockkit.scopes.transaction import ScopeTransaction
 from lockkit.tablemodes import TableLockMode, table_lock_mode, table_models
@@ -169,6 +169,10 @@ class LockScope:
         self._advisory: list[HeldLock] = []
         # DEBUG / lockkit's pytest plugin only: the record of locked rows that UnlockedSaveWarning is checked against.
         self._watch = unlocked.Watch(alias) if unlocked.enabled() else None
+        # The rows get()/lock_all() locked, (concrete model, pk), for save_with_commit(); and its wrapper, removed
+        # when the scope ends.
+        self._locked: set[commitsave.Row] = set()
+        self._final: commitsave.Ending | None = None
 
     def __repr__(self) -> str:
         """Show the alias, the attempt and whether the scope is nested."""
@@ -263,8 +267,11 @@ class LockScope:
         queryset = _filtered(self.lock(target), "lookups", *args, **lookups)
         with self._evaluating():
             if not signals.lock_acquired.receivers:
-                return queryset.get()
-            return events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
+                row = queryset.get()
+            else:
+                row = events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
+        self._locked.add(commitsave.row_of(queryset.model, row.pk))
+        return row
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
         """Lock rows in primary-key order, evaluated now, so that overlapping operations cannot deadlock.
@@ -341,8 +348,12 @@ class LockScope:
         """
         with self._evaluating():
             if not signals.lock_acquired.receivers:
-                return list(queryset)
-            return events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
+                rows = list(queryset)
+            else:
+                rows = events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
+        model = queryset.model
+        self._locked.update(commitsave.row_of(model, row.pk) for row in rows)
+        return rows
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
         """Take an advisory (named) lock, held until the scope's transaction ends, honouring its timeout options.
@@ -485,6 +496,69 @@ class LockScope:
                     events.timed_lock(LockScope, self, by_table[tables[0]], take, _no_rows)
         except DatabaseError as error:
             self._transaction.doom(error)
+            raise
+
+    def save_with_commit(self, instance: models.Model, update_fields: Iterable[str] | None = None) -> None:
+        """Save a row the scope locked as the scope's last statement, its ``UPDATE`` sent together with ``COMMIT``.
+
+        The row lock is then held for one round trip after the locking ``SELECT`` instead of two (``UPDATE``, then
+        ``COMMIT``): a reservation is three round trips in all (the opening, the locking ``SELECT``, ``UPDATE ...;
+        COMMIT``). ``instance.save(using=scope.alias, update_fields=update_fields)`` runs as usual (Django checks
+        ``update_fields``, ``pre_save`` and ``post_save`` are sent); on PostgreSQL (psycopg 3) in a scope that owns
+        the outermost transaction, its ``UPDATE`` is rendered with its values bound client-side by psycopg and
+        sent with ``; COMMIT`` as one simple-query message. The server stops at the first error, so a failed
+        ``UPDATE`` commits nothing. Everywhere else (a nested scope, a scope inside ``atomic()``, MariaDB/MySQL,
+        SQLite, psycopg2, a multi-table-inheritance model) it is a plain ``save()`` and the scope commits at its
+        end. On every backend it is the scope's last statement: any later statement on the alias in the scope
+        (ORM, raw cursor, a ``post_save`` receiver's query) raises ``StatementAfterCommit`` before it is sent;
+        ``on_commit`` callbacks run after the commit as usual. A lost reply is resolved like a lost ``COMMIT``.
+        See https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT and
+        https://docs.djangoproject.com/en/stable/ref/models/instances/#specifying-which-fields-to-save.
+
+        Args:
+            instance: A saved model instance whose row this scope (or an enclosing scope on its alias) locked with
+                ``scope.get()`` or ``scope.lock_all()``. (Rows read by iterating ``scope.lock(queryset)`` are not
+                recorded: fetch them with ``get``/``lock_all`` to use this.)
+            update_fields: As ``Model.save(update_fields=...)``: the field names to write; ``None``: all.
+
+        Returns:
+            None. The scope then ends without a round trip of its own when the ``COMMIT`` was sent here.
+
+        Raises:
+            TypeError: ``instance`` is not a model instance, or is unsaved. No SQL has run.
+            RowNotLocked: the row was not locked by ``get``/``lock_all`` in the active scopes on the alias. No SQL
+                has run.
+            StatementAfterCommit: the scope already ran its ``save_with_commit()``. Not sent.
+            NotInLockedScope: the scope is not active in this thread or task.
+            ValueError: ``update_fields`` names a field the model does not have (Django's own check), before any
+                SQL.
+            django.db.IntegrityError: the ``UPDATE`` violated a constraint (the database's own error); nothing
+                committed, and the scope rolls back.
+            LockError: the ``UPDATE`` failed as a classified error (``LockTimeout``, ``DeadlockDetected``,
+                ``StatementTimeout``...), retried by a ``locked_operation`` like any statement's; the scope rolls
+                back.
+            ConnectionLost: the connection died before the ``COMMIT`` took effect (nothing committed; retryable).
+            CommitOutcomeUnknown: the connection died while ``UPDATE; COMMIT`` was in flight and the server cannot
+                say whether it committed (never retried). When it says it committed, the call returns normally.
+        """
+        self._check_active()
+        if self._final is not None:
+            raise StatementAfterCommit(
+                f"save_with_commit() was already called in this scope on {self.alias!r}: it is the scope's last "
+                "statement; the second one was not sent",
+                alias=self.alias,
+            )
+        commitsave.check(
+            self.alias, [b.scope._locked for b in _scopes.get() if b.scope.alias == self.alias], instance
+        )
+        self._final = stack = commitsave.Ending()
+        try:
+            commitsave.save(self.alias, self._transaction, instance, update_fields, stack)
+        except BaseException:
+            if not stack.used:
+                self._final = (
+                    None  # refused before any statement (Django's update_fields check): may save again
+                )
             raise
 
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
@@ -642,6 +716,8 @@ class ScopeBlock:
         """
         scope = self.scope
         scope._active = False
+        if scope._final is not None:
+            scope._final.close()  # before the commit: on_commit callbacks may query again
         if scope._watch is not None:
             scope._watch.stop()
         enclosing = tuple(block for block in _scopes.get() if block is not self)

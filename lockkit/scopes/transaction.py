@@ -103,6 +103,10 @@ class ScopeTransaction:
         # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
         self._restored = False
         self._restore_error: BaseException | None = None
+        # save_with_commit: the COMMIT went in the same message as the row's UPDATE (the server is idle after it);
+        # and, when that message's reply was lost and the server said it committed, the callbacks still to run.
+        self.committed_in_message = False
+        self._resolved: list[Callback] | None = None
 
     def __enter__(self) -> ScopeTransaction:
         """Begin the transaction or savepoint and apply the timeouts.
@@ -234,6 +238,14 @@ class ScopeTransaction:
                 raised in the block when the body swallowed it.
             DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
         """
+        if self._resolved is not None:
+            self._end_resolved(exc)
+            return
+        if exc is not None and self.committed_in_message:
+            exc.add_note(
+                f"lockkit: save_with_commit() had already committed the transaction on {self.alias!r}; this error "
+                "was raised after the commit, and the scope's on_commit callbacks did not run"
+            )
         connection = self._connection
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
@@ -356,26 +368,86 @@ class ScopeTransaction:
             logger.info(
                 "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid
             )
-            for _, func, robust in callbacks:  # Django's order and its robust semantics
-                try:
-                    func()
-                except Exception as callback_error:
-                    if not robust:
-                        raise self._on_commit_error(callback_error) from callback_error
-                    logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
+            self._run_callbacks(callbacks)
             return
         discard_after_loss(self.alias)
         cause = lost.__cause__ if lost.__cause__ is not None else lost
         if outcome == "aborted":
             raise lost from cause  # rolled back: a plain failure before the commit took effect
-        raise CommitOutcomeUnknown(
+        raise self._unknown(lost) from cause
+
+    def _unknown(self, lost: ConnectionLost) -> CommitOutcomeUnknown:
+        cause = lost.__cause__ if lost.__cause__ is not None else lost
+        return CommitOutcomeUnknown(
             f"the connection to {self.alias!r} was lost while COMMIT was in flight and its outcome is unknown "
             f"(transaction id {self.xid}): {cause}",
             sqlstate=lost.sqlstate,
             alias=self.alias,
             attempts=lost.attempts,
             xid=self.xid,
-        ) from cause
+        )
+
+    def _run_callbacks(self, callbacks: list[Callback]) -> None:
+        for _, func, robust in callbacks:  # Django's order and its robust semantics
+            try:
+                func()
+            except Exception as callback_error:
+                if not robust:
+                    raise self._on_commit_error(callback_error) from callback_error
+                logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
+
+    def pending_callbacks(self) -> list[Callback]:
+        """The ``on_commit`` callbacks registered so far in the transaction (Django forgets them if it is lost)."""
+        pending: list[Any] = list(self._connection.run_on_commit)
+        return [(entry[0], entry[1], bool(entry[2])) for entry in pending]
+
+    def resolve_in_message(self, lost: ConnectionLost, callbacks: list[Callback]) -> None:
+        """The reply to a message that carried the ``COMMIT`` (``save_with_commit``) was lost: resolve it now.
+
+        Asked on a connection of its own (the scope's is dead, inside Django's ``atomic()``). Committed: returns,
+        and the scope's end runs ``callbacks``; rolled back: raises ``lost``; otherwise ``CommitOutcomeUnknown``.
+        Either error dooms the scope's block.
+
+        Raises:
+            ConnectionLost: the transaction rolled back (retryable).
+            CommitOutcomeUnknown: its outcome cannot be known.
+        """
+        resolver = connections.create_connection(self.alias)
+        try:
+            outcome = self.backend.commit_outcome(
+                resolver, self.xid, within=self._resolve_within, server=self._server
+            )
+        finally:
+            with contextlib.suppress(Error):
+                resolver.close()
+        if outcome == "committed":
+            logger.info(
+                "lockkit: the reply to UPDATE; COMMIT on %r was lost; transaction %s committed",
+                self.alias,
+                self.xid,
+            )
+            self._resolved = callbacks
+            self.committed_in_message = True
+            return
+        error: ConnectionLost = lost if outcome == "aborted" else self._unknown(lost)
+        self.doom(error)
+        cause = lost.__cause__ if lost.__cause__ is not None else lost
+        raise error from cause
+
+    def _end_resolved(self, exc: BaseException | None) -> None:
+        """End a scope whose ``UPDATE; COMMIT`` reply was lost but which committed: run its callbacks on success.
+
+        Django's ``atomic()`` is left through its rollback path, which finds the connection dead and drops it (the
+        server's transaction is over); the callbacks Django then forgets run here, in its order.
+        """
+        callbacks, self._resolved = self._resolved or [], None
+        transaction.set_rollback(True, using=self.alias)
+        with contextlib.suppress(Error):
+            self._atomic.__exit__(None, None, None)
+        discard_after_loss(self.alias)
+        self._after_end(pending=True)
+        if exc is None:
+            self._run_callbacks(callbacks)  # _mark_committed first: it was registered first
 
     @contextlib.contextmanager
     def _lost_connection_discarded(self) -> Iterator[None]:

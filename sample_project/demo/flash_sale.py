@@ -17,7 +17,11 @@ from sample_project.demo.workers import sale_worker
 from sample_project.inventory.models import Reservation, Stock
 
 IMPLEMENTATIONS = ("naive", "guarded", "lockkit")
-LABELS = {"naive": "naive read-then-write", "guarded": "guarded UPDATE", "lockkit": "lockkit locked()"}
+LABELS = {
+    "naive": "naive read-then-write",
+    "guarded": "guarded UPDATE",
+    "lockkit": "lockkit save_with_commit",
+}
 
 
 @dataclass(frozen=True)

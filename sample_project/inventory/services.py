@@ -1,9 +1,9 @@
 """Reserving stock with lockkit: lock the rows that decide, check, write, commit; retried as a whole.
 
 ``reserve_stock`` locks one ``Stock`` row; ``reserve_order`` locks several in primary-key order, so concurrent
-orders with overlapping SKUs queue behind each other instead of deadlocking. For the one-counter case a
-guarded single-statement decrement (``sample_project.inventory.guarded``) is cheaper; docs/sample_project.md
-compares them.
+orders with overlapping SKUs queue behind each other instead of deadlocking. The last ``UPDATE`` goes to the
+database with the ``COMMIT`` (``scope.save_with_commit``), the fastest correct form. For the one-counter case a
+guarded decrement (``sample_project.inventory.guarded``) is cheaper; docs/sample_project.md compares them.
 """
 
 from __future__ import annotations
@@ -81,14 +81,21 @@ def _reserve_order(lines: dict[str, int]) -> dict[str, int]:
 
 
 def _take(scope: LockScope, rows: list[Stock], lines: dict[str, int]) -> dict[str, int]:
-    """Check every locked row, then decrement them and record the reservations (all checks first)."""
+    """Check every locked row, record the reservations, then decrement the rows (all checks first).
+
+    The last row's ``UPDATE`` travels with the ``COMMIT`` (``scope.save_with_commit``, the scope's last statement),
+    so the row lock is held one round trip less; a plain ``save()`` where the backend cannot send them together.
+    """
     for row in rows:
         if row.available < lines[row.sku]:
             raise InsufficientStock(row.sku, lines[row.sku], row.available)
-    for row in rows:
-        row.available -= lines[row.sku]
-        row.save(update_fields=["available"], using=scope.alias)
     Reservation.objects.using(scope.alias).bulk_create(
         [Reservation(stock_id=row.sku, quantity=lines[row.sku]) for row in rows]
     )
+    *others, last = rows
+    for row in rows:
+        row.available -= lines[row.sku]
+    for row in others:
+        row.save(update_fields=["available"], using=scope.alias)
+    scope.save_with_commit(last, update_fields=["available"])
     return {row.sku: row.available for row in rows}

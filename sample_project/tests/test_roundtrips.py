@@ -23,8 +23,9 @@ from sample_project.inventory.models import Reservation, Stock
         ("naive", 3, 1),
         # BEGIN; the guarded UPDATE (locks); INSERT; SELECT; COMMIT.
         ("guarded", 5, 4),
-        # BEGIN with the scope's timeout in one message; SELECT ... FOR UPDATE (locks); UPDATE; INSERT; COMMIT.
-        ("lockkit", 5, 4),
+        # BEGIN with the scope's timeout in one message; SELECT ... FOR UPDATE (locks); INSERT; UPDATE + COMMIT in
+        # one message (scope.save_with_commit).
+        ("lockkit", 4, 3),
     ],
 )
 def test_round_trips_per_reservation_are_counted_from_the_trace(

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import Error, NotSupportedError
 
 from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.postgresql import commitmessage, message, opening
 from lockkit.backends.postgresql import locks as postgresql_locks
-from lockkit.backends.postgresql import message, opening
 from lockkit.backends.postgresql.claims import PostgreSQLClaimsSQL
 from lockkit.validation import milliseconds
 
@@ -392,6 +392,16 @@ class PostgreSQLBackend(Backend):
                 return None
             time.sleep(pause)
             pause = min(pause * 2, _RESOLVE_PAUSE_MAX)
+
+    # -- save_with_commit: a row's UPDATE and the COMMIT in one message --------------------------------------
+
+    def commit_in_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
+        """True for psycopg 3 in a transaction, not in pipeline mode (``commitmessage.possible``); read locally."""
+        return commitmessage.possible(connection)
+
+    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> str:
+        """``<sql with params bound by psycopg's mogrify>; COMMIT`` (``commitmessage.text``)."""
+        return commitmessage.text(connection, sql, params)
 
     # -- lockkit's own claims statements in one message -----------------------------------------------------
 
