@@ -241,10 +241,14 @@ class ScopeTransaction:
         if self._resolved is not None:
             self._end_resolved(exc)
             return
+        # The body raised after save_with_commit() had committed: the work is committed, so its callbacks run
+        # (Django's rollback path forgets them), and the error says so.
+        after_commit: list[Callback] = []
         if exc is not None and self.committed_in_message:
+            after_commit = self.pending_callbacks()
             exc.add_note(
                 f"lockkit: save_with_commit() had already committed the transaction on {self.alias!r}; this error "
-                "was raised after the commit, and the scope's on_commit callbacks did not run"
+                "was raised after the commit: the work is committed and the scope's on_commit callbacks ran"
             )
         connection = self._connection
         restore_error: BaseException | None = None
@@ -298,6 +302,8 @@ class ScopeTransaction:
                     raise error from commit_exc
                 raise
         self._after_end(pending=exc is not None or doomed is not None)
+        if after_commit:
+            self._run_callbacks(after_commit)
         if doomed is not None:
             if isinstance(doomed, ConnectionLost):
                 discard_after_loss(self.alias)
