@@ -20,11 +20,16 @@ from django.db import DatabaseError, connections, models
 
 from lockkit import cancellation
 from lockkit.errors import ConnectionLost, RowNotLocked, StatementAfterCommit
+from lockkit.scopes import unlocked
 
 if TYPE_CHECKING:
     from lockkit.scopes.transaction import ScopeTransaction
 
 Row = tuple[type[models.Model], Any]
+
+
+# Recorded as the pk of a model whose rows the scope handed out as a lazy locking queryset (``scope.lock()``).
+ANY_ROW = object()
 
 
 def row_of(model: type[models.Model], pk: Any) -> Row:
@@ -101,12 +106,20 @@ def check(scope_alias: str, locked_rows: Iterable[Collection[Row]], instance: ob
             "this one has not been saved"
         )
     key = row_of(model, instance.pk)
-    if not any(key in rows for rows in locked_rows):
-        raise RowNotLocked(
-            f"{model._meta.label} pk={instance.pk!r} was not locked in this scope on {scope_alias!r}: "
-            "save_with_commit() is for a row the scope locked with scope.get() or scope.lock_all()",
-            alias=scope_alias,
-        )
+    recorded = list(locked_rows)
+    if any(key in rows for rows in recorded):
+        return
+    lazily = (key[0], ANY_ROW)
+    if (
+        any(lazily in rows for rows in recorded)
+        and unlocked.recorded(scope_alias, model, instance.pk) is not False
+    ):
+        return
+    raise RowNotLocked(
+        f"{model._meta.label} pk={instance.pk!r} was not locked in this scope on {scope_alias!r}: "
+        "save_with_commit() is for a row the scope locked (scope.get(), scope.lock_all(), scope.lock())",
+        alias=scope_alias,
+    )
 
 
 def save(

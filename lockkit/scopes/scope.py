@@ -228,6 +228,14 @@ class LockScope:
             TypeError: ``target`` is not a queryset, a model class or a model instance.
             ValueError: ``target`` is an unsaved instance.
         """
+        queryset = self._locking(target)
+        # Rows the caller reads from this lazy queryset are not recorded one by one (that would cost every
+        # locking read a signal); save_with_commit() accepts a row of a model the scope locked this way.
+        self._locked.add((queryset.model._meta.concrete_model or queryset.model, commitsave.ANY_ROW))
+        return queryset
+
+    def _locking(self, target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
+        """``lock()`` without the record of a lazily locked model (``get``/``lock_all`` record their rows)."""
         self._check_active()
         kwargs = self._sfu_kwargs
         if "of" in kwargs:
@@ -264,7 +272,7 @@ class LockScope:
             LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
                 and the scope's block is marked for rollback (see ``lock_all``).
         """
-        queryset = _filtered(self.lock(target), "lookups", *args, **lookups)
+        queryset = _filtered(self._locking(target), "lookups", *args, **lookups)
         with self._evaluating():
             if not signals.lock_acquired.receivers:
                 row = queryset.get()
@@ -303,7 +311,7 @@ class LockScope:
                 the scope rolls back and ends with that error even if the body catches it (no partial commit on
                 any vendor; InnoDB rolls the whole transaction back on a deadlock and carries on in a new one).
         """
-        queryset = self.lock(target)
+        queryset = self._locking(target)
         if pks is None:
             return self._locked_rows(queryset.order_by("pk"))
         if isinstance(pks, QuerySet):
@@ -516,9 +524,11 @@ class LockScope:
         https://docs.djangoproject.com/en/stable/ref/models/instances/#specifying-which-fields-to-save.
 
         Args:
-            instance: A saved model instance whose row this scope (or an enclosing scope on its alias) locked with
-                ``scope.get()`` or ``scope.lock_all()``. (Rows read by iterating ``scope.lock(queryset)`` are not
-                recorded: fetch them with ``get``/``lock_all`` to use this.)
+            instance: A saved model instance whose row this scope (or an enclosing scope on its alias) locked:
+                with ``scope.get()`` or ``scope.lock_all()`` (each row recorded), or read from a lazy
+                ``scope.lock(queryset)``/``lockkit.lock(queryset)`` of its model (the model is recorded, not each
+                row, except under ``DEBUG`` and lockkit's pytest plugin, where the unlocked-save check records rows
+                and a row of that model the scope did not lock is refused).
             update_fields: As ``Model.save(update_fields=...)``: the field names to write; ``None``: all.
 
         Returns:
@@ -526,7 +536,7 @@ class LockScope:
 
         Raises:
             TypeError: ``instance`` is not a model instance, or is unsaved. No SQL has run.
-            RowNotLocked: the row was not locked by ``get``/``lock_all`` in the active scopes on the alias. No SQL
+            RowNotLocked: the row was not locked in the active scopes on the alias (as ``instance`` says). No SQL
                 has run.
             StatementAfterCommit: the scope already ran its ``save_with_commit()``. Not sent.
             NotInLockedScope: the scope is not active in this thread or task.

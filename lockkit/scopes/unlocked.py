@@ -112,6 +112,14 @@ def record_row(alias: str, model: type[models.Model], pk: Any) -> None:
             return
 
 
+def recorded(alias: str, model: type[models.Model], pk: Any) -> bool | None:
+    """Whether the check's record on ``alias`` has the row (``None``: the check is off or has no row of ``model``)."""
+    for record in _records.get():
+        if record.alias == alias:
+            return record.locked(model, pk)
+    return None
+
+
 class Watch:
     """The check for one scope: started after its transaction began, stopped before it ends.
 
