@@ -1,9 +1,12 @@
 """Tasks per second of ``lockkit_worker`` and of django-tasks' ``db_worker``, on one PostgreSQL, same trivial task.
 
-For each row: W worker processes are started and warmed up (they run 20 tasks each first), then N tasks are
-enqueued in one transaction, all due (``run_after``) at one instant shortly after; the clock runs from that instant
-until every task is recorded as finished (polled every 10 ms from this process). Workers are stopped with SIGTERM between rows. django-tasks' row is left out, with a
-note, when ``django_tasks_db`` is not installed.
+For each measurement: W worker processes are started and warmed up (they run 20 tasks each first), then N tasks
+are enqueued in one transaction, all due (``run_after``) at one instant shortly after; the clock runs from that
+instant until every task is recorded as finished (polled every 10 ms from this process). Workers are stopped with
+SIGTERM after each measurement. ``--rounds`` repeats every configuration, alternating which worker goes first from
+round to round (the machine's load drifts), and reports the median with the min-max over rounds, and lockkit's
+ratio to django-tasks within each round. django-tasks' rows are left out, with a note, when ``django_tasks_db``
+is not installed.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -128,30 +132,67 @@ def measure(url: str, worker: str, processes: int, batch: int, tasks: int) -> Ro
     return Row(worker, processes, batch, tasks, seconds)
 
 
+def _label(worker: str, batch: int) -> str:
+    return f"lockkit_worker --batch {batch}" if worker == "lockkit" else "django-tasks db_worker"
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}\u2013{max(values):{fmt}})"
+
+
 def table(rows: list[Row], note: str) -> str:
-    lines = [
-        "| worker | processes | batch | tasks | seconds | tasks/s |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    """Median (min-max) tasks/s per configuration over rounds, and lockkit/django-tasks ratios per round."""
+    configs: dict[tuple[str, int, int], list[Row]] = {}
     for row in rows:
-        batch = str(row.batch) if row.worker == "lockkit" else "-"
-        name = "lockkit_worker" if row.worker == "lockkit" else "django-tasks db_worker"
+        configs.setdefault((row.worker, row.processes, row.batch), []).append(row)
+    lines = [
+        "| worker | processes | tasks | rounds | tasks/s: median (min\u2013max) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for (worker, processes, batch), found in configs.items():
+        rates = [row.rate for row in found]
         lines.append(
-            f"| {name} | {row.processes} | {batch} | {row.tasks} | {row.seconds:.2f} | {row.rate:,.0f} |"
+            f"| {_label(worker, batch)} | {processes} | {found[0].tasks} | {len(found)} | {_spread(rates, ',.0f')} |"
         )
+    ratios: list[str] = []
+    for (worker, processes, batch), found in configs.items():
+        theirs = configs.get(("django_tasks_db", processes, 1))
+        if worker != "lockkit" or not theirs or len(theirs) != len(found):
+            continue
+        per_round = [mine.rate / other.rate for mine, other in zip(found, theirs, strict=True)]
+        ratios.append(f"| {_label(worker, batch)} / db_worker | {processes} | {_spread(per_round, '.2f')} |")
+    if ratios:
+        lines += [
+            "",
+            "| ratio (within each round) | processes | median (min\u2013max) |",
+            "|---|---:|---:|",
+            *ratios,
+        ]
     return "\n".join(lines) + (f"\n\n{note}" if note else "")
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    except OSError:  # pragma: no cover - no load average on this platform
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tasks", description=__doc__)
     parser.add_argument("--database-url", default=os.environ.get("LOCKKIT_BENCH_DATABASE_URL", ""))
-    parser.add_argument("--tasks", type=int, default=2000, help="tasks timed per row (default 2000)")
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks timed per measurement (default 2000)")
     parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
     parser.add_argument(
         "--batch", type=int, default=50, help="lockkit's --batch for the batch rows (default 50)"
     )
-    parser.add_argument("--quick", action="store_true", help="200 tasks, 1 and 2 workers: a smoke run")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every configuration (default 3)")
+    parser.add_argument(
+        "--quick", action="store_true", help="200 tasks, 1 and 2 workers, 1 round: a smoke run"
+    )
     options = parser.parse_args(argv)
+    if options.rounds < 1:
+        parser.error("--rounds must be at least 1")
     import django
 
     if django.VERSION < (6, 0):
@@ -171,17 +212,23 @@ def main(argv: list[str] | None = None) -> int:
     call_command("migrate", verbosity=0)
     counts = [1, 2] if options.quick else [int(n) for n in options.workers.split(",")]
     tasks = 200 if options.quick else options.tasks
-    workers = ["lockkit", "django_tasks_db"] if DJANGO_TASKS_DB else ["lockkit"]
-    note = "" if DJANGO_TASKS_DB else "django-tasks' row skipped: django-tasks-db is not installed."
+    rounds = 1 if options.quick else options.rounds
+    single = [("lockkit", 1), ("django_tasks_db", 1)] if DJANGO_TASKS_DB else [("lockkit", 1)]
+    note = "" if DJANGO_TASKS_DB else "django-tasks' rows skipped: django-tasks-db is not installed."
     rows: list[Row] = []
-    for worker in workers:
+    began, load_before = datetime.now(UTC), _load()
+    for number in range(rounds):
+        # Alternate which worker goes first, round by round; the batch rows come last.
+        order = single if number % 2 == 0 else single[::-1]
         for processes in counts:
-            rows.append(measure(url, worker, processes, 1, tasks))
-            print(rows[-1], file=sys.stderr, flush=True)
-    for processes in counts:
-        rows.append(measure(url, "lockkit", processes, options.batch, tasks))
-        print(rows[-1], file=sys.stderr, flush=True)
-    print(f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python {sys.version.split()[0]}, "
-          f"Django {django.get_version()}, {os.cpu_count()} CPUs.\n")  # fmt: skip
+            for worker, batch in [*order, ("lockkit", options.batch)]:
+                rows.append(measure(url, worker, processes, batch, tasks))
+                print(f"round {number + 1}: {rows[-1]} {rows[-1].rate:.0f}/s", file=sys.stderr, flush=True)
+    rows.sort(
+        key=lambda row: (row.worker != "lockkit" or row.batch != 1, row.worker != "lockkit", row.processes)
+    )
+    print(f"Measured {began:%Y-%m-%d %H:%M}\u2013{datetime.now(UTC):%H:%M} UTC, Python {sys.version.split()[0]}, "
+          f"Django {django.get_version()}, {os.cpu_count()} CPUs, load average (1, 5, 15 min) before "
+          f"{load_before}, after {_load()}.\n")  # fmt: skip
     print(table(rows, note))
     return 0

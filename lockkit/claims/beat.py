@@ -7,9 +7,10 @@ import threading
 from datetime import timedelta
 from types import TracebackType
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from lockkit.claims import inputs
+from lockkit.claims._beatthread import BeatThread
 from lockkit.claims.api import heartbeat
 from lockkit.claims.value import Claim
 from lockkit.errors import StaleClaim
@@ -71,8 +72,15 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
         self.lost = threading.Event()
         self.error: BaseException | None = None
         self._claim = held
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BeatThread(
+            self._renew,
+            every=self.interval,
+            alias=held.alias,
+            name=f"lockkit-heartbeat-{held.pk}",
+            first_at_once=False,
+            on_failure=self._failed,
+            on_crash=self._crashed,
+        )
 
     @property
     def claim(self) -> Claim:
@@ -85,22 +93,15 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
         Raises:
             RuntimeError: this object was already entered.
         """
-        if self._thread is not None:
-            raise RuntimeError("a heartbeat_every object can be entered once; make a new one")
-        self._thread = threading.Thread(
-            target=self._run, name=f"lockkit-heartbeat-{self._claim.pk}", daemon=True
-        )
-        self._thread.start()
+        self._thread.start("heartbeat_every")
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         """Stop the thread (waiting for a renewal in flight), then raise ``StaleClaim`` if the claim was lost."""
-        self._stop.set()
-        assert self._thread is not None
         # A renewal in flight is bounded by the lock timeout; give it that long and then some.
-        self._thread.join(timeout=self.lease + 30)
+        self._thread.stop(timeout=self.lease + 30)
         if self.lost.is_set() and exc_type is None:
             held = self._claim
             raise StaleClaim(
@@ -110,29 +111,23 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
                 claims=(held,),
             ) from self.error
 
-    def _run(self) -> None:
-        """Renew every ``interval`` until stopped or the claim is lost; close this thread's connections."""
-        alias = self._claim.alias
+    def _renew(self) -> bool:
+        """One renewal; ``False`` (stop beating) once the claim is found stale."""
         try:
-            while not self._stop.wait(self.interval):
-                try:
-                    self._claim = heartbeat(self._claim, lease=self.lease)
-                except StaleClaim as stale:
-                    self.error = stale
-                    self.lost.set()
-                    logger.warning("heartbeat: claim lost: %s", stale)
-                    return
-                except DatabaseError as failure:
-                    # Transient (a dropped connection, a lock timeout): the lease still has time; retry on a
-                    # fresh connection at the next beat.
-                    self.error = failure
-                    logger.warning(
-                        "heartbeat of %s pk=%r failed, retrying: %s", alias, self._claim.pk, failure
-                    )
-                    connections[alias].close()
-        except BaseException as unexpected:  # the worker must learn that nobody renews its lease any more
-            self.error = unexpected
+            self._claim = heartbeat(self._claim, lease=self.lease)
+        except StaleClaim as stale:
+            self.error = stale
             self.lost.set()
-            raise
-        finally:
-            connections.close_all()
+            logger.warning("heartbeat: claim lost: %s", stale)
+            return False
+        return True
+
+    def _failed(self, failure: DatabaseError) -> None:
+        self.error = failure
+        logger.warning(
+            "heartbeat of %s pk=%r failed, retrying: %s", self._claim.alias, self._claim.pk, failure
+        )
+
+    def _crashed(self, unexpected: BaseException) -> None:
+        self.error = unexpected
+        self.lost.set()

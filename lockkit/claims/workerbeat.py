@@ -1,7 +1,7 @@
 """``worker_heartbeat()``: renew every claim of one worker from a background thread, one statement per beat.
 
-The worker asks ``beat.holds(claim)`` before starting (or between the steps of) a job; ``beat.lost`` lists the jobs
-it lost. See docs/claims.md.
+The worker asks ``beat.holds(claim)`` before starting (or between the steps of) a job: it answers from a fresh beat
+only, never from one the worker slept through; ``beat.lost`` lists the jobs it lost. See docs/claims.md.
 """
 
 from __future__ import annotations
@@ -16,11 +16,16 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from lockkit.claims import inputs
+from lockkit.claims._beatthread import BeatThread
 from lockkit.claims.renewal import renew_held
 from lockkit.claims.value import Claim
 from lockkit.validation import duration
 
 logger = logging.getLogger("lockkit.claims")
+
+#: A beat older than this many intervals is not trusted by ``holds()``: the beating thread could not beat (the
+#: process was stopped, the database was unreachable or a renewal waited on a lock), so a fresh beat is made first.
+STALE_AFTER = 1.5
 
 
 class worker_heartbeat:  # a context manager named like a function, as Django's atomic
@@ -31,7 +36,9 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
     database error (a lost connection, a lock timeout) is logged, kept in ``error`` and tried again at the next
     beat on a fresh connection; a later successful beat clears ``error``. Leaving the block raises the error of
     the latest beat if it failed (the leases may have run out), or the error that stopped the thread, unless the
-    block itself raised. Losing claims is not an error: ``holds()`` and ``lost`` report it. See
+    block itself raised. Losing claims is not an error: ``holds()`` and ``lost`` report it. ``holds()`` never
+    answers from a beat older than 1.5 intervals (the worker was paused, or the database unreachable): it beats
+    first, and answers ``False`` if it cannot. See
     https://docs.djangoproject.com/en/stable/ref/databases/#connection-management.
 
     ``with worker_heartbeat(Job.objects.all(), worker=NAME, lease=30, every=10) as beat: ...``
@@ -91,17 +98,31 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         self._crashed: BaseException | None = None
         self._lock = threading.Lock()
         self._beating = threading.Lock()
-        self._stop = threading.Event()
         self._beaten = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BeatThread(
+            self._scheduled,
+            every=self.every,
+            alias=self.alias,
+            name=f"lockkit-worker-beat-{self.worker}",
+            first_at_once=True,
+            on_failure=self._failed,
+            on_crash=self._crash,
+        )
 
     def holds(self, claim: Claim) -> bool:
-        """Whether ``claim`` is still held, as far as the latest beat says.
+        """Whether ``claim`` is still held, as a recent beat says: ask it before starting a job, and between steps.
 
         ``True`` when the latest beat renewed the claim's row with the claim's token; also for a claim made (or
         renewed by ``heartbeat()``) after the latest beat, which that beat could not see yet (the next one will),
         and before the first beat. ``False`` otherwise: the row was not renewed (lost, completed, released), or
         carries a newer claim.
+
+        A beat is trusted while it is at most ``STALE_AFTER`` (1.5) intervals old. An older one means the thread
+        could not beat: the process was stopped (``SIGSTOP``, a VM paused) or the database was unreachable or slow,
+        and the claim may have expired and gone to another worker meanwhile. Then ``holds()`` first beats itself
+        on the calling thread's connection (waiting for a beat already in flight, within the lock timeout) and
+        answers from that beat; if the beat fails with a database error (logged, kept in ``error``, the calling
+        thread's connection closed), it answers ``False``: a worker never starts a job it may no longer hold.
 
         Raises:
             TypeError, ValueError: ``claim`` is not a valid ``Claim``, or not one of this heartbeat's model, alias
@@ -114,6 +135,8 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
                 f"claim is a claim of {held.model.__name__} on {held.alias!r} by {held.worker!r}; this heartbeat "
                 f"renews {self.model.__name__} claims on {self.alias!r} by {self.worker!r}"
             )
+        if self._stale() and not self._refresh():
+            return False
         with self._lock:
             clock, tokens = self._clock, self.held
         if clock is None:
@@ -124,6 +147,33 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         # Made (or renewed) within a beat interval before the beat: the beat may have run before it committed.
         moment = held.lease_expires_at - timedelta(seconds=held.lease)
         return moment >= clock - timedelta(seconds=self.every)
+
+    def _stale(self) -> bool:
+        """Whether the latest successful beat is too old to answer from (never before the first one)."""
+        last = self.last_beat
+        return last is not None and time.monotonic() - last > STALE_AFTER * self.every
+
+    def _refresh(self) -> bool:
+        """Beat now on the calling thread, unless a beat in flight (waited for) made the answer fresh; success."""
+        with self._beating:
+            if not self._stale():  # the thread's beat, in flight when we asked, has just succeeded
+                return True
+            try:
+                held, clock = renew_held(
+                    self._candidates, worker=self.worker, lease=self.lease, using=self.alias
+                )
+            except DatabaseError as failure:
+                with self._lock:
+                    self.error = failure
+                logger.warning(
+                    "worker_heartbeat of %r: the beat before answering holds() failed: %s",
+                    self.worker,
+                    failure,
+                )
+                connections[self.alias].close()
+                return False
+            self._record(held, clock)
+        return True
 
     def beat(self) -> dict[Any, int]:
         """Renew now, on the calling thread's connection, and update ``held``/``lost``; return what it renewed.
@@ -146,23 +196,16 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
         Raises:
             RuntimeError: this object was already entered.
         """
-        if self._thread is not None:
-            raise RuntimeError("a worker_heartbeat object can be entered once; make a new one")
-        self._thread = threading.Thread(
-            target=self._run, name=f"lockkit-worker-beat-{self.worker}", daemon=True
-        )
-        self._thread.start()
+        self._thread.start("worker_heartbeat")
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         """Stop the thread (waiting for a beat in flight), then raise the latest beat's failure, if any."""
-        self._stop.set()
-        assert self._thread is not None
         # A beat in flight is bounded by the lock timeout; give it that long and then some.
-        self._thread.join(timeout=self.lease + 30)
-        if self._thread.is_alive():  # pragma: no cover - a beat stuck past every timeout
+        stopped = self._thread.stop(timeout=self.lease + 30)
+        if not stopped:  # pragma: no cover - a beat stuck past every timeout
             logger.error("worker_heartbeat of %r: the beating thread did not stop in time", self.worker)
         if exc_type is not None:
             return
@@ -228,24 +271,16 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
                 lost.add(pk)
         return lost
 
-    def _run(self) -> None:
-        """Beat on entry, then every ``every`` seconds until stopped; close this thread's connections."""
-        try:
-            while True:
-                try:
-                    self.beat()
-                except DatabaseError as failure:
-                    # Transient (a dropped connection, a lock timeout): the leases still have time; retry on a
-                    # fresh connection at the next beat.
-                    with self._lock:
-                        self.error = failure
-                    logger.warning("worker_heartbeat of %r failed, retrying: %s", self.worker, failure)
-                    connections[self.alias].close()
-                if self._stop.wait(self.every):
-                    return
-        except BaseException as unexpected:  # the worker must learn that nobody renews its leases any more
-            self._crashed = unexpected
-            self.error = unexpected
-            raise
-        finally:
-            connections.close_all()
+    def _scheduled(self) -> bool:
+        """The thread's beat (it beats on entry, then every ``every`` seconds)."""
+        self.beat()
+        return True
+
+    def _failed(self, failure: DatabaseError) -> None:
+        with self._lock:
+            self.error = failure
+        logger.warning("worker_heartbeat of %r failed, retrying: %s", self.worker, failure)
+
+    def _crash(self, unexpected: BaseException) -> None:
+        self._crashed = unexpected
+        self.error = unexpected

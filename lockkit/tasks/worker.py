@@ -30,11 +30,11 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
 from lockkit.backends import claims_sql_for
-from lockkit.claims import Claim, Claimed, complete, complete_many, release
+from lockkit.claims import Claim, Claimed, complete, complete_many, release, worker_heartbeat
 from lockkit.errors import StaleClaim
 from lockkit.tasks import arguments, results, running
 from lockkit.tasks.backend import DatabaseBackend
-from lockkit.tasks.leases import WorkerBeat, claim_ready
+from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
 from lockkit.validation import duration
@@ -122,7 +122,7 @@ class Worker:
         self._pending: queue.Queue[Claimed[Any]] = queue.Queue()
         self._busy = 0
         self._busy_lock = threading.Lock()
-        self._beat: WorkerBeat | None = None
+        self._beat: worker_heartbeat | None = None
         self._local = threading.local()
         now = claims_sql_for(QueuedTask, self.alias).now()
         self._now = now
@@ -175,7 +175,7 @@ class Worker:
         # and the handler runs at once, rather than when the main thread next runs Python code.
         masked = _block_stop_signals()
         try:
-            beat = WorkerBeat(mine, worker=self.worker_id, lease=self.lease, every=every).__enter__()
+            beat = worker_heartbeat(mine, worker=self.worker_id, lease=self.lease, every=every).__enter__()
             self._beat = beat
             for runner in runners:
                 runner.start()
@@ -184,7 +184,7 @@ class Worker:
         except BaseException:
             _restore_signals(masked)
             if self._beat is not None:
-                self._beat.__exit__(None, None, None)
+                _stop_beating(self._beat)
             raise
         _restore_signals(masked)
         try:
@@ -198,7 +198,7 @@ class Worker:
             finally:
                 if wakeup is not None:
                     wakeup.stop()
-                beat.__exit__(None, None, None)
+                _stop_beating(beat)
                 connections.close_all()
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
@@ -503,6 +503,14 @@ class Worker:
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _stop_beating(beat: worker_heartbeat) -> None:
+    """Stop the heartbeat; a failure of its last beat is logged, not raised (the claims ended or will expire)."""
+    try:
+        beat.__exit__(None, None, None)
+    except DatabaseError as failure:
+        logger.warning("the last heartbeat failed: %s", failure)
 
 
 def _block_stop_signals() -> set[int] | None:

@@ -138,3 +138,27 @@ def test_a_cached_select_still_sees_new_rows_and_values_of_its_queryset() -> Non
     (taken,) = claim_next(pending, worker="w", lease=30)
     assert taken.pk == job.pk
     assert claim_next(Job.objects.filter(state=Value("other")), worker="w", lease=30) == []
+
+
+def test_a_choices_member_is_a_plain_value_of_the_compiled_shape() -> None:
+    from django.db import models
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        DONE = "done"
+
+    _make(3)
+    pending = Job.objects.filter(state="pending")
+    before = setclause.compilations()
+    first = claim_next(pending, worker="w-1", lease=30, set={"state": State.RUNNING})
+    learned = setclause.compilations()
+    assert learned - before <= 2  # this shape's first call (or none, when an earlier test taught it)
+    claim_next(pending, worker="w-2", lease=30, set={"state": State.RUNNING})
+    complete(first[0], set={"state": State.DONE})
+    # Same shapes as the calls above, with members of the enum: nothing compiled again, the values still sent.
+    (third,) = claim_next(pending, worker="w-3", lease=30, set={"state": State.RUNNING})
+    assert setclause.compilations() - learned <= 1  # complete()'s own shape, at most once
+    settled = setclause.compilations()
+    complete(third, set={"state": State.DONE})
+    assert setclause.compilations() == settled
+    assert sorted(Job.objects.values_list("state", flat=True)) == ["done", "done", "running"]

@@ -390,3 +390,75 @@ def test_a_beat_whose_connection_was_terminated_carries_on_on_a_new_one() -> Non
         assert beat.holds(claim)
     assert beat.error is None
     heartbeat(claim)  # still held
+
+
+# -- holds() never answers from a beat the worker slept through ------------------------------------------------
+
+
+def _wait_until_stale(beat: worker_heartbeat, alias: str) -> None:
+    """Wait (bounded) until the latest successful beat is older than ``holds()`` trusts: the thread cannot beat."""
+    from lockkit.claims.workerbeat import STALE_AFTER
+
+    deadline = db_now(alias) + timedelta(seconds=10)
+    while True:
+        last = beat.last_beat
+        assert last is not None
+        if time.monotonic() - last > STALE_AFTER * beat.every and beat.error is not None:
+            return
+        assert db_now(alias) < deadline, "the heartbeat kept beating while its rows were locked"
+        threading.Event().wait(0.05)
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_holds_beats_first_when_the_latest_beat_is_too_old_and_refuses_a_claim_taken_meanwhile(
+    alias: str,
+) -> None:
+    from django.test import override_settings
+
+    jobs = Job.objects.using(alias)
+    (pk,) = _jobs(alias, 1)
+    (mine,) = claim_next(jobs, worker="w1", lease=30)
+    # The beat waits at most 0.3 s for a row lock; it beats every 0.4 s, so holds() trusts a beat for 0.6 s.
+    with override_settings(LOCKKIT={"LOCK_TIMEOUT": 0.3}):
+        with worker_heartbeat(jobs, worker="w1", lease=30, every=0.4) as beat:
+            assert beat.wait_for_beat(10)
+            assert beat.holds(mine)
+            # Another session takes the job (as a worker would once the lease ran out) and keeps the row locked:
+            # the thread's beats wait for the lock, time out, and the latest successful beat grows old.
+            with hold_lock(jobs.filter(pk=pk), timeout=30) as holder:
+                holder.run(lambda: jobs.filter(pk=pk).update(claimed_by="w2", claim_token=mine.token + 1))
+                _wait_until_stale(beat, alias)
+                # The latest successful beat said "held"; holds() does not trust it: it beats, which cannot
+                # confirm the claim (the row is locked), so the answer is False, not the stale True.
+                assert beat.holds(mine) is False
+                assert isinstance(beat.error, LockTimeout)
+                holder.release(commit=True)
+            # Now a beat can run: it finds the row claimed by w2, and holds() says so at once.
+            assert beat.holds(mine) is False
+            assert beat.error is None
+            assert pk not in beat.held
+            assert pk in beat.lost
+    assert _row(alias, pk)["claimed_by"] == "w2"
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_holds_answers_true_after_a_pause_when_the_claim_survived_it(alias: str) -> None:
+    from django.test import override_settings
+
+    jobs = Job.objects.using(alias)
+    (pk,) = _jobs(alias, 1)
+    (mine,) = claim_next(jobs, worker="w1", lease=30)
+    with override_settings(LOCKKIT={"LOCK_TIMEOUT": 0.3}):
+        with worker_heartbeat(jobs, worker="w1", lease=30, every=0.4) as beat:
+            assert beat.wait_for_beat(10)
+            with hold_lock(jobs.filter(pk=pk), timeout=30):
+                _wait_until_stale(beat, alias)
+                stale_since = beat.last_beat
+            # The lock is gone (rolled back, nothing changed): holds() beats on this thread and says True.
+            assert beat.holds(mine) is True
+            assert beat.last_beat is not None
+            assert stale_since is not None
+            assert beat.last_beat > stale_since
+            assert beat.held == {pk: mine.token}
+            assert beat.lost == set()
+    heartbeat(mine)  # still this worker's claim: not StaleClaim

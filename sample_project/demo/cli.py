@@ -151,7 +151,7 @@ def _demo(args: argparse.Namespace, url: str) -> int:
 
     from sample_project.demo.orders import ORDERS_FILE
     from sample_project.demo.report import queue_table, sale_table, throughput_note
-    from sample_project.demo.runner import DemoOptions, broken_invariants, run_demo
+    from sample_project.demo.runner import QUEUE, DemoOptions, broken_invariants, run_demo
 
     options = DemoOptions(
         url=url,
@@ -161,7 +161,7 @@ def _demo(args: argparse.Namespace, url: str) -> int:
         jobs=args.jobs,
         stock_ratio=args.stock_ratio,
         implementations=("naive", "guarded", "lockkit") if args.naive else ("guarded", "lockkit"),
-        queue_implementations=("naive", "lockkit") if args.naive else ("lockkit",),
+        queue_implementations=("naive", QUEUE) if args.naive else (QUEUE,),
     )
     console = Console()
     started = time.monotonic()
@@ -185,6 +185,18 @@ def _demo(args: argparse.Namespace, url: str) -> int:
         console.print(line, soft_wrap=True)
     if result.queues:
         console.print(queue_table(result.queues))
+    if result.task_queue is not None:
+        from sample_project.demo.task_report import task_queue_table
+
+        console.print(task_queue_table(result.task_queue))
+    elif args.jobs and QUEUE == "lockkit":
+        import django
+
+        console.print(
+            f"(The job queue ran on lockkit.claims: lockkit.tasks and manage.py lockkit_worker need Django 6's "
+            f"django.tasks; this is Django {django.get_version()}.)",
+            soft_wrap=True,
+        )
     broken = broken_invariants(result)
     for problem in broken:
         console.print(f"[bold red]lockkit invariant broken:[/bold red] {problem}")

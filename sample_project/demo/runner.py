@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import django
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -15,6 +17,14 @@ from sample_project.demo.job_queue import QueueResult, run_queue
 from sample_project.demo.orders import ORDERS_FILE, load_orders, starting_stock
 from sample_project.demo.roundtrips import RoundTrips, measure
 from sample_project.demo.workers import sale_implementations
+
+if TYPE_CHECKING:
+    from sample_project.demo.task_queue import TaskQueueResult
+
+#: The job queue the demo runs: on Django 6, tasks of ``lockkit.tasks`` run by ``manage.py lockkit_worker``
+#: processes; on Django 5.2 (no ``django.tasks``), the worker loop on ``lockkit.claims``.
+QUEUE = "tasks" if django.VERSION >= (6, 0) else "lockkit"
+TASKS_LABEL = "lockkit.tasks + lockkit_worker"
 
 
 @dataclass(frozen=True)
@@ -28,7 +38,8 @@ class DemoOptions:
     # The fair hand-written baseline (the guarded UPDATE) by default; "naive" (wrong on purpose) only when asked.
     implementations: tuple[str, ...] = ("guarded", "lockkit")
     lease: float = 1.5
-    queue_implementations: tuple[str, ...] = ("lockkit",)
+    #: "naive" and "lockkit" (the claims loop of sample_project/jobs/services.py), "tasks" (Django 6 only).
+    queue_implementations: tuple[str, ...] = (QUEUE,)
 
 
 @dataclass
@@ -37,6 +48,8 @@ class DemoResult:
     skus: int
     sales: list[SaleResult] = field(default_factory=list)
     queues: list[QueueResult] = field(default_factory=list)
+    #: The job queue on lockkit.tasks (Django 6), when it ran.
+    task_queue: TaskQueueResult | None = None
     #: Round trips per uncontended reservation, per implementation (None: libpq could not trace).
     round_trips: dict[str, RoundTrips | None] = field(default_factory=dict)
 
@@ -73,6 +86,10 @@ def broken_invariants(result: DemoResult) -> list[str]:
             broken.append("job queue: the victim worker was never killed holding a claim")
         elif queue.totals.reclaimed < 1:
             broken.append("job queue: the killed worker's claim was never reclaimed")
+    if result.task_queue is not None:
+        from sample_project.demo.task_queue import broken as broken_tasks
+
+        broken += broken_tasks(result.task_queue)
     return broken
 
 
@@ -108,7 +125,18 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoResult
         for implementation in options.implementations:
             result.round_trips[implementation] = measure(reserve[implementation])
         for implementation in options.queue_implementations if options.jobs else ():
-            task = progress.add_task(f"job queue: {QUEUE_LABELS[implementation]}", total=options.jobs)
+            label = TASKS_LABEL if implementation == "tasks" else QUEUE_LABELS[implementation]
+            task = progress.add_task(f"job queue: {label}", total=options.jobs)
+            if implementation == "tasks":
+                from sample_project.demo.task_queue import run_task_queue  # Django 6 only (django.tasks)
+
+                result.task_queue = run_task_queue(
+                    options.url,
+                    options.jobs,
+                    workers=options.workers,
+                    progress=functools.partial(_advance, progress, task),
+                )
+                continue
             result.queues.append(
                 run_queue(
                     options.url,

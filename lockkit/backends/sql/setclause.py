@@ -15,6 +15,7 @@ https://docs.djangoproject.com/en/stable/ref/models/fields/#django.db.models.Fie
 
 from __future__ import annotations
 
+import enum
 import threading
 import uuid
 from collections.abc import Callable, Hashable, Mapping
@@ -86,8 +87,8 @@ class SetClauses:
         for name, value in values.items():
             if value is None:
                 kind = "null"
-            elif type(value) in _PLAIN:
-                kind = "value"
+            elif type(value) in _PLAIN or (isinstance(value, enum.Enum) and type(value.value) in _PLAIN):
+                kind = "value"  # a member of a Django ``TextChoices``/``IntegerChoices`` too: prepared by its field
             elif type(value) in _DOCUMENTS and _is_json(model, name):
                 kind = "json"  # one parameter, the document adapted by the field
             elif id(value) in self._constants:
