@@ -41,9 +41,18 @@ class Row:
         return self.tasks / self.seconds
 
 
+# The workers' sessions commit with synchronous_commit = off unless --synchronous-commit server (as the main suite
+# does, through PGOPTIONS, for both workers alike): with the server's "on" every commit waits for a WAL flush on
+# this VM's disk and both workers measure the disk, not their own cost per task.
+SYNCHRONOUS_COMMIT = {"off": "-c synchronous_commit=off", "server": ""}
+_pgoptions = SYNCHRONOUS_COMMIT["off"]
+
+
 def _environment(url: str) -> dict[str, str]:
+    options = " ".join(part for part in (os.environ.get("PGOPTIONS", ""), _pgoptions) if part)
     return {
         **os.environ,
+        "PGOPTIONS": options,
         "DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings",
         "LOCKKIT_BENCH_DATABASE_URL": url,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -190,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="200 tasks, 1 and 2 workers, 1 round: a smoke run"
     )
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=sorted(SYNCHRONOUS_COMMIT),
+        default="off",
+        help="the workers' synchronous_commit: off (default, as the main suite) or the server's own setting",
+    )
     options = parser.parse_args(argv)
+    global _pgoptions
+    _pgoptions = SYNCHRONOUS_COMMIT[options.synchronous_commit]
     if options.rounds < 1:
         parser.error("--rounds must be at least 1")
     import django
@@ -228,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         key=lambda row: (row.worker != "lockkit" or row.batch != 1, row.worker != "lockkit", row.processes)
     )
     print(f"Measured {began:%Y-%m-%d %H:%M}\u2013{datetime.now(UTC):%H:%M} UTC, Python {sys.version.split()[0]}, "
-          f"Django {django.get_version()}, {os.cpu_count()} CPUs, load average (1, 5, 15 min) before "
+          f"Django {django.get_version()}, {os.cpu_count()} CPUs, synchronous_commit "
+          f"{options.synchronous_commit} for the workers, load average (1, 5, 15 min) before "
           f"{load_before}, after {_load()}.\n")  # fmt: skip
     print(table(rows, note))
     return 0
