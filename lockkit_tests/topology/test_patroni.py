@@ -85,6 +85,9 @@ class Tally:
     completions_failed: list[tuple[int, int, str]] = field(default_factory=list)
     completions_delivered: list[tuple[int, int]] = field(default_factory=list)
     claims_unknown: int = 0
+    untyped: list[str] = field(
+        default_factory=list
+    )  # failures that are not lockkit's typed errors: none allowed
     errors: Counter[str] = field(default_factory=Counter)
     calls: list[tuple[float, float, bool]] = field(default_factory=list)  # (began, ended, succeeded)
     crash: BaseException | None = None
@@ -119,10 +122,17 @@ def stock_worker(tally: Tally, stop: threading.Event) -> None:
         except lockkit.CommitOutcomeUnknown:
             tally.unknown.append(ref)
         except Exception as exc:  # every other answer says: it did not happen
-            tally.failed.append((ref, type(exc).__name__))
+            tally.failed.append((ref, typed(tally, exc)))
             tally.errors[type(exc).__name__] += 1
         tally.calls.append((began, time.monotonic(), ok))
         stop.wait(PACE)
+
+
+def typed(tally: Tally, exc: Exception) -> str:
+    """The failure's class name, recorded as untyped unless it is one of lockkit's errors (``LockError``)."""
+    if not isinstance(exc, lockkit.LockError):
+        tally.untyped.append(f"{type(exc).__name__}: {exc}")
+    return type(exc).__name__
 
 
 def claims_worker(tally: Tally, stop: threading.Event) -> None:
@@ -140,7 +150,7 @@ def claims_worker(tally: Tally, stop: threading.Event) -> None:
             tally.claims_unknown += 1
             found = []
         except Exception as exc:
-            tally.errors[f"claim_next: {type(exc).__name__}"] += 1
+            tally.errors[f"claim_next: {typed(tally, exc)}"] += 1
             found = []
         for held in found:
             pair = (int(held.pk), held.token)
@@ -155,7 +165,7 @@ def claims_worker(tally: Tally, stop: threading.Event) -> None:
             except lockkit.CommitOutcomeUnknown:
                 tally.completions_unknown.append(pair)
             except Exception as exc:  # StaleClaim included: nothing was written
-                tally.completions_failed.append((*pair, type(exc).__name__))
+                tally.completions_failed.append((*pair, typed(tally, exc)))
                 tally.errors[f"complete: {type(exc).__name__}"] += 1
         tally.calls.append((began, time.monotonic(), ok))
         stop.wait(PACE)
@@ -264,6 +274,9 @@ def test_workers_on_a_patroni_cluster_through_switchover_crash_and_a_dead_peer(
                 thread.join(BOUND)
         assert [thread.name for thread in threads if thread.is_alive()] == []
         assert [(t.name, repr(t.crash)) for t in tallies if t.crash is not None] == []
+        # Every failure is typed (a LockError: it changed nothing, or CommitOutcomeUnknown), never a bare driver
+        # error (claims calls that could not connect raised Django's OperationalError before this test).
+        assert [(t.name, error) for t in tallies for error in t.untyped] == []
 
         # Reconciled from the final leader's rows (this thread's connection may point at a crashed node).
         connections[ALIAS].close()
