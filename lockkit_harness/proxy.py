@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import socket
 import struct
 import threading
 from collections import deque
@@ -63,12 +64,26 @@ class FaultProxy:
     Args:
         upstream: The server's address.
         protocol: ``"postgresql"`` or ``"mysql"``: how to find a ``COMMIT`` in the client's stream.
+        listen: A listening socket to accept clients on instead of a new one on 127.0.0.1 (e.g. one in a network
+            namespace, ``lockkit_harness.netns.Link.listen()``); ``self.port`` is its port.
+        client_keepalive: Seconds: probe an idle client connection after that long, and give it up (closing the
+            server connection, so its session ends) once the client stops answering, as a server's
+            ``tcp_keepalives_idle``/``tcp_user_timeout`` would; ``None`` for no probes.
     """
 
-    def __init__(self, upstream: tuple[str, int] | str, protocol: Protocol = "postgresql") -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int] | str,
+        protocol: Protocol = "postgresql",
+        *,
+        listen: socket.socket | None = None,
+        client_keepalive: float | None = None,
+    ) -> None:
         self.upstream = upstream
         self.protocol = protocol
         self.port = 0
+        self._listen_socket = listen
+        self._client_keepalive = client_keepalive
         self.refuse_new = False
         self.cuts: dict[Action, int] = {"deliver": 0, "abort": 0, "hold": 0}
         self.connections = 0
@@ -111,8 +126,23 @@ class FaultProxy:
         return future.result(30)
 
     async def _listen(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        if self._listen_socket is not None:
+            self._server = await asyncio.start_server(self._accept, sock=self._listen_socket)
+        else:
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def _probe(self, writer: asyncio.StreamWriter) -> None:
+        """Keepalives and a user timeout on a client connection (``client_keepalive``)."""
+        if self._client_keepalive is None:
+            return
+        sock = writer.get_extra_info("socket")
+        seconds = max(1, round(self._client_keepalive))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, seconds)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, (seconds + 2) * 1000)
 
     async def _shutdown(self) -> int:
         if self._server is not None:
@@ -175,6 +205,7 @@ class FaultProxy:
         if self.refuse_new:
             client_writer.close()
             return
+        self._probe(client_writer)
         try:
             if isinstance(self.upstream, str):
                 server_reader, server_writer = await asyncio.open_unix_connection(self.upstream)

@@ -85,7 +85,14 @@ def in_one_message(
 
     def attempt(number: int) -> T:
         discard_if_dead(alias)
-        message = backend.claims_message(connection, timeouts)
+        try:
+            # Connects if needed: a connection that cannot be opened (every host down or refusing, during a
+            # failover) is a ConnectionLost before anything was sent, retried like one.
+            with translating(alias, nowait=False, attempts=number):
+                message = backend.claims_message(connection, timeouts)
+        except ConnectionLost:
+            discard_after_loss(alias)
+            raise
         if message is None:  # the connection it made is not in autocommit (a project's own setting)
             return cast(T, _operation(alias, lock_timeout, work)(work))
         try:

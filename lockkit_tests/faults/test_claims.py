@@ -214,3 +214,23 @@ def test_a_worker_pgbouncer_dropped_for_idling_heartbeats_and_completes(bouncer_
     job = Job.objects.get()
     assert (job.state, job.lease_expires_at, job.claim_token) == ("done", None, held.token)
     assert JobLog.objects.count() == 1  # ran once
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+def test_claim_next_that_cannot_connect_is_connection_lost_and_the_next_call_works(
+    through_proxy: tuple[str, Any],
+) -> None:
+    # Issue 23 (the Patroni test): a claim_next whose connection could not be opened (every host refused it, as
+    # during a failover) raised Django's plain OperationalError, not lockkit's typed ConnectionLost.
+    alias, proxy = through_proxy
+    Job.objects.create(name="a")
+    proxy.refuse_new = True  # every new connection is closed at once: libpq cannot open a session
+    with pytest.raises(lockkit.ConnectionLost) as caught:
+        claim_next(Job.objects.filter(state="pending"), worker="w1", lease=30, using=alias)
+    assert not isinstance(caught.value, lockkit.CommitOutcomeUnknown)  # nothing was sent: it changed nothing
+    assert caught.value.alias == alias
+    assert Job.objects.get().lease_expires_at is None  # not claimed
+    proxy.refuse_new = False
+    (found,) = claim_next(Job.objects.filter(state="pending"), worker="w1", lease=30, using=alias)
+    assert Job.objects.get().claim_token == found.token
+    connections[alias].close()
