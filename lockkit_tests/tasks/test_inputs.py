@@ -40,6 +40,38 @@ def test_validate_on_enqueue() -> None:
             async_to_sync(jobs.noop_task.using(queue_name="unknown_queue").aenqueue)()
 
 
+def nested(depth: int) -> Any:
+    """``depth`` lists, one inside the other, around an int."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def cycle() -> list[Any]:
+    looped: list[Any] = []
+    looped.append(looped)
+    return looped
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("lone \ud800 surrogate",), {}, r"args must be valid Unicode text: a lone surrogate '\\ud800'"),
+        ((), {"key": {"deep": "\udfff"}}, "kwargs must be valid Unicode text"),
+        ((nested(30),), {}, "args must not nest lists/dicts more than 30 deep"),  # args' own list is one
+        ((), {"x": nested(30)}, "kwargs must not nest lists/dicts more than 30 deep"),
+        ((nested(100_000),), {}, "args must not nest lists/dicts more than 30 deep"),  # not a RecursionError
+        ((cycle(),), {}, "args must not nest lists/dicts more than 30 deep"),
+    ],
+)
+def test_arguments_the_databases_refuse_are_refused_before_sql(
+    args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    with backend_on("default"), pytest.raises(ValueError, match=message):
+        jobs.echo.enqueue(*args, **kwargs)
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "message"),
     [
