@@ -14,6 +14,7 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
+from lockkit.scopes.liveness import discard_if_dead
 from lockkit.tasks import arguments, options, results
 from lockkit.tasks.notify import CHANNEL
 
@@ -85,6 +86,9 @@ class DatabaseBackend(BaseTaskBackend):
         self.validate_task(task)
         row = self._row(task, args, kwargs)
         alias = self.database()
+        # Outside a transaction, a connection an earlier call left dead (a MariaDB "packet too big" closes it)
+        # is replaced: one failed enqueue does not make every later one in the process fail.
+        discard_if_dead(alias)
         row.save(using=alias, force_insert=True)
         self._notify(alias, task.queue_name)
         result = cast("TaskResult[_P, _R]", results.result_of(row, task))
@@ -132,8 +136,10 @@ class DatabaseBackend(BaseTaskBackend):
         """
         from lockkit.tasks.models import QueuedTask
 
+        alias = self.database()
+        discard_if_dead(alias)
         try:
-            row = QueuedTask.objects.using(self.database()).get(pk=result_id)
+            row = QueuedTask.objects.using(alias).get(pk=result_id)
         except (QueuedTask.DoesNotExist, ValidationError, TypeError, ValueError) as missing:
             raise TaskResultDoesNotExist(result_id) from missing
         return results.result_of(row)

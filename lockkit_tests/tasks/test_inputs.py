@@ -106,6 +106,10 @@ def test_arguments_refused_before_sql(
         ({"notify": "yes"}, "notify must be True or False"),
         ({"database": ""}, "database must be a database alias"),
         ({"leese": 30}, r"unknown option\(s\) 'leese'; known: database, lease"),
+        (
+            {"database": "nowhere"},
+            r"database must be an alias of settings.DATABASES \('default', .*got 'nowhere'",
+        ),
     ],
 )
 def test_options_checked(options: dict[str, Any], message: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 from django.tasks import TaskResultStatus
 
 from lockkit.tasks.arguments import MAX_TEXT
@@ -75,6 +76,16 @@ def test_a_return_value_the_server_refuses_fails_the_attempt_and_ends_the_claim(
         result.refresh()
         assert [error.exception_class_path for error in result.errors] == ["lockkit.errors.ConnectionLost"]
         assert status_of(after) == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("alias", MARIADB)
+def test_an_enqueue_the_server_refuses_leaves_the_next_one_working(alias: str) -> None:
+    with backend_on(alias):
+        with pytest.raises(OperationalError):
+            jobs.echo.enqueue("x" * 20_000_000)  # the server closes the connection
+        result = jobs.echo.enqueue("small")
+        assert status_of(result) == TaskResultStatus.READY
+        assert QueuedTask.objects.using(alias).count() == 1
 
 
 @pytest.mark.parametrize("alias", ALIASES)
