@@ -61,6 +61,16 @@ class WorkerBeat:
         self.every = every
         self._beat = worker_heartbeat(queryset, worker=worker, lease=lease, every=every, using=self.alias)
 
+    @property
+    def held(self) -> dict[Any, int]:
+        """``{pk: claim_token}`` of the claims the latest successful beat renewed."""
+        return self._beat.held
+
+    @property
+    def last_beat(self) -> float | None:
+        """``time.monotonic()`` when the latest successful beat returned; ``None`` before the first."""
+        return self._beat.last_beat
+
     def holds(self, claim: Claim) -> bool:
         """Whether the worker still holds ``claim``, by a beat at most one and a half intervals old."""
         last = self._beat.last_beat

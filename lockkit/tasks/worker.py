@@ -124,6 +124,9 @@ class Worker:
         self._busy_lock = threading.Lock()
         self._beat: WorkerBeat | None = None
         self._local = threading.local()
+        # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
+        self._ended: dict[Any, tuple[Claim, float]] = {}
+        self._ended_lock = threading.Lock()
         now = claims_sql_for(QueuedTask, self.alias).now()
         self._now = now
         # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
@@ -225,6 +228,7 @@ class Worker:
         runners_started = self.concurrency > 1
         failures = 0
         while not self.stopping.is_set():
+            self._release_forgotten()
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
             claimed: list[Claimed[Any]] = []
             if idle > 0:
@@ -516,6 +520,7 @@ class Worker:
         while True:
             try:
                 end(claim, set=values)
+                self._remember_ended(claim)
                 return True
             except StaleClaim as stale:
                 if quiet_stale:
@@ -535,6 +540,43 @@ class Worker:
                     logger.error("worker %s: could not record task %s: %s", self.worker_id, row.id, failure)
                     return False
                 time.sleep(0.2)
+
+    def _remember_ended(self, ended: Claim | list[Claim]) -> None:
+        at = time.monotonic()
+        to_python = QueuedTask._meta.pk.to_python
+        with self._ended_lock:
+            for claim in ended if isinstance(ended, list) else [ended]:
+                self._ended[to_python(claim.pk)] = (claim, at)
+
+    def _release_forgotten(self) -> None:
+        """Give back the tasks whose recorded outcome the database lost, so that they run again.
+
+        A failover to an asynchronous standby (or a crash with ``synchronous_commit = off``) can lose a commit
+        the worker saw succeed: the row is back to ``RUNNING`` under this worker's claim, and the heartbeat would
+        renew it for as long as the worker lives. A beat made a full interval after the end settles each claim:
+        renewed, it is released (fenced by its token; the lost attempt stays counted and is recorded as
+        ``WorkerLost`` by the next claim); not renewed, it is forgotten here.
+        """
+        assert self._beat is not None
+        last, held = self._beat.last_beat, self._beat.held
+        if last is None or not self._ended:
+            return
+        with self._ended_lock:
+            settled = [pk for pk, (_, at) in self._ended.items() if last - at > self._beat.every]
+            lost = [self._ended[pk][0] for pk in settled if held.get(pk) == self._ended[pk][0].token]
+            for pk in settled:
+                del self._ended[pk]
+        for claim in lost:
+            logger.warning(
+                "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
+                "the commit); giving it back to run again", self.worker_id, claim.pk,
+            )  # fmt: skip
+            try:
+                release(claim, set={"status": TaskResultStatus.READY})
+            except (StaleClaim, DatabaseError) as failure:
+                logger.warning(
+                    "worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure
+                )
 
     def _give_back(self) -> None:
         """Release the claimed tasks no runner started (SIGTERM): their attempt is not counted."""
