@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import connections, router
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult, TaskResultStatus
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
@@ -94,6 +94,20 @@ class DatabaseBackend(BaseTaskBackend):
         result = cast("TaskResult[_P, _R]", results.result_of(row, task))
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        """Django's checks, plus: the task is bound to this backend (``task.backend``).
+
+        Raises:
+            django.tasks.exceptions.InvalidTask: the task is not valid for this backend, or is another
+                backend's (its result could not be read back through ``task.get_result()`` or ``refresh()``).
+        """
+        super().validate_task(task)
+        if task.backend != self.alias:
+            raise InvalidTask(
+                f"Task {task.module_path!r} uses backend {task.backend!r}, not {self.alias!r}: enqueue it with "
+                f"task.using(backend={self.alias!r}).enqueue()"
+            )
 
     def _row(self, task: Task[..., Any], args: Any, kwargs: Any) -> Any:
         from lockkit.tasks.models import QueuedTask

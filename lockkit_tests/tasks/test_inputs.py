@@ -12,12 +12,25 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
+from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTask
+from django.test import override_settings
 from django.utils import timezone
 
 from lockkit.tasks import DatabaseBackend
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import backend_on, tasks_setting
+
+
+def test_a_task_of_another_backend_refused_before_sql() -> None:
+    setting = {
+        **tasks_setting("default"),
+        "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+    }
+    with override_settings(TASKS=setting):
+        other = jobs.noop_task.using(backend="immediate")
+        with pytest.raises(InvalidTask, match="uses backend 'immediate', not 'default'"):
+            task_backends["default"].enqueue(other, [], {})
 
 
 @pytest.mark.parametrize("priority", [101, -101, 1.5])
