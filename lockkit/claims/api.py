@@ -397,12 +397,14 @@ def _now_holding(
     }
     fields = ["pk", "claim_token", "claimed_by", "lease_expires_at", *plain]
     found = first.model._base_manager.using(first.alias).filter(pk__in=[c.pk for c in stale]).values(*fields)
-    rows = {row["pk"]: row for row in found}
+    # Keyed by the pk as the field makes it: a claim's pk may be a str where the row's is a UUID (MariaDB, SQLite).
+    to_python = first.model._meta.pk.to_python
+    rows = {to_python(row["pk"]): row for row in found}
     holders: dict[Any, tuple[str, int] | None] = {}
     reasons: dict[Any, str] = {}
     already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
     for claim in stale:
-        row = rows.get(claim.pk)
+        row = rows.get(to_python(claim.pk))
         if row is None or row["lease_expires_at"] is None:
             holders[claim.pk] = None
         else:

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.utils.json import normalize_json
+
+#: The most lists/dicts a stored value may nest: MariaDB's JSON columns refuse documents deeper than 32 levels
+#: (the innermost scalar is one), and the arguments are stored inside a ``{"args": [...]}`` envelope. The same
+#: limit on every database, so a task that enqueues on one enqueues on all.
+MAX_DEPTH = 30
+
+#: The longest error text (a traceback) stored, in characters: longer ones keep their start and their end.
+MAX_TEXT = 64 * 1024
 
 
 def json_value(value: Any, name: str) -> Any:
@@ -13,8 +22,10 @@ def json_value(value: Any, name: str) -> Any:
 
     Django requires task arguments and return values to be JSON (``django.utils.json.normalize_json``: tuples
     become lists, bytes are decoded as UTF-8). This also refuses what JSON or the database's JSON column would
-    change or reject: non-string dict keys, NaN and infinities, and NUL characters (PostgreSQL's ``jsonb`` has
-    none). See https://docs.djangoproject.com/en/6.0/topics/tasks/#task-arguments.
+    change or reject: non-string dict keys, NaN and infinities, NUL characters (PostgreSQL's ``jsonb`` has
+    none), lone surrogates (not Unicode text: PostgreSQL and MariaDB refuse them) and lists/dicts nested more
+    than ``MAX_DEPTH`` deep (MariaDB refuses them). See
+    https://docs.djangoproject.com/en/6.0/topics/tasks/#task-arguments.
 
     Args:
         value: The value.
@@ -25,18 +36,58 @@ def json_value(value: Any, name: str) -> Any:
 
     Raises:
         TypeError: a value of a type JSON cannot hold (an object, a set, a datetime...), or a non-string key.
-        ValueError: undecodable bytes, NaN or infinity, or a NUL character.
+        ValueError: undecodable bytes, NaN or infinity, a NUL character, a lone surrogate, or nesting deeper
+            than ``MAX_DEPTH`` (a list that contains itself included).
     """
+    _check_depth(value, name)
     try:
         normalized = normalize_json(value)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{name} must be JSON-serializable: {error}") from error
     try:
-        text = json.dumps(normalized, allow_nan=False)
+        text = json.dumps(normalized, allow_nan=False, ensure_ascii=False)
     except ValueError as error:
-        raise ValueError(f"{name} must be JSON-serializable: {error} (NaN or infinity)") from error
+        hint = " (NaN or infinity)" if "float" in str(error) else ""  # else an int too long to write
+        raise ValueError(f"{name} must be JSON-serializable: {error}{hint}") from error
     if "\\u0000" in text:
         raise ValueError(f"{name} must not contain NUL characters (the database's JSON column refuses them)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{name} must be valid Unicode text: a lone surrogate {text[error.start]!r} (the database's JSON "
+            f"column refuses it)"
+        ) from None
     if json.loads(text) != normalized:
         raise TypeError(f"{name} must survive a JSON round trip unchanged: dict keys must be strings")
     return normalized
+
+
+def storable_text(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` made storable in any database's JSON column: NULs and lone surrogates escaped, ``limit`` long at most.
+
+    For texts lockkit records (tracebacks), which must never make the write that records an outcome fail.
+    """
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _check_depth(value: Any, name: str) -> None:
+    """Refuse lists/dicts nested deeper than ``MAX_DEPTH`` (iteratively: a deep value never recurses here)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, Sequence) and not isinstance(item, (str, bytes, bytearray)):
+            children = item
+        else:
+            continue
+        if depth + 1 > MAX_DEPTH:
+            raise ValueError(
+                f"{name} must not nest lists/dicts more than {MAX_DEPTH} deep (MariaDB's JSON columns refuse it)"
+            )
+        stack.extend((child, depth + 1) for child in children)

@@ -10,10 +10,11 @@ from django.core.exceptions import ValidationError
 from django.db import connections, router
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult, TaskResultStatus
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
+from lockkit.scopes.liveness import discard_if_dead
 from lockkit.tasks import arguments, options, results
 from lockkit.tasks.notify import CHANNEL
 
@@ -85,11 +86,28 @@ class DatabaseBackend(BaseTaskBackend):
         self.validate_task(task)
         row = self._row(task, args, kwargs)
         alias = self.database()
+        # Outside a transaction, a connection an earlier call left dead (a MariaDB "packet too big" closes it)
+        # is replaced: one failed enqueue does not make every later one in the process fail.
+        discard_if_dead(alias)
         row.save(using=alias, force_insert=True)
         self._notify(alias, task.queue_name)
         result = cast("TaskResult[_P, _R]", results.result_of(row, task))
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        """Django's checks, plus: the task is bound to this backend (``task.backend``).
+
+        Raises:
+            django.tasks.exceptions.InvalidTask: the task is not valid for this backend, or is another
+                backend's (its result could not be read back through ``task.get_result()`` or ``refresh()``).
+        """
+        super().validate_task(task)
+        if task.backend != self.alias:
+            raise InvalidTask(
+                f"Task {task.module_path!r} uses backend {task.backend!r}, not {self.alias!r}: enqueue it with "
+                f"task.using(backend={self.alias!r}).enqueue()"
+            )
 
     def _row(self, task: Task[..., Any], args: Any, kwargs: Any) -> Any:
         from lockkit.tasks.models import QueuedTask
@@ -132,8 +150,10 @@ class DatabaseBackend(BaseTaskBackend):
         """
         from lockkit.tasks.models import QueuedTask
 
+        alias = self.database()
+        discard_if_dead(alias)
         try:
-            row = QueuedTask.objects.using(self.database()).get(pk=result_id)
+            row = QueuedTask.objects.using(alias).get(pk=result_id)
         except (QueuedTask.DoesNotExist, ValidationError, TypeError, ValueError) as missing:
             raise TaskResultDoesNotExist(result_id) from missing
         return results.result_of(row)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from lockkit.validation import duration, positive_int
@@ -63,7 +64,8 @@ def parse(alias: str, options: object) -> TaskOptions:
 
     Raises:
         ImproperlyConfigured: ``OPTIONS`` is not a dict, names an unknown option, or an option has a wrong type
-            or value (the message names ``TASKS[alias]["OPTIONS"][name]`` and what is accepted).
+            or value, ``database`` an alias ``settings.DATABASES`` lacks included (the message names
+            ``TASKS[alias]["OPTIONS"][name]`` and what is accepted).
     """
     where = f'TASKS["{alias}"]["OPTIONS"]'
     if not isinstance(options, Mapping):
@@ -78,6 +80,9 @@ def parse(alias: str, options: object) -> TaskOptions:
         database = values["database"]
         if database is not None and (not isinstance(database, str) or not database):
             raise TypeError(f"database must be a database alias (a non-empty str) or None, not {database!r}")
+        if database is not None and database not in settings.DATABASES:
+            known = ", ".join(map(repr, settings.DATABASES))
+            raise ValueError(f"database must be an alias of settings.DATABASES ({known}), got {database!r}")
         if not isinstance(values["notify"], bool):
             raise TypeError(f"notify must be True or False, not {type(values['notify']).__name__}")
         parsed = TaskOptions(

@@ -22,7 +22,7 @@ from secrets import token_hex
 from traceback import format_exception
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, connections
 from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 from django.tasks.base import Task, TaskContext, TaskResultStatus
@@ -124,6 +124,9 @@ class Worker:
         self._busy_lock = threading.Lock()
         self._beat: worker_heartbeat | None = None
         self._local = threading.local()
+        # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
+        self._ended: dict[Any, tuple[Claim, float]] = {}
+        self._ended_lock = threading.Lock()
         now = claims_sql_for(QueuedTask, self.alias).now()
         self._now = now
         # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
@@ -225,6 +228,7 @@ class Worker:
         runners_started = self.concurrency > 1
         failures = 0
         while not self.stopping.is_set():
+            self._release_forgotten()
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
             claimed: list[Claimed[Any]] = []
             if idle > 0:
@@ -354,9 +358,12 @@ class Worker:
                     self._finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
                 return
         if run.completed:
-            QueuedTask.objects.using(self.alias).filter(
-                pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
-            ).update(return_value=stored)
+            try:
+                QueuedTask.objects.using(self.alias).filter(
+                    pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
+                ).update(return_value=stored)
+            except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
+                logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
             self.stats.succeeded += 1
             self.stats.ids.append(str(row.pk))
             return
@@ -401,9 +408,30 @@ class Worker:
             if len(done) >= self.batch:
                 self._flush()
             return
-        if not self._write(complete, claim, values, row):
+        try:
+            if not self._write(complete, claim, values, row, refusable=value is not None):
+                return
+        except _NotRecorded as refused:
+            self._value_refused(row, claim, refused.failure, errors, task)
             return
         self._finished(row, status, errors, value, extra, task)
+
+    def _value_refused(
+        self,
+        row: QueuedTask,
+        claim: Claim,
+        failure: DatabaseError,
+        errors: list[dict[str, Any]],
+        task: Task[..., Any] | None,
+    ) -> None:
+        """The database refused a return value (too large, say): the attempt failed with that error instead."""
+        logger.error("task %s: the database refused its return value: %s", row.id, failure)
+        attempt = len(row.worker_ids)
+        errors = [*errors, _error(failure, attempt)]
+        if attempt < self.settings.max_attempts:
+            self._retry(row, claim, errors, attempt)
+        else:
+            self._finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
 
     def _done(self) -> list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]]:
         """This thread's successes not written yet."""
@@ -426,12 +454,24 @@ class Worker:
         done.clear()
         values = items[0][3]
         claims = [item[2] for item in items]
+        refusable = values["return_value"] is not None  # the same value for all of them
         try:
-            written = self._write(complete_many, claims, values, items[0][1], quiet_stale=True)
+            written = self._write(
+                complete_many, claims, values, items[0][1], quiet_stale=True, refusable=refusable
+            )
         except StaleClaim:
             written = False
+        except _NotRecorded as refused:  # their one return value was refused: so it would be one by one
+            for _, row, claim, _values, task in items:
+                self._value_refused(row, claim, refused.failure, [], task)
+            return
         for _, row, claim, values_of_one, task in items:
-            if written or self._write(complete, claim, values_of_one, row):
+            try:
+                recorded = written or self._write(complete, claim, values_of_one, row, refusable=refusable)
+            except _NotRecorded as refused:
+                self._value_refused(row, claim, refused.failure, [], task)
+                continue
+            if recorded:
                 self._finished(
                     row, TaskResultStatus.SUCCESSFUL, [], values_of_one["return_value"], None, task
                 )
@@ -459,17 +499,28 @@ class Worker:
             task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
 
     def _write(
-        self, end: Any, claim: Any, values: dict[str, Any], row: QueuedTask, *, quiet_stale: bool = False
+        self,
+        end: Any,
+        claim: Any,
+        values: dict[str, Any],
+        row: QueuedTask,
+        *,
+        quiet_stale: bool = False,
+        refusable: bool = False,
     ) -> bool:
         """End the claim(s) with ``values`` (fenced); ``False`` when the claim was lost (nothing written).
 
         Raises:
             StaleClaim: with ``quiet_stale``, instead of logging it and returning ``False``.
+            _NotRecorded: with ``refusable`` (``values`` carry a return value), when the database refused the
+                values or kept failing for a lease: the caller records the attempt as failed, without them, so
+                the task is not left ``RUNNING`` under claims the heartbeat keeps renewing.
         """
         deadline = time.monotonic() + self.lease
         while True:
             try:
                 end(claim, set=values)
+                self._remember_ended(claim)
                 return True
             except StaleClaim as stale:
                 if quiet_stale:
@@ -482,10 +533,50 @@ class Worker:
                 return False
             except DatabaseError as failure:
                 connections[self.alias].close()
-                if time.monotonic() > deadline:
+                refused = isinstance(failure, (DataError, IntegrityError))  # the same values fail again
+                if refusable and (refused or time.monotonic() > deadline):
+                    raise _NotRecorded(failure) from failure
+                if refused or time.monotonic() > deadline:
                     logger.error("worker %s: could not record task %s: %s", self.worker_id, row.id, failure)
                     return False
                 time.sleep(0.2)
+
+    def _remember_ended(self, ended: Claim | list[Claim]) -> None:
+        at = time.monotonic()
+        to_python = QueuedTask._meta.pk.to_python
+        with self._ended_lock:
+            for claim in ended if isinstance(ended, list) else [ended]:
+                self._ended[to_python(claim.pk)] = (claim, at)
+
+    def _release_forgotten(self) -> None:
+        """Give back the tasks whose recorded outcome the database lost, so that they run again.
+
+        A failover to an asynchronous standby (or a crash with ``synchronous_commit = off``) can lose a commit
+        the worker saw succeed: the row is back to ``RUNNING`` under this worker's claim, and the heartbeat would
+        renew it for as long as the worker lives. A beat made a full interval after the end settles each claim:
+        renewed, it is released (fenced by its token; the lost attempt stays counted and is recorded as
+        ``WorkerLost`` by the next claim); not renewed, it is forgotten here.
+        """
+        assert self._beat is not None
+        last, held = self._beat.last_beat, self._beat.held
+        if last is None or not self._ended:
+            return
+        with self._ended_lock:
+            settled = [pk for pk, (_, at) in self._ended.items() if last - at > self._beat.every]
+            lost = [self._ended[pk][0] for pk in settled if held.get(pk) == self._ended[pk][0].token]
+            for pk in settled:
+                del self._ended[pk]
+        for claim in lost:
+            logger.warning(
+                "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
+                "the commit); giving it back to run again", self.worker_id, claim.pk,
+            )  # fmt: skip
+            try:
+                release(claim, set={"status": TaskResultStatus.READY})
+            except (StaleClaim, DatabaseError) as failure:
+                logger.warning(
+                    "worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure
+                )
 
     def _give_back(self) -> None:
         """Release the claimed tasks no runner started (SIGTERM): their attempt is not counted."""
@@ -500,6 +591,14 @@ class Worker:
                 self.stats.given_back += 1
             except (StaleClaim, DatabaseError) as failure:
                 logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
+
+
+class _NotRecorded(Exception):
+    """A write of an outcome with a return value failed for good (``failure``); nothing was written."""
+
+    def __init__(self, failure: DatabaseError) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -540,7 +639,8 @@ def _error(failure: BaseException, attempt: int) -> dict[str, Any]:
     kind = type(failure)
     return {
         "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-        "traceback": "".join(format_exception(failure)),
+        # Storable whatever the exception says (NULs, lone surrogates, megabytes): recording it must not fail.
+        "traceback": arguments.storable_text("".join(format_exception(failure))),
         "attempt": attempt,
     }
 

@@ -118,3 +118,22 @@ def fenced_effect(name: str) -> str:
     with fenced() as scope:
         Owner.objects.using(scope.alias).create(name=name)
     return name
+
+
+@task()
+def return_lone_surrogate() -> str:
+    return "lone \ud800"  # no database's JSON column stores it: the attempt fails, the worker carries on
+
+
+@task()
+def return_text(size: int) -> str:
+    return "x" * size
+
+
+#: Exception messages that no database's JSON column stores as they are (a NUL, a lone surrogate, megabytes).
+UNSTORABLE_MESSAGES = {"nul": "a \x00 NUL", "surrogate": "a \ud800 surrogate", "huge": "x" * 5_000_000}
+
+
+@task()
+def raise_unstorable_message(kind: str) -> None:
+    raise RuntimeError(UNSTORABLE_MESSAGES[kind])

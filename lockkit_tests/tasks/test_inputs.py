@@ -12,12 +12,25 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
+from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTask
+from django.test import override_settings
 from django.utils import timezone
 
 from lockkit.tasks import DatabaseBackend
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import backend_on, tasks_setting
+
+
+def test_a_task_of_another_backend_refused_before_sql() -> None:
+    setting = {
+        **tasks_setting("default"),
+        "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+    }
+    with override_settings(TASKS=setting):
+        other = jobs.noop_task.using(backend="immediate")
+        with pytest.raises(InvalidTask, match="uses backend 'immediate', not 'default'"):
+            task_backends["default"].enqueue(other, [], {})
 
 
 @pytest.mark.parametrize("priority", [101, -101, 1.5])
@@ -38,6 +51,38 @@ def test_validate_on_enqueue() -> None:
             jobs.noop_task.using(queue_name="unknown_queue").enqueue()
         with pytest.raises(InvalidTask, match="Queue 'unknown_queue' is not valid for backend"):
             async_to_sync(jobs.noop_task.using(queue_name="unknown_queue").aenqueue)()
+
+
+def nested(depth: int) -> Any:
+    """``depth`` lists, one inside the other, around an int."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def cycle() -> list[Any]:
+    looped: list[Any] = []
+    looped.append(looped)
+    return looped
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("lone \ud800 surrogate",), {}, r"args must be valid Unicode text: a lone surrogate '\\ud800'"),
+        ((), {"key": {"deep": "\udfff"}}, "kwargs must be valid Unicode text"),
+        ((nested(30),), {}, "args must not nest lists/dicts more than 30 deep"),  # args' own list is one
+        ((), {"x": nested(30)}, "kwargs must not nest lists/dicts more than 30 deep"),
+        ((nested(100_000),), {}, "args must not nest lists/dicts more than 30 deep"),  # not a RecursionError
+        ((cycle(),), {}, "args must not nest lists/dicts more than 30 deep"),
+    ],
+)
+def test_arguments_the_databases_refuse_are_refused_before_sql(
+    args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    with backend_on("default"), pytest.raises(ValueError, match=message):
+        jobs.echo.enqueue(*args, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +119,10 @@ def test_arguments_refused_before_sql(
         ({"notify": "yes"}, "notify must be True or False"),
         ({"database": ""}, "database must be a database alias"),
         ({"leese": 30}, r"unknown option\(s\) 'leese'; known: database, lease"),
+        (
+            {"database": "nowhere"},
+            r"database must be an alias of settings.DATABASES \('default', .*got 'nowhere'",
+        ),
     ],
 )
 def test_options_checked(options: dict[str, Any], message: str) -> None:
