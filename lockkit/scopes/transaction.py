@@ -24,6 +24,7 @@ from lockkit.errorcodes.table import code_of
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
 from lockkit.scopes import forks
+from lockkit.scopes.failures import FailedStatements
 from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 
 logger = logging.getLogger("lockkit")
@@ -103,6 +104,9 @@ class ScopeTransaction:
         # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
         self._restored = False
         self._restore_error: BaseException | None = None
+        # The block's failed statements, where the driver keeps no aborted state to read (outermost only).
+        self._failures: FailedStatements | None = None
+        self._watching = contextlib.ExitStack()
 
     def __enter__(self) -> ScopeTransaction:
         """Begin the transaction or savepoint and apply the timeouts.
@@ -153,6 +157,9 @@ class ScopeTransaction:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
             transaction.on_commit(self._mark_committed, using=self.alias)
+            if self.backend.watches_failed_statements:
+                self._failures = FailedStatements()
+                self._watching.enter_context(connection.execute_wrapper(self._failures))
         return self
 
     @property
@@ -235,6 +242,7 @@ class ScopeTransaction:
             DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
         """
         connection = self._connection
+        self._watching.close()  # Django's execute_wrapper() stack: the body's statements have all run
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
         waiting = self._cancellation
@@ -312,6 +320,9 @@ class ScopeTransaction:
     def _swallowed_error(self) -> TransactionAborted | None:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""
         swallowed = self.backend.aborted_by(self._connection)
+        if swallowed is None and self._failures is not None:
+            failed = self._failures.swallowed(needs_rollback=self._connection.needs_rollback)
+            swallowed = None if failed is None else str(failed)
         if swallowed is None:
             return None
         said = f": {swallowed}" if swallowed else ""
