@@ -13,14 +13,14 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from lockkit import cancellation
 from lockkit.backends import TimeoutToken, backend_for
-from lockkit.errorcodes.table import code_of
+from lockkit.errorcodes.table import chain, code_of
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
 from lockkit.scopes import forks
@@ -283,6 +283,10 @@ class ScopeTransaction:
                     # An on_commit callback failed after the COMMIT: not a failure of the transaction.
                     raise self._on_commit_error(commit_exc) from commit_exc
                 raise
+            if committing and self.backend.cancel_in_flight(connection):
+                # Not the database's error: an exception (a signal handler's time limit) left the wait for the
+                # COMMIT's reply, and the server may still commit.
+                self._interrupted_commit(commit_exc, callbacks)
             if committing and code_of(commit_exc) == AMBIGUOUS_COMMIT:
                 raise self._ambiguous(commit_exc) from commit_exc
             error = self._translate(commit_exc)
@@ -305,6 +309,59 @@ class ScopeTransaction:
             raise error from exc
         if restore_error is not None:
             raise restore_error
+
+    def _interrupted_commit(self, commit_exc: BaseException, callbacks: list[Callback]) -> NoReturn:
+        """An exception interrupted the wait for COMMIT's reply (a cancel request was just sent): find the outcome.
+
+        The connection is discarded (its driver is mid-reply, and Django's next statement on it would fail), then
+        the server that had the transaction is asked what became of it. Rolled back (the cancel stopped a deferred
+        trigger, or the COMMIT never took effect): the interrupt is raised, nothing changed. Committed: the
+        callbacks run, then the interrupt is raised with a note saying so. Otherwise ``CommitOutcomeUnknown``,
+        raised from the interrupt.
+        """
+        driver_error = getattr(self._connection, "Database", None)
+        driver_errors = (Error,) if driver_error is None else (Error, driver_error.Error)
+        interrupt = next(
+            (link for link in chain(commit_exc) if not isinstance(link, driver_errors)), commit_exc
+        )
+        logger.warning(
+            "lockkit: %s interrupted the COMMIT on %r; the connection is discarded and transaction %s resolved",
+            type(interrupt).__name__,
+            self.alias,
+            self.xid,
+        )
+        with contextlib.suppress(Error):
+            self._connection.close()
+        outcome = self.backend.commit_outcome(
+            connections[self.alias], self.xid, within=self._resolve_within, server=self._server
+        )
+        discard_after_loss(self.alias)
+        if outcome == "aborted":
+            raise interrupt
+        if outcome == "committed":
+            self._run_callbacks(callbacks)
+            interrupt.add_note(
+                f"lockkit: transaction {self.xid} on {self.alias!r} committed before this interrupted its COMMIT; "
+                "its on_commit callbacks ran: do not do the work again"
+            )
+            raise interrupt
+        raise CommitOutcomeUnknown(
+            f"{type(interrupt).__name__} interrupted the COMMIT on {self.alias!r} and its outcome is unknown "
+            f"(transaction id {self.xid}): the work may have committed; check before doing it again",
+            alias=self.alias,
+            attempts=self.translating.attempts,
+            xid=self.xid,
+        ) from interrupt
+
+    def _run_callbacks(self, callbacks: list[Callback]) -> None:
+        """Run the callbacks of a transaction found committed after its COMMIT's reply was lost or interrupted."""
+        for _, func, robust in callbacks:  # Django's order and its robust semantics
+            try:
+                func()
+            except Exception as callback_error:
+                if not robust:
+                    raise self._on_commit_error(callback_error) from callback_error
+                logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
 
     def _ambiguous(self, commit_exc: BaseException) -> CommitOutcomeUnknown:
         """SQLSTATE 40003 at COMMIT (CockroachDB's "result is ambiguous"): it may or may not have committed."""
@@ -367,13 +424,7 @@ class ScopeTransaction:
             logger.info(
                 "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid
             )
-            for _, func, robust in callbacks:  # Django's order and its robust semantics
-                try:
-                    func()
-                except Exception as callback_error:
-                    if not robust:
-                        raise self._on_commit_error(callback_error) from callback_error
-                    logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
+            self._run_callbacks(callbacks)
             return
         discard_after_loss(self.alias)
         cause = lost.__cause__ if lost.__cause__ is not None else lost
