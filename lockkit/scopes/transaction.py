@@ -247,7 +247,7 @@ class ScopeTransaction:
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
         waiting = self._cancellation
         if waiting is not None:
-            if doomed is None and exc is None and not waiting.begin_commit():
+            if doomed is None and exc is None and not waiting.begin_commit(self._resolve_within):
                 # The awaiting caller was cancelled before COMMIT: roll back (lockkit.cancellation).
                 doomed = cancellation.CallCancelled(
                     f"the awaiting caller was cancelled; {self.alias!r} rolled back"
