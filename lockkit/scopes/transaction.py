@@ -37,6 +37,9 @@ forks.install()
 # the default RetryPolicy's reconnect_within. A locked_operation resolves for its policy's reconnect_within.
 COMMIT_RESOLUTION_TIMEOUT = 5.0
 
+# mysqlclient's CR_COMMANDS_OUT_OF_SYNC: a statement's result was left unread (an exception interrupted it).
+_COMMANDS_OUT_OF_SYNC = "2014"
+
 # SQLSTATE statement_completion_unknown: CockroachDB's "result is ambiguous" when a COMMIT's fate is unknown.
 AMBIGUOUS_COMMIT = "40003"
 
@@ -192,7 +195,8 @@ class ScopeTransaction:
             lockkit.cancellation.CallCancelled: the awaiting caller was cancelled before the COMMIT was sent; the
                 scope rolled back (raised from the statement's error when the server-side cancel interrupted it).
         """
-        if exc is not None and not isinstance(exc, Error | LockError):
+        interrupt = self._interrupt_behind(exc)
+        if exc is not None and (interrupt is not None or not isinstance(exc, Error | LockError)):
             self._interrupted()
         try:
             self._end(exc)
@@ -201,6 +205,23 @@ class ScopeTransaction:
             raise
         if exc is not None:
             self._raise_if_abandoned(exc)
+        if interrupt is not None:
+            raise interrupt  # the interrupt itself, not the driver's complaint about the statement it cut short
+
+    def _interrupt_behind(self, exc: BaseException | None) -> BaseException | None:
+        """The exception (a signal handler's) that the driver's "commands out of sync" replaced, if any.
+
+        mysqlclient runs a signal handler once the server's reply has arrived, before the result is read: the
+        exception leaves the statement, Django's cleanup closes the cursor, and mysqlclient refuses that with 2014
+        (``CR_COMMANDS_OUT_OF_SYNC``), which hides the interrupt as its context. The scope then raises the
+        interrupt, so a task runner's time limit reaches the code that catches it.
+        """
+        driver = getattr(self._connection, "Database", None)
+        # The driver's own class too: Django does not wrap the errors of a cursor's close().
+        database_errors = (Error,) if driver is None else (Error, driver.Error)
+        if exc is None or not isinstance(exc, database_errors) or code_of(exc) != _COMMANDS_OUT_OF_SYNC:
+            return None
+        return next((link for link in chain(exc) if not isinstance(link, database_errors)), None)
 
     def _interrupted(self) -> None:
         """An exception that is not the database's left the block: cancel the statement it left running.
