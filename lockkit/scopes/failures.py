@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.transaction import TransactionManagementError
 
 from lockkit.errorcodes.table import code_of
 
@@ -24,8 +25,8 @@ class FailedStatements:
     """An ``execute_wrapper`` that remembers the database errors statements of the scope's block raised.
 
     Attributes:
-        last: The most recent failed statement's error since the last rollback to a savepoint (Django's way of
-            undoing a failed statement), else ``None``.
+        last: The first failed statement's error since the last rollback to a savepoint (Django's way of
+            undoing a failed statement), else ``None``; Django's refusals after it are not counted.
         rolled_back: The first error after which the server rolled the whole transaction back, else ``None``;
             never forgotten, as a savepoint cannot undo it.
     """
@@ -41,8 +42,11 @@ class FailedStatements:
         """Run the statement; remember its database error, which still propagates."""
         try:
             result = execute(sql, params, many, context)
+        except TransactionManagementError:
+            raise  # Django refusing statements after a failure: the failure itself was recorded first
         except DatabaseError as exc:
-            self.last = exc
+            if self.last is None:
+                self.last = exc
             if self.rolled_back is None and code_of(exc) in _WHOLE_TRANSACTION:
                 self.rolled_back = exc
             raise
