@@ -23,9 +23,11 @@ from lockkit.scopes.transaction import COMMIT_RESOLUTION_TIMEOUT, in_transaction
 
 logger = logging.getLogger("lockkit")
 
-# How long a caller cancelled after COMMIT was sent waits for the commit's outcome: the COMMIT, and resolving it
-# when its reply was lost, before the caller is told the outcome is unknown.
-COMMIT_OUTCOME_WAIT = COMMIT_RESOLUTION_TIMEOUT + 5.0
+# How long a caller cancelled after COMMIT was sent waits for the commit's outcome beyond the time resolving a lost
+# reply may take (the operation's reconnect_within), before it is told the outcome is unknown.
+COMMIT_OUTCOME_MARGIN = 5.0
+# The wait with lockkit's default resolution time (a locked_operation's policy may allow more).
+COMMIT_OUTCOME_WAIT = COMMIT_RESOLUTION_TIMEOUT + COMMIT_OUTCOME_MARGIN
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,7 +62,7 @@ def awaitable(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     the call is cancelled in its thread: the statement in flight is cancelled on the server, the transaction rolls
     back, no retry starts, and the caller gets its ``asyncio.CancelledError`` right away; nothing committed. When
     the COMMIT was already sent, a cancellation can no longer undo it, so the caller waits for the outcome (up to
-    ``COMMIT_OUTCOME_WAIT`` seconds) and is told the truth instead of a plain cancellation: the call's result when
+    the call's ``reconnect_within`` plus ``COMMIT_OUTCOME_MARGIN`` seconds: ``COMMIT_OUTCOME_WAIT`` by default) and is told the truth instead of a plain cancellation: the call's result when
     it committed (the cancellation is then not raised), its error when it failed, ``CommitOutcomeUnknown`` when
     the outcome did not arrive in time.
 
@@ -90,21 +92,27 @@ def awaitable(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
             if waiting.cancel():
                 _forget(task)  # it rolls back in its thread; nothing of it commits
                 raise
-            return await _outcome_after_commit(task)
+            return await _outcome_after_commit(task, waiting)
 
     functools.update_wrapper(call, func)
     return call
 
 
-async def _outcome_after_commit(task: asyncio.Future[R]) -> R:
-    """The caller was cancelled after the call sent COMMIT: its outcome, or ``CommitOutcomeUnknown``."""
+async def _outcome_after_commit(task: asyncio.Future[R], waiting: cancellation.Cancellation) -> R:
+    """The caller was cancelled after the call sent COMMIT: its outcome, or ``CommitOutcomeUnknown``.
+
+    Waited for as long as the call may take to resolve a lost reply (its policy's ``reconnect_within``), plus a
+    margin: a shorter wait would call a COMMIT unknown that the call is about to confirm.
+    """
+    within = COMMIT_RESOLUTION_TIMEOUT if waiting.resolve_within is None else waiting.resolve_within
+    wait = within + COMMIT_OUTCOME_MARGIN
     with contextlib.suppress(asyncio.CancelledError):  # cancelled again: stop waiting, say what is known
-        await asyncio.wait({task}, timeout=COMMIT_OUTCOME_WAIT)
+        await asyncio.wait({task}, timeout=wait)
     if not task.done():
         _forget(task)
         raise CommitOutcomeUnknown(
             "the awaiting caller was cancelled after COMMIT was sent, and its outcome did not arrive within "
-            f"{COMMIT_OUTCOME_WAIT:g} s: the work may have committed"
+            f"{wait:g} s: the work may have committed"
         )
     error = task.exception()
     if isinstance(error, cancellation.CallCancelled):

@@ -49,6 +49,9 @@ class Cancellation:
         self.committing = False
         self._cancel_statement: Callable[[], None] | None = None
         self._canceller: threading.Thread | None = None
+        # Seconds the call may spend resolving a COMMIT whose reply was lost (its policy's reconnect_within),
+        # told by begin_commit(); None: lockkit's default.
+        self.resolve_within: float | None = None
 
     def attach(self, cancel_statement: Callable[[], None] | None) -> None:
         """Record how to cancel the statement the call's session runs (``None``: the vendor cannot)."""
@@ -60,12 +63,20 @@ class Cancellation:
         if self.cancelled:
             raise CallCancelled("the awaiting caller was cancelled")
 
-    def begin_commit(self) -> bool:
-        """Claim the right to send COMMIT: ``False`` when the caller was cancelled first (roll back instead)."""
+    def begin_commit(self, resolve_within: float | None = None) -> bool:
+        """Claim the right to send COMMIT: ``False`` when the caller was cancelled first (roll back instead).
+
+        Args:
+            resolve_within: Seconds the call may then spend resolving a lost reply (its retry policy's
+                ``reconnect_within``), so that a caller cancelled meanwhile waits that long for the outcome;
+                ``None`` for lockkit's default.
+        """
         with self._lock:
             if self.cancelled:
                 return False
             self.committing = True
+            if resolve_within is not None:
+                self.resolve_within = resolve_within
             return True
 
     def cancel(self) -> bool:

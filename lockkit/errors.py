@@ -197,7 +197,9 @@ class TransactionAborted(LockError, DatabaseError):
     On PostgreSQL a failed statement aborts the whole transaction; a body that catches the error (a raw cursor in
     ``try``/``except DatabaseError``, a library that swallows it) and returns normally would otherwise get a COMMIT
     that the server answers with ROLLBACK, and a caller told "done" for writes that are gone. An outermost scope
-    checks the driver's transaction status before it commits (no round trip) and raises this instead. Fix the body:
+    checks the driver's transaction status before it commits (no round trip) and raises this instead; on MariaDB/MySQL
+    and SQLite it watches its statements for a swallowed InnoDB deadlock (the whole transaction rolled back) or a
+    failure that left Django's block marked for rollback. Fix the body:
     let the error propagate, or wrap the statement that may fail in its own ``transaction.atomic()`` (a savepoint),
     as Django documents. See
     https://docs.djangoproject.com/en/stable/topics/db/transactions/#handling-exceptions-within-postgresql-transactions.

@@ -79,6 +79,9 @@ class Backend:
     claims_sql: ClassVar[type[ClaimsSQL] | None] = None
     #: How messages name the database versions the claims support (``"PostgreSQL"``).
     claims_name: ClassVar[str] = ""
+    #: An outermost scope watches its block's failed statements (``execute_wrapper()``) to tell a body that
+    #: swallowed one: the driver keeps no aborted-transaction state (``aborted_by``) here.
+    watches_failed_statements: ClassVar[bool] = True
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether this server's version has what ``claims_sql`` needs (with ``claims_sql`` set)."""

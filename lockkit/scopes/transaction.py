@@ -13,17 +13,18 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from lockkit import cancellation
 from lockkit.backends import TimeoutToken, backend_for
-from lockkit.errorcodes.table import code_of
+from lockkit.errorcodes.table import chain, code_of
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
 from lockkit.scopes import forks
+from lockkit.scopes.failures import FailedStatements
 from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 
 logger = logging.getLogger("lockkit")
@@ -35,6 +36,9 @@ forks.install()
 # restart included) before it gives up and raises CommitOutcomeUnknown, when the scope is not given its own budget:
 # the default RetryPolicy's reconnect_within. A locked_operation resolves for its policy's reconnect_within.
 COMMIT_RESOLUTION_TIMEOUT = 5.0
+
+# mysqlclient's CR_COMMANDS_OUT_OF_SYNC: a statement's result was left unread (an exception interrupted it).
+_COMMANDS_OUT_OF_SYNC = "2014"
 
 # SQLSTATE statement_completion_unknown: CockroachDB's "result is ambiguous" when a COMMIT's fate is unknown.
 AMBIGUOUS_COMMIT = "40003"
@@ -107,6 +111,9 @@ class ScopeTransaction:
         # and, when that message's reply was lost and the server said it committed, the callbacks still to run.
         self.committed_in_message = False
         self._resolved: list[Callback] | None = None
+        # The block's failed statements, where the driver keeps no aborted state to read (outermost only).
+        self._failures: FailedStatements | None = None
+        self._watching = contextlib.ExitStack()
 
     def __enter__(self) -> ScopeTransaction:
         """Begin the transaction or savepoint and apply the timeouts.
@@ -157,6 +164,9 @@ class ScopeTransaction:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
             transaction.on_commit(self._mark_committed, using=self.alias)
+            if self.backend.watches_failed_statements:
+                self._failures = FailedStatements()
+                self._watching.enter_context(connection.execute_wrapper(self._failures))
         return self
 
     @property
@@ -189,7 +199,8 @@ class ScopeTransaction:
             lockkit.cancellation.CallCancelled: the awaiting caller was cancelled before the COMMIT was sent; the
                 scope rolled back (raised from the statement's error when the server-side cancel interrupted it).
         """
-        if exc is not None and not isinstance(exc, Error | LockError):
+        interrupt = self._interrupt_behind(exc)
+        if exc is not None and (interrupt is not None or not isinstance(exc, Error | LockError)):
             self._interrupted()
         try:
             self._end(exc)
@@ -198,6 +209,23 @@ class ScopeTransaction:
             raise
         if exc is not None:
             self._raise_if_abandoned(exc)
+        if interrupt is not None:
+            raise interrupt  # the interrupt itself, not the driver's complaint about the statement it cut short
+
+    def _interrupt_behind(self, exc: BaseException | None) -> BaseException | None:
+        """The exception (a signal handler's) that the driver's "commands out of sync" replaced, if any.
+
+        mysqlclient runs a signal handler once the server's reply has arrived, before the result is read: the
+        exception leaves the statement, Django's cleanup closes the cursor, and mysqlclient refuses that with 2014
+        (``CR_COMMANDS_OUT_OF_SYNC``), which hides the interrupt as its context. The scope then raises the
+        interrupt, so a task runner's time limit reaches the code that catches it.
+        """
+        driver = getattr(self._connection, "Database", None)
+        # The driver's own class too: Django does not wrap the errors of a cursor's close().
+        database_errors = (Error,) if driver is None else (Error, driver.Error)
+        if exc is None or not isinstance(exc, database_errors) or code_of(exc) != _COMMANDS_OUT_OF_SYNC:
+            return None
+        return next((link for link in chain(exc) if not isinstance(link, database_errors)), None)
 
     def _interrupted(self) -> None:
         """An exception that is not the database's left the block: cancel the statement it left running.
@@ -238,6 +266,7 @@ class ScopeTransaction:
                 raised in the block when the body swallowed it.
             DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
         """
+        self._watching.close()  # Django's execute_wrapper() stack: the body's statements have all run
         if self._resolved is not None:
             self._end_resolved(exc)
             return
@@ -255,7 +284,7 @@ class ScopeTransaction:
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
         waiting = self._cancellation
         if waiting is not None:
-            if doomed is None and exc is None and not waiting.begin_commit():
+            if doomed is None and exc is None and not waiting.begin_commit(self._resolve_within):
                 # The awaiting caller was cancelled before COMMIT: roll back (lockkit.cancellation).
                 doomed = cancellation.CallCancelled(
                     f"the awaiting caller was cancelled; {self.alias!r} rolled back"
@@ -291,6 +320,10 @@ class ScopeTransaction:
                     # An on_commit callback failed after the COMMIT: not a failure of the transaction.
                     raise self._on_commit_error(commit_exc) from commit_exc
                 raise
+            if committing and self.backend.cancel_in_flight(connection):
+                # Not the database's error: an exception (a signal handler's time limit) left the wait for the
+                # COMMIT's reply, and the server may still commit.
+                self._interrupted_commit(commit_exc, callbacks)
             if committing and code_of(commit_exc) == AMBIGUOUS_COMMIT:
                 raise self._ambiguous(commit_exc) from commit_exc
             error = self._translate(commit_exc)
@@ -316,6 +349,59 @@ class ScopeTransaction:
         if restore_error is not None:
             raise restore_error
 
+    def _interrupted_commit(self, commit_exc: BaseException, callbacks: list[Callback]) -> NoReturn:
+        """An exception interrupted the wait for COMMIT's reply (a cancel request was just sent): find the outcome.
+
+        The connection is discarded (its driver is mid-reply, and Django's next statement on it would fail), then
+        the server that had the transaction is asked what became of it. Rolled back (the cancel stopped a deferred
+        trigger, or the COMMIT never took effect): the interrupt is raised, nothing changed. Committed: the
+        callbacks run, then the interrupt is raised with a note saying so. Otherwise ``CommitOutcomeUnknown``,
+        raised from the interrupt.
+        """
+        driver_error = getattr(self._connection, "Database", None)
+        driver_errors = (Error,) if driver_error is None else (Error, driver_error.Error)
+        interrupt = next(
+            (link for link in chain(commit_exc) if not isinstance(link, driver_errors)), commit_exc
+        )
+        logger.warning(
+            "lockkit: %s interrupted the COMMIT on %r; the connection is discarded and transaction %s resolved",
+            type(interrupt).__name__,
+            self.alias,
+            self.xid,
+        )
+        with contextlib.suppress(Error):
+            self._connection.close()
+        outcome = self.backend.commit_outcome(
+            connections[self.alias], self.xid, within=self._resolve_within, server=self._server
+        )
+        discard_after_loss(self.alias)
+        if outcome == "aborted":
+            raise interrupt
+        if outcome == "committed":
+            self._run_callbacks(callbacks)
+            interrupt.add_note(
+                f"lockkit: transaction {self.xid} on {self.alias!r} committed before this interrupted its COMMIT; "
+                "its on_commit callbacks ran: do not do the work again"
+            )
+            raise interrupt
+        raise CommitOutcomeUnknown(
+            f"{type(interrupt).__name__} interrupted the COMMIT on {self.alias!r} and its outcome is unknown "
+            f"(transaction id {self.xid}): the work may have committed; check before doing it again",
+            alias=self.alias,
+            attempts=self.translating.attempts,
+            xid=self.xid,
+        ) from interrupt
+
+    def _run_callbacks(self, callbacks: list[Callback]) -> None:
+        """Run the callbacks of a transaction found committed after its COMMIT's reply was lost or interrupted."""
+        for _, func, robust in callbacks:  # Django's order and its robust semantics
+            try:
+                func()
+            except Exception as callback_error:
+                if not robust:
+                    raise self._on_commit_error(callback_error) from callback_error
+                logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
+
     def _ambiguous(self, commit_exc: BaseException) -> CommitOutcomeUnknown:
         """SQLSTATE 40003 at COMMIT (CockroachDB's "result is ambiguous"): it may or may not have committed."""
         return CommitOutcomeUnknown(
@@ -330,6 +416,9 @@ class ScopeTransaction:
     def _swallowed_error(self) -> TransactionAborted | None:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""
         swallowed = self.backend.aborted_by(self._connection)
+        if swallowed is None and self._failures is not None:
+            failed = self._failures.swallowed(needs_rollback=self._connection.needs_rollback)
+            swallowed = None if failed is None else str(failed)
         if swallowed is None:
             return None
         said = f": {swallowed}" if swallowed else ""
@@ -392,15 +481,6 @@ class ScopeTransaction:
             attempts=lost.attempts,
             xid=self.xid,
         )
-
-    def _run_callbacks(self, callbacks: list[Callback]) -> None:
-        for _, func, robust in callbacks:  # Django's order and its robust semantics
-            try:
-                func()
-            except Exception as callback_error:
-                if not robust:
-                    raise self._on_commit_error(callback_error) from callback_error
-                logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
 
     def pending_callbacks(self) -> list[Callback]:
         """The ``on_commit`` callbacks registered so far in the transaction (Django forgets them if it is lost)."""

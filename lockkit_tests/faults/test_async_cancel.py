@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import lockkit
-from lockkit import RetryPolicy, signals
+from lockkit import RetryPolicy, aio, signals
 from lockkit.testing import backend_pid, hold_lock, wait_until_blocked
 from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Stock
@@ -199,3 +199,39 @@ def test_a_caller_cancelled_while_its_commit_was_held_and_then_aborted_is_cancel
     assert Stock.objects.get().available == 10
     assert seen["sent"] == []
     assert len(seen["pids"]) == 1  # the aborted COMMIT was not retried after the caller left
+
+
+def test_a_caller_cancelled_after_commit_waits_as_long_as_the_policy_resolves(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    """The server is unreachable for longer than lockkit's default 10 s wait but within the policy's
+    ``reconnect_within``: the thread confirms the COMMIT, and the cancelled caller is told so. Before, it got
+    ``CommitOutcomeUnknown`` after a fixed 10 s for a transaction the server could confirm (issue 23, items 2, 7)."""
+    alias, proxy = through_proxy
+    Stock.objects.create(sku="widget", available=10)
+    reserve, seen = _reservation(alias, retry=RetryPolicy(reconnect_within=25))
+    outage = (
+        aio.COMMIT_OUTCOME_WAIT + 1.0
+    )  # the restart the caller rides out (a scenario's length, not a sync)
+
+    async def scenario() -> int:
+        task = asyncio.create_task(reserve.acall(wait_in_body=True))
+        assert await _off_loop(seen["in_body"].wait, JOIN)
+        proxy.refuse_new = True
+        proxy.arm("deliver")
+        seen["go_on"].set()
+        deadline = time.monotonic() + JOIN
+        while proxy.cuts["deliver"] == 0:  # the COMMIT went through and its reply was cut
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        task.cancel()
+        back = time.monotonic() + outage
+        while time.monotonic() < back and not task.done():
+            await asyncio.sleep(0.05)
+        proxy.refuse_new = False
+        left: int = await task
+        return left
+
+    assert asyncio.run(scenario()) == 9  # committed, confirmed after the outage: not "unknown"
+    assert Stock.objects.get().available == 9
+    assert seen["sent"] == ["e-mail"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +106,83 @@ def test_an_interrupted_session_advisory_lock_never_outlives_the_block(
     wait_until_gone("default", session)  # dropped with its session, whatever the server granted it
     with lockkit.advisory_lock("nightly", session=True, nowait=True):  # free, and the next call works
         pass
+
+
+# A deferred constraint trigger runs at COMMIT: its pg_sleep holds the COMMIT in flight (as a synchronous standby
+# that stops answering would), long enough for a time limit to fire while the client waits for the reply.
+_SLOW_COMMIT = """
+CREATE TABLE lockkit_slow_commit (id int);
+CREATE FUNCTION lockkit_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(20);
+    RETURN NULL;
+EXCEPTION WHEN query_canceled THEN
+    IF NEW.id = 2 THEN RETURN NULL; END IF;  -- row 2: the trigger survives the cancel and the COMMIT goes on
+    RAISE;
+END $$;
+CREATE CONSTRAINT TRIGGER lockkit_slow_commit AFTER INSERT ON lockkit_slow_commit
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lockkit_slow_commit();
+"""
+
+
+@pytest.fixture
+def slow_commit() -> Iterator[None]:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(_SLOW_COMMIT)
+    yield
+    with connections["default"].cursor() as cursor:
+        cursor.execute("DROP TABLE lockkit_slow_commit; DROP FUNCTION lockkit_slow_commit()")
+
+
+def _signal_main_during_commit(session: int, signum: int) -> ThreadCall[None]:
+    """Send ``signum`` to the main thread once session ``session`` runs its COMMIT (seen in pg_stat_activity)."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def send() -> None:
+        control = connections.create_connection("default")
+        try:
+            deadline = time.monotonic() + JOIN
+            while True:
+                with control.cursor() as cursor:
+                    cursor.execute("SELECT query, wait_event FROM pg_stat_activity WHERE pid = %s", [session])
+                    row = cursor.fetchone()
+                if row is not None and row[0].strip().upper() == "COMMIT" and row[1] == "PgSleep":
+                    break
+                assert time.monotonic() < deadline, "the COMMIT never ran its deferred trigger"
+                time.sleep(0.02)
+            signal.pthread_kill(main, signum)
+        finally:
+            control.close()
+
+    return in_thread(send)
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["cancel-stops-it", "commits-anyway"])
+def test_a_time_limit_raised_while_commit_is_in_flight_tells_the_outcome_and_the_next_call_works(
+    time_limit: None, slow_commit: None, committed: bool
+) -> None:
+    """Not a database error leaving the COMMIT: the server may still commit. Before, the caller got Django's
+    "can't change 'autocommit' now" (a failure) for work that went on to commit, its callbacks never ran, and the
+    next call failed with "another command is already in progress"."""
+    session = backend_pid()
+    sender = _signal_main_during_commit(session, signal.SIGUSR1)
+    callbacks: list[str] = []
+    with pytest.raises(TimeLimitExceeded) as caught, lockkit.locked() as scope:
+        Stock.objects.create(sku="widget", available=5)
+        with connections["default"].cursor() as cursor:
+            cursor.execute("INSERT INTO lockkit_slow_commit VALUES (%s)", [2 if committed else 1])
+        scope.on_commit(lambda: callbacks.append("sent"))
+    sender.result(JOIN)
+    notes = getattr(caught.value, "__notes__", [])
+    if committed:
+        assert any("committed before this interrupted its COMMIT" in note for note in notes), notes
+        assert callbacks == ["sent"]
+        assert Stock.objects.get().available == 5
+    else:
+        assert notes == []
+        assert callbacks == []
+        assert not Stock.objects.exists()  # the cancel stopped the COMMIT's trigger: rolled back
+    wait_until_gone("default", session)  # the interrupted connection was discarded
+    with lockkit.locked() as scope:  # the next call in the same process works
+        assert scope.lock(Stock).count() == int(committed)

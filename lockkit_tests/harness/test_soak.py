@@ -116,6 +116,26 @@ def _soak(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.parametrize("extra", [(), ("--mutation", "keep-dead-connections")], ids=["plain", "mutation"])
+def test_a_soak_too_short_for_any_fault_is_refused_not_reported_as_holding(
+    tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """12 s of load ends before the first fault (5 s warm-up, 8 s cool-down): "invariants hold" would prove
+    nothing, and the mutation check would pass with the defect in. Refused before any cluster starts."""
+    command = [sys.executable, "-m", "sample_project", "soak", "--duration", "12", "--workers", "3"]
+    run = subprocess.run(
+        [*command, "--log-dir", str(tmp_path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "schedules no fault" in run.stderr
+    assert "invariants hold" not in run.stdout
+    assert list(tmp_path.iterdir()) == []  # no worker ran
+
+
 @pytest.mark.skipif(missing_binaries() is not None, reason=f"no throwaway cluster: {missing_binaries()}")
 def test_the_soak_fails_when_dead_connections_are_never_discarded(tmp_path: Path) -> None:
     """The soak's mutation check: with the turn-2 bug put back, it must report wedged workers and exit 1."""

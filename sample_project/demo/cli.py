@@ -217,7 +217,7 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from lockkit_harness.cluster import missing_binaries
-    from lockkit_harness.soak.plan import SoakOptions
+    from lockkit_harness.soak.plan import SoakOptions, schedule
     from lockkit_harness.soak.runner import report, run_soak
 
     if not 0 <= args.proxied <= args.workers:
@@ -237,6 +237,14 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         database_url=args.database_url,
         mutation=args.mutation,
     )
+    if not schedule(options):
+        # A run without a fault reconciles nothing a fault could break: "invariants hold" would prove nothing,
+        # and a --mutation run (the soak's own test) would pass with the defect in.
+        parser.error(
+            f"--duration {args.duration:g} with --fault-every {args.fault_every:g} schedules no fault (faults come "
+            f"after a {options.warmup:g} s warm-up and stop {options.cooldown:g} s before the end): nothing would "
+            "be tested; run longer or with more frequent faults"
+        )
     console = Console(width=max(Console().width, 110))  # the tables are read in CI logs and in the docs
     outcome = run_soak(options, console)
     report(outcome, console)

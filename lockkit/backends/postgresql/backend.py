@@ -82,6 +82,7 @@ class PostgreSQLBackend(Backend):
 
     claims_sql = PostgreSQLClaimsSQL
     claims_name = "PostgreSQL"
+    watches_failed_statements = False  # libpq's transaction status says it (aborted_by), no wrapper needed
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
         """Say how timeouts apply here: ``set_config(..., true)``, transaction-scoped."""

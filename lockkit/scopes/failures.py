@@ -1,0 +1,66 @@
+"""The failed statements of an outermost scope, seen through Django's ``execute_wrapper()`` (private to lockkit).
+
+MariaDB/MySQL keep no "aborted" transaction state a scope could read before it commits: InnoDB rolls the whole
+transaction back on a deadlock and runs later statements in a new one; an ORM write that failed marks Django's
+block for rollback. A body that swallowed either must not be told "done". See
+https://docs.djangoproject.com/en/stable/topics/db/instrumentation/ and
+https://mariadb.com/kb/en/innodb-lock-modes/#deadlocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.transaction import TransactionManagementError
+
+from lockkit.errorcodes.table import code_of
+
+# The errors after which InnoDB has rolled the whole transaction back (savepoints included) and carries on.
+_WHOLE_TRANSACTION = frozenset({"1213"})
+
+
+class FailedStatements:
+    """An ``execute_wrapper`` that remembers the database errors statements of the scope's block raised.
+
+    Attributes:
+        last: The first failed statement's error since the last rollback to a savepoint (Django's way of
+            undoing a failed statement), else ``None``; Django's refusals after it are not counted.
+        rolled_back: The first error after which the server rolled the whole transaction back, else ``None``;
+            never forgotten, as a savepoint cannot undo it.
+    """
+
+    def __init__(self) -> None:
+        """Nothing failed yet."""
+        self.last: DatabaseError | None = None
+        self.rolled_back: DatabaseError | None = None
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+    ) -> Any:
+        """Run the statement; remember its database error, which still propagates."""
+        try:
+            result = execute(sql, params, many, context)
+        except TransactionManagementError:
+            raise  # Django refusing statements after a failure: the failure itself was recorded first
+        except DatabaseError as exc:
+            if self.last is None:
+                self.last = exc
+            if self.rolled_back is None and code_of(exc) in _WHOLE_TRANSACTION:
+                self.rolled_back = exc
+            raise
+        if isinstance(sql, str) and sql.lstrip()[:20].upper().startswith("ROLLBACK TO"):
+            self.last = None  # a savepoint undid the failed statement (Django's atomic(), or the body's own)
+        return result
+
+    def swallowed(self, *, needs_rollback: bool) -> DatabaseError | None:
+        """The error a body that returned normally swallowed, if its transaction cannot commit as written.
+
+        Args:
+            needs_rollback: Django has marked the block for rollback (``connection.needs_rollback``): with a
+                failed statement seen, the mark is the failure's, not a deliberate ``set_rollback(True)``.
+        """
+        if self.rolled_back is not None:
+            return self.rolled_back
+        return self.last if needs_rollback else None
