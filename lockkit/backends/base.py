@@ -440,8 +440,8 @@ class Backend:
         """
         return False
 
-    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> str:
-        """The text of one message carrying ``sql`` with ``params`` bound client-side, then ``COMMIT``.
+    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> tuple[str, Any]:
+        """The statement and parameters of one message carrying ``sql`` (values bound client-side), then ``COMMIT``.
 
         Only called when ``commit_in_message_possible``.
 

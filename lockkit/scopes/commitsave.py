@@ -54,7 +54,9 @@ class Final:
         sent: The ``UPDATE`` has been handed to the driver together with the ``COMMIT``.
     """
 
-    def __init__(self, alias: str, prefix: str | None, render: Callable[[str, Any], str] | None) -> None:
+    def __init__(
+        self, alias: str, prefix: str | None, render: Callable[[str, Any], tuple[str, Any]] | None
+    ) -> None:
         """Watch for the ``UPDATE`` starting with ``prefix`` (``None``: a plain save), rendered by ``render``."""
         self._alias = alias
         self._prefix = prefix
@@ -72,9 +74,9 @@ class Final:
         if prefix is None or render is None or many or not isinstance(sql, str) or not sql.startswith(prefix):
             return execute(sql, params, many, context)  # a pre_save receiver's statement, or a plain save
         self._prefix = None  # one UPDATE only
-        text = render(sql, params)
+        text, bound = render(sql, params)
         self.sent = True
-        return execute(text, None, many, context)
+        return execute(text, bound, many, context)
 
     def _refusal(self, sql: object) -> str:
         head = sql.split(None, 1)[0].upper() if isinstance(sql, str) and sql.strip() else "a statement"
@@ -141,12 +143,12 @@ def save(
     connection = connections[scope_alias]
     backend = transaction_.backend
     prefix: str | None = None
-    render: Callable[[str, Any], str] | None = None
+    render: Callable[[str, Any], tuple[str, Any]] | None = None
     if not transaction_.nested and not model._meta.parents and backend.commit_in_message_possible(connection):
         table = connection.ops.quote_name(model._meta.db_table)
         prefix = f"UPDATE {table} SET "
 
-        def render(sql: str, params: Any) -> str:
+        def render(sql: str, params: Any) -> tuple[str, Any]:
             return backend.with_commit(connection, sql, params)
 
     waiting = None if transaction_.nested else cancellation.current()

@@ -400,9 +400,9 @@ class PostgreSQLBackend(Backend):
         """True for psycopg 3 in a transaction, not in pipeline mode (``commitmessage.possible``); read locally."""
         return commitmessage.possible(connection)
 
-    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> str:
-        """``<sql with params bound by psycopg's mogrify>; COMMIT`` (``commitmessage.text``)."""
-        return commitmessage.text(connection, sql, params)
+    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> tuple[str, Any]:
+        """``<sql>; COMMIT`` and ``params``, bound client-side by the cursor (``commitmessage.text``)."""
+        return commitmessage.text(sql, params)
 
     # -- lockkit's own claims statements in one message -----------------------------------------------------
 

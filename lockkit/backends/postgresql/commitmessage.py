@@ -1,8 +1,8 @@
 """A row's ``UPDATE`` and the transaction's ``COMMIT`` as one simple-query message (``LockScope.save_with_commit``).
 
-The statement's values are bound client-side by psycopg's own ``mogrify`` (Django's public
-``connection.ops.compose_sql``), and the text is then executed without parameters, which psycopg sends as one
-simple-query message (``PQsendQuery``): the only form in which the protocol allows several statements. The server
+The statement's values are bound client-side by Django's default psycopg cursor (``ClientCursor``, as for every
+statement it runs), which sends the text as one simple-query message (``PQsendQuery``): the only form in which the
+protocol allows several statements. The server
 runs them in order and stops at the first error, so a failed ``UPDATE`` never reaches the ``COMMIT``. Once the
 ``COMMIT`` has run the server is idle, and psycopg's own ``commit()`` then sends nothing (it returns at once when
 the transaction status is ``IDLE``), so Django's ``atomic()`` ends as usual and runs its ``on_commit`` callbacks. See
@@ -42,8 +42,11 @@ def possible(connection: BaseDatabaseWrapper) -> bool:
     )
 
 
-def text(connection: BaseDatabaseWrapper, sql: str, params: Any) -> str:
-    """``sql`` with ``params`` bound by psycopg (``compose_sql``), followed by ``; COMMIT``."""
-    ops: Any = connection.ops  # Django's PostgreSQL operations (the base class has no compose_sql)
-    rendered: str = ops.compose_sql(sql, params)
-    return f"{rendered}; COMMIT"
+def text(sql: str, params: Any) -> tuple[str, Any]:
+    """``sql`` followed by ``; COMMIT``, with ``params`` unchanged: the client-side cursor binds them into the text.
+
+    Django's default psycopg cursor (``ClientCursor``, required by ``possible``) binds values client-side and sends a
+    statement with parameters as one simple-query message, as for the claims' messages; binding them here
+    first (``compose_sql``) would build two more cursors per call, inside the row lock's hold.
+    """
+    return f"{sql}; COMMIT", params
