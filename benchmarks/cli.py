@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     system = sysinfo.collect(target.embedded)
     log(f"server: {system['versions']['postgresql']}; {system['server']['settings']}")
     settings = _settings(args)
+    net["pgbench_select1"] = _select1(target, settings, log)
     runs, skipped = _run_workloads(args, target, settings, log)
     extra = {"interleaved": _interleaved(args, log), "roundtrips": _roundtrips(log)}
     profile = None if args.no_profile else _profile(args.quick, log)
@@ -108,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     data = _results(args, argv, settings, load_before, system, skipped, runs, summaries, profile, extra)
     _write(out, args.json, data, summaries, log)
     for t in data["targets"]:
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        verdict = (
+            "reference" if t.get("reference") else {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
+        )
         log(f"target: {t['target']}: {t['measured']} ({verdict})")
     log(f"load average after: {data['load']['after']}")
     log(f"done in {time.monotonic() - started:.0f} s")
@@ -160,13 +163,17 @@ def _run_workloads(
     args: argparse.Namespace, target: dbserver.Target, settings: Settings, log: Callable[[str], None]
 ) -> tuple[list[Run], dict[str, str]]:
     """Run the selected workloads (without pgbench's implementations when pgbench is missing)."""
-    from benchmarks import pgbench, runner
+    from benchmarks import ops, pgbench, runner
 
     skipped: dict[str, str] = {}
     runs: list[Run] = []
     for workload in plan.WORKLOADS:
         if args.only and workload.key not in args.only:
             continue
+        absent = {i.key: why for i in workload.impls if i.op and (why := ops.missing(i.op))}
+        if absent:
+            workload = _restricted(workload, _without(frozenset(absent)))
+            skipped[workload.key] = "not run: " + "; ".join(f"{key} ({why})" for key, why in absent.items())
         if pgbench.executable() is None:
             workload = _restricted(workload, lambda impl: impl.script is None)
             skipped.setdefault("pgbench", "pgbench not found: the pgbench ceiling was not measured")
@@ -175,6 +182,19 @@ def _run_workloads(
         log(workload.title)
         runs += runner.run_workload(workload, target, settings, log)
     return runs, skipped
+
+
+def _select1(
+    target: dbserver.Target, settings: Settings, log: Callable[[str], None]
+) -> dict[str, float] | None:
+    """pgbench's ``SELECT 1`` at one client: the round trip without Python's own time (the physical floor's RTT)."""
+    from benchmarks import pgbench
+
+    if pgbench.executable() is None:
+        return None
+    run = pgbench.run(target, "network", "select1", "select1", 1, 0, settings.warmup, settings.duration)
+    log(f"network: pgbench SELECT 1 round trip p50 {run.p50_ms:.3f} ms")
+    return {"p50_ms": run.p50_ms, "p99_ms": run.p99_ms}
 
 
 def _interleaved(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -200,8 +220,9 @@ def _roundtrips(log: Callable[[str], None]) -> dict[str, float] | None:
 
 
 def _profile(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    """cProfile the hot path: a lockkit reservation, the hand-written one, and a claim."""
-    from benchmarks import profiling, schema
+    """cProfile the hot path (a lockkit reservation, the hand-written one, a claim), then the lock-hold window of
+    the reservations (``benchmarks.holdprofile``)."""
+    from benchmarks import holdprofile, profiling, schema
 
     count = 200 if quick else 3000
     profile = profiling.profile("reserve_lockkit", count)
@@ -212,6 +233,19 @@ def _profile(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
         f"profile: {profile['profiled_us_per_op']:.0f} µs per lockkit operation under cProfile, "
         f"{profile['hand']['profiled_us_per_op']:.0f} µs hand-written"
     )
+    profile["hold"] = {}
+    for name in holdprofile.MODES:
+        try:
+            hold = holdprofile.profile(name, count)
+        except Exception as exc:  # an operation this lockkit cannot run is left out of the profile, said so
+            log(f"lock-hold profile of {name}: not measured ({type(exc).__name__}: {exc})")
+            continue
+        profile["hold"][name] = hold
+        log(
+            f"lock-hold profile of {name}: {hold['window_us']:.0f} µs per window under the tracer "
+            f"({hold['wait_us']:.0f} µs waiting on the server, {hold['calls']:.0f} Python calls, lockkit's own "
+            f"{hold['lockkit_own_us']:.0f} µs)"
+        )
     return profile
 
 
@@ -263,13 +297,15 @@ def _write(
     """Write benchmarks.json (and ``--json``), the chart and the report section of benchmarks.md in ``out``."""
     from benchmarks import chart, report
 
-    for path in {out / "benchmarks.json", *([also_json] if also_json else [])}:
+    stem = report.file_stem(data)
+    for path in {out / f"{stem}.json", *([also_json] if also_json else [])}:
         path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    drawn = chart.draw(summaries, out / "benchmarks.png")
-    report.write(out / "benchmarks.md", report.render(data, "benchmarks.png" if drawn else None))
+    drawn = chart.draw(summaries, out / f"{stem}.png")
+    section = report.render(data, f"{stem}.png" if drawn else None)
+    report.write(out / "benchmarks.md", section, report.network_label(data))
     log(
-        f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'}"
-        + (f", {out / 'benchmarks.png'}" if drawn else "")
+        f"wrote {out / 'benchmarks.md'}, {out / f'{stem}.json'}"
+        + (f", {out / f'{stem}.png'}" if drawn else "")
     )
 
 
@@ -277,6 +313,13 @@ def _restricted(workload: plan.Workload, keep: Callable[[plan.Impl], bool]) -> p
     impls = tuple(i for i in workload.impls if keep(i))
     pairs = tuple(p for p in workload.pairs if all(k in {i.key for i in impls} for k in p))
     return dataclasses.replace(workload, impls=impls, pairs=pairs)
+
+
+def _without(keys: frozenset[str]) -> Callable[[plan.Impl], bool]:
+    def keep(impl: plan.Impl) -> bool:
+        return impl.key not in keys
+
+    return keep
 
 
 def _printer() -> Callable[[str], None]:

@@ -21,7 +21,18 @@ from benchmarks import ops, schema
 
 #: (key, candidate op, baseline op, label)
 PAIRS: tuple[tuple[str, str, str, str], ...] = (
-    ("uncontended", "reserve_lockkit", "reserve_hand", "lockkit / hand-written reservation, uncontended"),
+    (
+        "uncontended",
+        "reserve_lockkit",
+        "reserve_hand",
+        "lockkit save() / hand-written reservation, uncontended",
+    ),
+    (
+        "swc",
+        "reserve_swc",
+        "reserve_hand",
+        "lockkit save_with_commit() / hand-written reservation, uncontended",
+    ),
     (
         "claims",
         "claim_one",
@@ -36,6 +47,8 @@ def run(operations: int, warmup: int = 100) -> list[dict[str, Any]]:
     """Alternate each pair for ``operations`` operations per side; return per pair the chunked time ratios."""
     results = []
     for key, candidate, baseline, label in PAIRS:
+        if ops.missing(candidate) or ops.missing(baseline):
+            continue
         connections.close_all()
         if key == "claims":
             schema.reset_jobs(2 * (operations + warmup) + 100)

@@ -82,6 +82,8 @@ UPDATE lkbench_item SET available = available - 1, reserved = reserved + 1 WHERE
 END;
 """,
     "claim_one": _CLAIM_ONE,
+    # The network's round trip as a C client sees it (the floor's RTT): nothing for the server to do.
+    "select1": "SELECT 1;\n",
     "claim_batch": _CLAIM.format(limit=BATCH),
 }
 

@@ -18,12 +18,23 @@ class Settings:
 
 @dataclass(frozen=True)
 class Impl:
-    """One implementation of a workload: a Django operation (``ops.BUILDERS`` key) or a pgbench script."""
+    """One implementation of a workload: a Django operation (``ops.BUILDERS`` key) or a pgbench script.
+
+    The physical floor of a row (``benchmarks.floor``) reads three more facts: ``trips``, the round trips of one
+    operation (replaced by the strace count of ``counted`` when the run has one; pgbench's scripts: one per
+    command); ``held``, how many of them the hot row's lock is held across (from the locking statement's reply to
+    the COMMIT's; ``None`` where no row is contended); ``server``, the pgbench script whose time per transaction,
+    less its own round trips, is the server's time for this SQL.
+    """
 
     key: str
     label: str
     op: str | None = None
     script: str | None = None
+    trips: int | None = None
+    counted: str | None = None
+    held: int | None = None
+    server: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,16 +53,50 @@ class Workload:
 
 HAND = "hand-written Django"
 PGBENCH = "pgbench (same SQL, prepared)"
+SWC = "lockkit, scope.save_with_commit() (UPDATE with the COMMIT)"
+SWC_SCOPE = "lockkit locked() + save_with_commit() (no retry wrapper)"
+GUARDED_UPDATE = "lockkit.guarded_update() (BEGIN; set_config; UPDATE ... RETURNING; COMMIT in one message)"
 
 WORKLOADS: tuple[Workload, ...] = (
     Workload(
         key="uncontended",
         title="1. Uncontended reservations on 1,000 rows, one process",
         impls=(
-            Impl("hand", HAND, op="reserve_hand"),
-            Impl("lockkit", "lockkit", op="reserve_lockkit"),
-            Impl("scope", "lockkit locked() context manager (no retry wrapper)", op="reserve_lockkit_scope"),
-            Impl("pgbench", PGBENCH, script="reserve"),
+            Impl("hand", HAND, op="reserve_hand", trips=5, counted="reserve_hand", server="reserve"),
+            Impl(
+                "lockkit",
+                "lockkit, save()",
+                op="reserve_lockkit",
+                trips=4,
+                counted="reserve_lockkit",
+                server="reserve",
+            ),
+            Impl(
+                "scope",
+                "lockkit locked() context manager, save() (no retry wrapper)",
+                op="reserve_lockkit_scope",
+                trips=4,
+                counted="reserve_lockkit_scope",
+                server="reserve",
+            ),
+            Impl("swc", SWC, op="reserve_swc", trips=3, counted="reserve_swc", server="reserve"),
+            Impl(
+                "swc_scope",
+                SWC_SCOPE,
+                op="reserve_swc_scope",
+                trips=3,
+                counted="reserve_swc_scope",
+                server="reserve",
+            ),
+            Impl(
+                "gupdate",
+                GUARDED_UPDATE,
+                op="reserve_guarded_update",
+                trips=1,
+                counted="reserve_guarded_update",
+                server="hot_guarded",
+            ),
+            Impl("pgbench", PGBENCH, script="reserve", trips=5, server="reserve"),
         ),
         procs=(1,),
         quick_procs=(1,),
@@ -59,8 +104,13 @@ WORKLOADS: tuple[Workload, ...] = (
         pairs=(
             ("lockkit", "hand"),
             ("scope", "hand"),
+            ("swc", "hand"),
+            ("swc_scope", "hand"),
+            ("gupdate", "hand"),
+            ("swc", "lockkit"),
             ("lockkit", "scope"),
             ("lockkit", "pgbench"),
+            ("swc", "pgbench"),
             ("hand", "pgbench"),
         ),
     ),
@@ -68,16 +118,38 @@ WORKLOADS: tuple[Workload, ...] = (
         key="hot",
         title="2. One hot row",
         impls=(
-            Impl("hand", HAND, op="hot_hand"),
-            Impl("lockkit", "lockkit", op="hot_lockkit"),
-            Impl("pgbench", PGBENCH, script="hot"),
+            Impl("hand", HAND, op="hot_hand", trips=5, counted="reserve_hand", held=2, server="hot"),
+            Impl(
+                "lockkit",
+                "lockkit, save()",
+                op="hot_lockkit",
+                trips=4,
+                counted="reserve_lockkit",
+                held=2,
+                server="hot",
+            ),
+            Impl("swc", SWC, op="hot_swc", trips=3, counted="reserve_swc", held=1, server="hot"),
+            Impl(
+                "gupdate",
+                GUARDED_UPDATE,
+                op="hot_guarded_update",
+                trips=1,
+                counted="reserve_guarded_update",
+                held=0,
+                server="hot_guarded",
+            ),
+            Impl("pgbench", PGBENCH, script="hot", trips=5, held=2, server="hot"),
         ),
         procs=(1, 2, 4, 8),
         quick_procs=(1, 4),
         unit="reservations",
         pairs=(
+            ("swc", "hand"),
+            ("gupdate", "hand"),
             ("lockkit", "hand"),
+            ("swc", "lockkit"),
             ("lockkit", "pgbench"),
+            ("swc", "pgbench"),
             ("hand", "pgbench"),
         ),
     ),
@@ -101,28 +173,99 @@ WORKLOADS: tuple[Workload, ...] = (
         key="guarded",
         title="4. Guarded single-statement decrement versus the locked path, hot row",
         impls=(
-            Impl("guarded", "guarded UPDATE (Django .update(), autocommit)", op="hot_guarded"),
-            Impl("lockkit", "lockkit locked path", op="hot_lockkit"),
-            Impl("pgbench", "pgbench guarded UPDATE", script="hot_guarded"),
+            Impl(
+                "guarded",
+                "guarded UPDATE (Django .update(), autocommit)",
+                op="hot_guarded",
+                trips=1,
+                counted="hot_guarded",
+                held=0,
+                server="hot_guarded",
+            ),
+            Impl(
+                "gupdate",
+                GUARDED_UPDATE,
+                op="hot_guarded_update",
+                trips=1,
+                counted="reserve_guarded_update",
+                held=0,
+                server="hot_guarded",
+            ),
+            Impl(
+                "swc",
+                "lockkit locked path, save_with_commit()",
+                op="hot_swc",
+                trips=3,
+                counted="reserve_swc",
+                held=1,
+                server="hot",
+            ),
+            Impl(
+                "lockkit",
+                "lockkit locked path, save()",
+                op="hot_lockkit",
+                trips=4,
+                counted="reserve_lockkit",
+                held=2,
+                server="hot",
+            ),
+            Impl(
+                "pgbench",
+                "pgbench guarded UPDATE",
+                script="hot_guarded",
+                trips=1,
+                held=0,
+                server="hot_guarded",
+            ),
         ),
         procs=(1, 8),
         quick_procs=(8,),
         unit="decrements",
-        pairs=(("guarded", "lockkit"), ("guarded", "pgbench")),
+        pairs=(
+            ("guarded", "lockkit"),
+            ("gupdate", "lockkit"),
+            ("gupdate", "swc"),
+            ("gupdate", "guarded"),
+            ("guarded", "pgbench"),
+            ("gupdate", "pgbench"),
+        ),
     ),
     Workload(
         key="claims",
         title="5. Job claims",
         impls=(
-            Impl("claim1", "lockkit claim_next(limit=1) + complete", op="claim_one"),
+            Impl(
+                "claim1",
+                "lockkit claim_next(limit=1) + complete",
+                op="claim_one",
+                trips=2,
+                counted="claim_one",
+                server="claim_one",
+            ),
             Impl(
                 "claimhand",
                 "hand-written claim loop (atomic + select_for_update(skip_locked) + save, guarded UPDATE)",
                 op="claim_hand",
+                trips=5,
+                counted="claim_hand",
+                server="claim_one",
             ),
-            Impl("batch", "lockkit claim_next(limit=20) + complete_many", op="claim_batch"),
-            Impl("pgbench1", "pgbench claim SQL, limit 1", script="claim_one"),
-            Impl("pgbench20", "pgbench claim SQL, limit 20", script="claim_batch"),
+            Impl(
+                "batch",
+                "lockkit claim_next(limit=20) + complete_many",
+                op="claim_batch",
+                trips=2,
+                counted="claim_batch",
+                server="claim_batch",
+            ),
+            Impl("pgbench1", "pgbench claim SQL, limit 1", script="claim_one", trips=2, server="claim_one"),
+            Impl(
+                "pgbench20",
+                "pgbench claim SQL, limit 20",
+                script="claim_batch",
+                trips=2,
+                server="claim_batch",
+            ),
         ),
         procs=(1, 2, 4, 8),
         quick_procs=(1, 4),

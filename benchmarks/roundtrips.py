@@ -21,9 +21,26 @@ OPERATIONS: dict[str, str] = {
     "reserve_hand": "hand-written reservation (atomic + SET LOCAL + select_for_update().get() + save)",
     "reserve_lockkit": "lockkit reservation, @locked_operation",
     "reserve_lockkit_scope": "lockkit reservation, locked() context manager",
+    "reserve_swc": "lockkit reservation, @locked_operation + scope.save_with_commit()",
+    "reserve_swc_scope": "lockkit reservation, locked() + scope.save_with_commit()",
+    "reserve_guarded_update": "lockkit.guarded_update() (guarded UPDATE ... RETURNING with its transaction)",
+    "hot_guarded": "guarded UPDATE, Django .update() in autocommit",
     "claim_hand": "hand-written claim loop, one job (claim + guarded completion UPDATE)",
     "claim_one": "lockkit claim_next(limit=1) + complete, one job",
     "claim_batch": "lockkit claim_next(limit=20) + complete_many, one batch",
+}
+#: What the model predicts (issue 25): the report prints it next to the count.
+EXPECTED: dict[str, int] = {
+    "reserve_hand": 5,
+    "reserve_lockkit": 4,
+    "reserve_lockkit_scope": 4,
+    "reserve_swc": 3,
+    "reserve_swc_scope": 3,
+    "reserve_guarded_update": 1,
+    "hot_guarded": 1,
+    "claim_hand": 5,
+    "claim_one": 2,
+    "claim_batch": 2,
 }
 COUNT = 20
 _MARK = "lkbench-roundtrips"
@@ -43,7 +60,10 @@ def count() -> dict[str, float] | None:
     with tempfile.TemporaryDirectory(prefix="lkbench-strace-") as tmp:
         trace = Path(tmp) / "trace"
         command = [strace, "-f", "-qq", "-s", "200", "-e", "trace=sendto,write", "-o", str(trace)]
-        command += [sys.executable, "-m", "benchmarks.roundtrips", *OPERATIONS]
+        from benchmarks import ops
+
+        runnable = [name for name in OPERATIONS if ops.missing(name) is None]
+        command += [sys.executable, "-m", "benchmarks.roundtrips", *runnable]
         done = subprocess.run(command, env=os.environ.copy(), capture_output=True, text=True, timeout=300)
         if done.returncode != 0 or not trace.exists():
             return None
@@ -60,6 +80,8 @@ def _parse(text: str) -> dict[str, float]:
             name, edge = word[0], word[1]
             if edge == "start":
                 current, sent = name, 0
+            elif edge == "failed":
+                current = None
             elif current == name:
                 counts[name] = sent / COUNT
                 current = None
@@ -78,11 +100,17 @@ def _child(names: list[str]) -> None:
     marker = os.open(os.devnull, os.O_WRONLY)
     for name in names:
         op = ops.build(name, random.Random(11), 0)
-        for _ in range(3):  # connection, prepared state and caches warm
-            op()
         os.write(marker, f"{_MARK} {name} start".encode())
-        for _ in range(COUNT):
-            op()
+        try:
+            for _ in range(3):  # connection, prepared state and caches warm
+                op()
+            os.write(marker, f"{_MARK} {name} start".encode())
+            for _ in range(COUNT):
+                op()
+        except Exception as exc:  # one operation that cannot run (say, an API this lockkit lacks) is left out
+            print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            os.write(marker, f"{_MARK} {name} failed".encode())
+            continue
         os.write(marker, f"{_MARK} {name} end".encode())
     os.close(marker)
 

@@ -51,7 +51,7 @@ def _child(
                 errors += 1
                 if time.time() >= begin:
                     report.errors[type(exc).__name__] = report.errors.get(type(exc).__name__, 0) + 1
-                if errors > _MAX_ERRORS:
+                if errors > _MAX_ERRORS or time.time() >= end:  # a failing operation never outlives its run
                     break
                 continue
             elapsed = time.perf_counter() - t0
