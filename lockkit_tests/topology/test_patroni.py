@@ -313,7 +313,9 @@ def test_workers_on_a_patroni_cluster_through_switchover_crash_and_a_dead_peer(
         assert INITIAL - available == len(committed)  # each committed reservation took exactly one unit
         assert sorted(delivered) == sorted(acked)  # on_commit exactly once per acknowledged reservation
         # The reservation whose COMMIT waited for the frozen standby died with the leader: unknown, not "done".
-        assert len(unknown - committed) >= 1
+        # Either outcome is then true (WAL already in the socket may reach the standby before its walsender stops,
+        # and the promoted standby has it), and the checks above hold for both.
+        assert len(unknown) >= 1
 
         workers = [t for t in tallies if t.name.startswith("claims")]
         claims = [(t.name, pair) for t in workers for pair in t.claims]
