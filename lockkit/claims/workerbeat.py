@@ -258,6 +258,9 @@ class worker_heartbeat:  # a context manager named like a function, as Django's 
             row = rows.get(pk)
             if row is None:
                 continue
+            newer = row["claim_token"]
+            if row["claimed_by"] == self.worker and newer is not None and newer > token:
+                continue  # ended and claimed again by this worker between the renewal and this read: not lost
             end = self._ends.get(pk)
             ended_in_time = (
                 row["claim_token"] == token
