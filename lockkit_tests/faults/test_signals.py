@@ -175,14 +175,19 @@ def test_a_time_limit_raised_while_commit_is_in_flight_tells_the_outcome_and_the
         scope.on_commit(lambda: callbacks.append("sent"))
     sender.result(JOIN)
     notes = getattr(caught.value, "__notes__", [])
-    if committed:
+    wait_until_gone("default", session)  # the interrupted connection was discarded: its transaction has ended
+    # What the server did, read once the session is gone: lockkit's answer must match it, whichever it was.
+    on_server = list(Stock.objects.values_list("available", flat=True))
+    if not committed:
+        assert on_server == []  # the cancel stopped the COMMIT's trigger: rolled back
+    if on_server:
+        assert on_server == [5]
         assert any("committed before this interrupted its COMMIT" in note for note in notes), notes
         assert callbacks == ["sent"]
-        assert Stock.objects.get().available == 5
     else:
-        assert notes == []
+        # Row 2's trigger survives the cancel, so the server nearly always commits it; once, on a loaded machine
+        # (CI, embedded PostgreSQL 16), it rolled it back instead, and lockkit must then say that nothing committed.
+        assert notes == [], notes
         assert callbacks == []
-        assert not Stock.objects.exists()  # the cancel stopped the COMMIT's trigger: rolled back
-    wait_until_gone("default", session)  # the interrupted connection was discarded
     with lockkit.locked() as scope:  # the next call in the same process works
-        assert scope.lock(Stock).count() == int(committed)
+        assert scope.lock(Stock).count() == len(on_server)
