@@ -23,8 +23,7 @@ from lockkit.aio import awaitable
 from lockkit.backends import claims_sql_for
 from lockkit.backends.sql.claims import CLAIM_COLUMNS
 from lockkit.claims import inputs, runner
-from lockkit.claims.stale import stale_reason
-from lockkit.claims.value import Claim, Claimed, instances
+from lockkit.claims.value import Claim, Claimed, instances, stale_reason
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, StaleClaim
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.scope import current_scope

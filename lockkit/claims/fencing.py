@@ -14,8 +14,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from lockkit.backends import claims_sql_for
 from lockkit.claims import inputs
-from lockkit.claims.stale import stale_reason
-from lockkit.claims.value import Claim
+from lockkit.claims.value import Claim, stale_reason
 from lockkit.errors import StaleClaim
 from lockkit.scopes import unlocked
 from lockkit.scopes.scope import LockScope, locked

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from lockkit.claims import inputs
-from lockkit.claims._beatthread import BeatThread
+from lockkit.claims.beat import BeatThread
 from lockkit.claims.renewal import renew_held
 from lockkit.claims.value import Claim
 from lockkit.validation import duration
