@@ -22,6 +22,35 @@ class Owner(models.Model):
     name = models.CharField(max_length=40)
 
 
+class StockProxy(Stock):
+    """A proxy: ``save()`` signals name it as their sender."""
+
+    class Meta:
+        proxy = True
+
+
+class AuditedStock(Stock):
+    """A proxy that overrides ``save()``: ``save_with_commit()`` must run it."""
+
+    saves = 0
+
+    class Meta:
+        proxy = True
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        type(self).saves += 1
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+
+class StampedStock(models.Model):
+    """A field whose ``pre_save`` sets its value (``auto_now``) and a nullable foreign key."""
+
+    sku = models.CharField(max_length=40, primary_key=True)
+    available = models.IntegerField()
+    touched = models.DateTimeField(auto_now=True)
+    owner = models.ForeignKey(Owner, null=True, on_delete=models.SET_NULL)
+
+
 class Item(models.Model):
     """A row with a nullable foreign key, for ``select_related`` with ``FOR UPDATE``."""
 

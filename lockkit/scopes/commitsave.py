@@ -6,7 +6,9 @@
 every statement on the alias with ``StatementAfterCommit`` before it is sent, until the scope ends. Where the
 backend cannot (or the scope does not own the outermost transaction, or the model has multi-table parents, whose
 save is several ``UPDATE``s) it is a plain ``save()`` with the same last-statement rule, and the scope commits at
-its end. See https://docs.djangoproject.com/en/stable/topics/db/instrumentation/ and
+its end. On the one-message path, a model whose ``save()`` is one plain ``UPDATE`` (``rowupdate.Plan``) is saved
+from its compiled statement, with ``pre_save``/``post_save`` sent here as ``save()`` sends them, so Django's update
+compiler does not run inside the row lock's hold. See https://docs.djangoproject.com/en/stable/topics/db/instrumentation/ and
 https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT.
 """
 
@@ -17,8 +19,10 @@ from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, models
+from django.db.models import signals as model_signals
 
 from lockkit import cancellation
+from lockkit.backends.sql import rowupdate
 from lockkit.errors import ConnectionLost, RowNotLocked, StatementAfterCommit
 from lockkit.scopes import unlocked
 
@@ -52,6 +56,8 @@ class Final:
 
     Attributes:
         sent: The ``UPDATE`` has been handed to the driver together with the ``COMMIT``.
+        done: The driver returned from it: the transaction committed.
+        exact: The compiled statement to send with the ``COMMIT`` (``None``: the first ``UPDATE`` of the table).
     """
 
     def __init__(
@@ -63,6 +69,8 @@ class Final:
         self._render = render
         self.saving = True
         self.sent = False
+        self.done = False
+        self.exact: str | None = None
         self.statements = 0
 
     def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -71,12 +79,20 @@ class Final:
             raise StatementAfterCommit(self._refusal(sql), alias=self._alias)
         self.statements += 1
         prefix, render = self._prefix, self._render
-        if prefix is None or render is None or many or not isinstance(sql, str) or not sql.startswith(prefix):
+        if (
+            prefix is None
+            or render is None
+            or many
+            or not isinstance(sql, str)
+            or not (sql is self.exact if self.exact is not None else sql.startswith(prefix))
+        ):
             return execute(sql, params, many, context)  # a pre_save receiver's statement, or a plain save
         self._prefix = None  # one UPDATE only
         text, bound = render(sql, params)
         self.sent = True
-        return execute(text, bound, many, context)
+        result = execute(text, bound, many, context)
+        self.done = True
+        return result
 
     def _refusal(self, sql: object) -> str:
         head = sql.split(None, 1)[0].upper() if isinstance(sql, str) and sql.strip() else "a statement"
@@ -144,7 +160,12 @@ def save(
     backend = transaction_.backend
     prefix: str | None = None
     render: Callable[[str, Any], tuple[str, Any]] | None = None
-    if not transaction_.nested and not model._meta.parents and backend.commit_in_message_possible(connection):
+    concrete = model._meta.concrete_model or model  # a proxy's parents are its concrete model: one table
+    if (
+        not transaction_.nested
+        and not concrete._meta.parents
+        and backend.commit_in_message_possible(connection)
+    ):
         table = connection.ops.quote_name(model._meta.db_table)
         prefix = f"UPDATE {table} SET "
 
@@ -158,14 +179,23 @@ def save(
         raise cancellation.CallCancelled(
             f"the awaiting caller was cancelled before save_with_commit() on {scope_alias!r}"
         )
+    plan = rowupdate.plan_for(model, scope_alias, update_fields) if prefix is not None else None
+    if plan is not None and (instance._state.db != scope_alias or not plan.plain(instance)):
+        plan = None
     final = Final(scope_alias, prefix, render)
     stack.enter_context(connection.execute_wrapper(final))
     callbacks = transaction_.pending_callbacks() if prefix is not None else []
     try:
         with transaction_.translating:
-            instance.save(using=scope_alias, update_fields=update_fields)
+            if plan is None:
+                instance.save(using=scope_alias, update_fields=update_fields)
+            else:
+                _save_planned(scope_alias, plan, instance, final)
     except DatabaseError as error:
         final.saving = False
+        if final.done:  # UPDATE; COMMIT returned: committed, whatever a receiver raised after it
+            transaction_.committed_in_message = True
+            raise
         if final.sent and isinstance(error, ConnectionLost):
             transaction_.resolve_in_message(error, callbacks)  # returns only when it committed
             return
@@ -173,9 +203,56 @@ def save(
         raise
     except BaseException:
         final.saving = False
-        if not final.statements:
+        if final.done:
+            transaction_.committed_in_message = True
+        elif not final.statements:
             stack.close()
             stack.used = False
         raise
     final.saving = False
     transaction_.committed_in_message = final.sent
+
+
+def _save_planned(alias: str, plan: rowupdate.Plan, instance: models.Model, final: Final) -> None:
+    """``instance.save(update_fields=...)`` from ``plan``: the signals as ``save()`` sends them, one ``UPDATE``.
+
+    A value that is an expression is left to Django (``save()`` before ``pre_save``; after it, when a receiver set
+    one, the queryset's ``update()`` of the same fields).
+
+    Raises:
+        DatabaseError: the ``UPDATE`` matched no row (as ``save(update_fields=...)`` raises); the transaction had
+            committed with it.
+    """
+    if any(hasattr(instance.__dict__.get(f.attname), "resolve_expression") for f in plan.fields):
+        instance.save(using=alias, update_fields=plan.update_fields)
+        return
+    origin = type(instance)
+    final.exact = plan.sql
+    model_signals.pre_save.send(
+        sender=origin, instance=instance, raw=False, using=alias, update_fields=plan.update_fields
+    )
+    params = plan.params(instance, alias)
+    if params is None:  # a pre_save receiver set an expression: Django compiles it
+        final.exact = None
+        updated = (
+            origin._base_manager.using(alias)
+            .filter(pk=instance.pk)
+            .update(**{f.attname: f.pre_save(instance, False) for f in plan.fields})
+        )
+    else:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(plan.sql, params)
+            updated = cursor.rowcount
+    if not updated:
+        raise DatabaseError(
+            f"save_with_commit() of {origin._meta.label} pk={instance.pk!r} did not affect any rows (as "
+            "save(update_fields=...) says: the row was deleted in this scope); the transaction committed without it"
+        )
+    model_signals.post_save.send(
+        sender=origin,
+        instance=instance,
+        created=False,
+        update_fields=plan.update_fields,
+        raw=False,
+        using=alias,
+    )

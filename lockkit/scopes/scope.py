@@ -24,7 +24,7 @@ from lockkit import events, signals
 from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
-from lockkit.backends.sql import relations
+from lockkit.backends.sql import relations, rowselect
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import Failure, LockError, NotInLockedScope, StatementAfterCommit
@@ -272,6 +272,10 @@ class LockScope:
             LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
                 and the scope's block is marked for rollback (see ``lock_all``).
         """
+        if not args and isinstance(target, type) and not signals.lock_acquired.receivers:
+            row = self._get_compiled(target, lookups)
+            if row is not None:
+                return row
         queryset = _filtered(self._locking(target), "lookups", *args, **lookups)
         with self._evaluating():
             if not signals.lock_acquired.receivers:
@@ -279,6 +283,50 @@ class LockScope:
             else:
                 row = events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
         self._locked.add(commitsave.row_of(queryset.model, row.pk))
+        return row
+
+    def _get_compiled(self, model: type[M], lookups: dict[str, Any]) -> M | None:
+        """``get(Model, pk=value)`` from the statement compiled the first time (``rowselect``), or ``None``.
+
+        The first call of a (model, alias, lock options) runs Django's queryset and keeps its statement; later ones
+        send it with the prepared value and build the instance with ``Model.from_db``. ``None``: not this case.
+        """
+        if not issubclass(model, models.Model):
+            return None
+        value = rowselect.eligible(model, lookups)
+        if value is None:
+            return None
+        self._check_active()
+        key = (model, self.alias, tuple(sorted(self._sfu_kwargs.items())))
+        found = rowselect.select_for(key)
+        if found is None or (
+            found is False and (_parent_links(model) or relations.is_qualified(model, self.alias))
+        ):
+            return None
+        aliases.check_routed(model, self.alias, "target")
+        try:
+            prepared = rowselect.prepared(model, self.alias, value)
+        except ArithmeticError as exc:  # as _filtered: OverflowError, decimal.InvalidOperation
+            raise ValueError(f"lookups: {exc}") from None
+        if (
+            found is False
+        ):  # the first call: Django compiles it, and the statement is kept if it is the plain one
+            queryset = self._locking(model).filter(pk=value).order_by()
+            with self._evaluating():
+                compiler = queryset.query.get_compiler(using=self.alias)
+                sql, params = compiler.as_sql()
+            found = rowselect.keep(key, model, sql, params, prepared, compiler)
+            if found is None:
+                return None
+        with self._evaluating(), connections[self.alias].cursor() as cursor:
+            cursor.execute(found.sql, (prepared,))
+            rows = cursor.fetchall()
+        if not rows:
+            raise model.DoesNotExist(  # type: ignore[attr-defined]
+                f"{model._meta.object_name} matching query does not exist."
+            )
+        row = model.from_db(self.alias, found.attnames, rows[0])
+        self._locked.add(commitsave.row_of(model, row.pk))
         return row
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:

@@ -275,6 +275,7 @@ class ScopeTransaction:
         after_commit: list[Callback] = []
         if exc is not None and self.committed_in_message:
             after_commit = self.pending_callbacks()
+            self.committed = True  # a locked_operation never runs the attempt again
             exc.add_note(
                 f"lockkit: save_with_commit() had already committed the transaction on {self.alias!r}; this error "
                 "was raised after the commit: the work is committed and the scope's on_commit callbacks ran"
