@@ -190,7 +190,7 @@ def save(
             if plan is None:
                 instance.save(using=scope_alias, update_fields=update_fields)
             else:
-                _save_planned(scope_alias, plan, instance, final)
+                _save_planned(scope_alias, connection, plan, instance, final)
     except DatabaseError as error:
         final.saving = False
         if final.done:  # UPDATE; COMMIT returned: committed, whatever a receiver raised after it
@@ -213,7 +213,9 @@ def save(
     transaction_.committed_in_message = final.sent
 
 
-def _save_planned(alias: str, plan: rowupdate.Plan, instance: models.Model, final: Final) -> None:
+def _save_planned(
+    alias: str, connection: Any, plan: rowupdate.Plan, instance: models.Model, final: Final
+) -> None:
     """``instance.save(update_fields=...)`` from ``plan``: the signals as ``save()`` sends them, one ``UPDATE``.
 
     A value that is an expression is left to Django (``save()`` before ``pre_save``; after it, when a receiver set
@@ -231,7 +233,7 @@ def _save_planned(alias: str, plan: rowupdate.Plan, instance: models.Model, fina
     model_signals.pre_save.send(
         sender=origin, instance=instance, raw=False, using=alias, update_fields=plan.update_fields
     )
-    params = plan.params(instance, alias)
+    params = plan.params(instance, connection)
     if params is None:  # a pre_save receiver set an expression: Django compiles it
         final.exact = None
         updated = (
@@ -240,7 +242,7 @@ def _save_planned(alias: str, plan: rowupdate.Plan, instance: models.Model, fina
             .update(**{f.attname: f.pre_save(instance, False) for f in plan.fields})
         )
     else:
-        with connections[alias].cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(plan.sql, params)
             updated = cursor.rowcount
     if not updated:

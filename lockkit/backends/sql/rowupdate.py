@@ -17,9 +17,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 _MAX_PLANS = 512
 _NOT_PLANNED = object()
@@ -53,13 +56,12 @@ class Plan:
             return False
         return not any(f.is_cached(instance) for f in self.relations)  # type: ignore[attr-defined]
 
-    def params(self, instance: models.Model, alias: str) -> list[Any] | None:
+    def params(self, instance: models.Model, connection: BaseDatabaseWrapper) -> list[Any] | None:
         """The statement's parameters for ``instance``, prepared as Django's ``save()`` prepares them.
 
         ``None`` when a value is an expression (``F()``, a subquery...), which Django compiles into the text: the
         caller then saves through Django. ``field.pre_save`` runs here, as in ``save()`` after ``pre_save``.
         """
-        connection = connections[alias]
         values: list[Any] = []
         for field in self.fields:
             value = field.pre_save(instance, False)
