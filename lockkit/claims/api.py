@@ -531,16 +531,23 @@ acomplete_many = awaitable(complete_many)
 
 
 def release(
-    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: Duration | None = FROM_SETTINGS
+    claim: Claim,
+    *,
+    set: dict[str, Any] | None = None,
+    attempted: bool = True,
+    lock_timeout: Duration | None = FROM_SETTINGS,
 ) -> None:
     """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in one fenced statement.
 
     The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
-    keeps counting.
+    keeps counting, unless ``attempted=False``.
 
     Args:
         claim: The claim to end.
         set: Fields to write with the release (values or expressions); ``None`` for none.
+        attempted: ``False`` for a job given back without being started (a worker stopping with claimed jobs
+            it never ran): the same statement takes the claim's attempt back (``attempts = attempts - 1``), so a
+            job given back again and again never reaches a ``max_attempts``.
         lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
             ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
 
@@ -549,8 +556,10 @@ def release(
             field that cannot be set or a value its column cannot store.
         StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
     """
+    if not isinstance(attempted, bool):
+        raise TypeError(f"attempted must be a bool, not {type(attempted).__name__}")
     # Validated once (release_many would check it again).
-    _end((inputs.claim(claim),), set, lock_timeout, signals.claim_released)
+    _end((inputs.claim(claim),), set, lock_timeout, signals.claim_released, attempted=attempted)
 
 
 arelease = awaitable(release)
@@ -581,7 +590,14 @@ def release_many(
 arelease_many = awaitable(release_many)
 
 
-def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout: Any, signal: Any) -> None:
+def _end(
+    claims: tuple[Claim, ...],
+    values: dict[str, Any] | None,
+    lock_timeout: Any,
+    signal: Any,
+    *,
+    attempted: bool = True,
+) -> None:
     """End claims: the one implementation of ``complete_many`` and ``release_many``.
 
     Completing and releasing write the same thing (the claim ends: ``lease_expires_at = NULL``, plus the
@@ -593,9 +609,14 @@ def _end(claims: tuple[Claim, ...], values: dict[str, Any] | None, lock_timeout:
         return  # no model to check the field names against, and nothing to write
     model = claims[0].model
     alias = claims[0].alias
-    _fenced_update(
-        claims, {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)}, lock_timeout
-    )
+    assignments = {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)}
+    if not attempted:
+        if "attempts" in assignments:
+            raise ValueError(
+                "set must not name attempts with attempted=False (the release takes the attempt back)"
+            )
+        assignments["attempts"] = F("attempts") - 1
+    _fenced_update(claims, assignments, lock_timeout)
     events.claims_event(signal, Claim, claims)
 
 

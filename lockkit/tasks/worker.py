@@ -587,7 +587,7 @@ class Worker:
                 return
             values = {"status": TaskResultStatus.READY, "worker_log": _log(row.worker_ids[:-1])}
             try:
-                release(claim, set=values)
+                release(claim, set=values, attempted=False)
                 self.stats.given_back += 1
             except (StaleClaim, DatabaseError) as failure:
                 logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)

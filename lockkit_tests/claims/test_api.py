@@ -225,6 +225,30 @@ def test_release_many_frees_rows() -> None:
     assert [c.attempt for c in claim_next(PENDING, worker="w", lease=30, limit=3)] == [2, 2, 2]
 
 
+def test_release_not_attempted_takes_the_attempt_back_in_the_fenced_statement() -> None:
+    (job,) = make_jobs(1)
+    for _ in range(3):  # given back unstarted again and again: never more than one attempt counted
+        (c,) = claim_next(PENDING, worker="w", lease=30, set={"state": "running"})
+        assert c.attempt == 1
+        with CaptureQueriesContext(connection) as queries:
+            release(c, set={"state": "pending"}, attempted=False)
+        assert len(claims_statements(queries)) == 1
+        row = snapshot(job.pk)
+        assert (row["state"], row["lease_expires_at"], row["attempts"]) == ("pending", None, 0)
+        with pytest.raises(StaleClaim):  # fenced: the ended claim takes nothing back twice
+            release(c, attempted=False)
+        assert snapshot(job.pk) == row
+    (c,) = claim_next(PENDING, worker="w", lease=30)
+    with CaptureQueriesContext(connection) as queries:
+        with pytest.raises(TypeError, match="attempted must be a bool, not str"):
+            release(c, attempted="no")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="attempts"):
+            release(c, set={"attempts": 5}, attempted=False)
+    assert queries.captured_queries == []  # refused before any SQL
+    release(c)  # the default keeps the attempt counted
+    assert snapshot(job.pk)["attempts"] == 1
+
+
 def test_complete_inside_the_callers_transaction_rolls_back_with_it() -> None:
     (job,) = make_jobs(1)
     (c,) = claim_next(PENDING, worker="w", lease=30)

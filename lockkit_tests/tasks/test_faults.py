@@ -137,6 +137,7 @@ def test_sigterm_finishes_the_running_task_gives_back_the_others_and_exits_0(
             result.refresh()
             assert result.status == TaskResultStatus.READY
             assert result.worker_ids == []  # given back: no attempt counted
+            assert QueuedTask.objects.using(alias).get(pk=result.id).attempts == 0  # nor by lockkit.claims
         assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
         assert "3 given back" in output
 

@@ -7,6 +7,8 @@ its own threads and connections), against PostgreSQL, MariaDB and SQLite.
 
 from __future__ import annotations
 
+import re
+import threading
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -14,8 +16,10 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections
 from django.tasks import TaskResultStatus
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from lockkit.claims import claim_next, complete
@@ -217,9 +221,11 @@ def test_command_options_checked(alias: str) -> None:
             call_command("lockkit_worker", "--backend", "missing", "--burst")
         with pytest.raises(CommandError, match="queues must name queues of backend 'default'"):
             call_command("lockkit_worker", "--queue", "nope", "--burst")
-        with pytest.raises(CommandError, match="concurrency must be at least 1"):
+        with pytest.raises(CommandError, match="--concurrency must be a whole number from 1 to 256, got '0'"):
             call_command("lockkit_worker", "--concurrency", "0", "--burst")
-        with pytest.raises(CommandError, match="lease must be at least 1 second"):
+        with pytest.raises(
+            CommandError, match=re.escape("--lease must be a number from 1 to 86400, got '0.1'")
+        ):
             call_command("lockkit_worker", "--lease", "0.1", "--burst")
         with pytest.raises(CommandError, match="worker_id must be 1 to 255 characters"):
             call_command("lockkit_worker", "--worker-id", "x" * 256, "--burst")
@@ -229,6 +235,60 @@ def test_command_options_checked(alias: str) -> None:
         pytest.raises(CommandError, match=r"not lockkit\.tasks\.DatabaseBackend"),
     ):
         call_command("lockkit_worker", "--burst")
+
+
+@pytest.mark.parametrize(
+    ("argv", "kwargs", "message"),
+    [
+        (["--concurrency", "257"], {}, r"--concurrency must be a whole number from 1 to 256, got '257'"),
+        (["--concurrency", "four"], {}, r"--concurrency must be a whole number from 1 to 256, got 'four'"),
+        (["--concurrency", "1.5"], {}, r"--concurrency must be a whole number from 1 to 256, got '1.5'"),
+        ([], {"concurrency": 0}, r"--concurrency must be a whole number from 1 to 256, got 0"),
+        ([], {"concurrency": 2.5}, r"--concurrency must be a whole number from 1 to 256, got 2.5"),
+        (["--batch", "0"], {}, r"--batch must be a whole number from 1 to 1000, got '0'"),
+        (["--batch", "1001"], {}, r"--batch must be a whole number from 1 to 1000, got '1001'"),
+        (["--batch", "-3"], {}, r"--batch must be a whole number from 1 to 1000, got '-3'"),
+        ([], {"batch": "many"}, r"--batch must be a whole number from 1 to 1000, got 'many'"),
+        (["--lease", "86401"], {}, r"--lease must be a number from 1 to 86400, got '86401'"),
+        (["--lease", "nan"], {}, r"--lease must be a number from 1 to 86400, got 'nan'"),
+        (["--lease", "inf"], {}, r"--lease must be a number from 1 to 86400, got 'inf'"),
+        (["--lease", "soon"], {}, r"--lease must be a number from 1 to 86400, got 'soon'"),
+        ([], {"lease": 0}, r"--lease must be a number from 1 to 86400, got 0"),
+    ],
+)
+def test_command_numeric_options_bounded_before_sql_and_threads(
+    alias: str, argv: list[str], kwargs: dict[str, Any], message: str
+) -> None:
+    """Out of range or not a number: a CommandError naming the option and its range; no SQL, no thread."""
+    with override_settings(TASKS=tasks_setting(alias)):
+        jobs.noop_task.enqueue()
+        threads = threading.active_count()
+        with CaptureQueriesContext(connections[alias]) as queries:
+            with pytest.raises(CommandError, match=re.escape(message)):
+                call_command("lockkit_worker", *argv, "--burst", **kwargs)
+        assert len(queries) == 0, [query["sql"] for query in queries]
+        assert threading.active_count() == threads
+        assert [row.status for row in rows(alias)] == [TaskResultStatus.READY]  # nothing claimed
+
+
+def test_command_numeric_options_at_their_bounds_run(alias: str) -> None:
+    with override_settings(TASKS=tasks_setting(alias)):
+        jobs.noop_task.enqueue()
+        out = StringIO()
+        call_command(
+            "lockkit_worker",
+            "--burst",
+            "--concurrency",
+            "1",
+            "--batch",
+            "1000",
+            "--lease",
+            "86400",
+            "--worker-id",
+            "edges",
+            stdout=out,
+        )
+        assert "worker edges: 1 succeeded, 0 failed" in out.getvalue()
 
 
 def test_command_burst(alias: str) -> None:

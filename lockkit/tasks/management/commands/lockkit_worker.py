@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 from types import FrameType
@@ -16,6 +17,44 @@ from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.worker import Worker
 
 logger = logging.getLogger("lockkit.tasks.worker")
+
+#: The allowed range of each numeric option: (lowest, highest, whether a fraction is allowed). See docs/tasks.md.
+BOUNDS: dict[str, tuple[int, int, bool]] = {
+    "concurrency": (1, 256, False),
+    "batch": (1, 1000, False),
+    "lease": (1, 86400, True),
+}
+
+
+def bounded(name: str, value: object) -> int | float:
+    """``value`` of option ``--name`` as a number within its ``BOUNDS``.
+
+    Args:
+        name: The option's name without its dashes (a key of ``BOUNDS``).
+        value: What was given: a string from the command line, or a number from ``call_command``.
+
+    Returns:
+        The number (an ``int`` unless the option allows fractions).
+
+    Raises:
+        CommandError: ``value`` is not a number, not a whole number where one is required, or out of range; the
+            message names the option and its range.
+    """
+    low, high, fraction = BOUNDS[name]
+    kind = "a number" if fraction else "a whole number"
+    allowed = f"--{name} must be {kind} from {low} to {high}"
+    number: int | float
+    try:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(value)
+        if not fraction and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        number = float(value) if fraction else int(value)
+    except (TypeError, ValueError):
+        raise CommandError(f"{allowed}, got {value!r}") from None
+    if not math.isfinite(number) or not low <= number <= high:
+        raise CommandError(f"{allowed}, got {value!r}")
+    return number
 
 
 class Command(BaseCommand):
@@ -46,14 +85,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no task is ready and none is running."
         )
+        # Numbers are checked in handle(), so that call_command(..., concurrency=0) is checked too.
         parser.add_argument(
-            "--concurrency", type=int, default=1, help="Tasks run at once (threads; default 1)."
+            "--concurrency", default=1, help="Tasks run at once (threads; 1 to 256, default 1)."
         )
         parser.add_argument(
-            "--batch", type=int, default=None, help="Tasks claimed per statement (default: --concurrency)."
+            "--batch", default=None, help="Tasks claimed per statement (1 to 1000; default: --concurrency)."
         )
         parser.add_argument(
-            "--lease", type=float, default=None, help="Seconds a claim lasts (default: OPTIONS['lease'])."
+            "--lease",
+            default=None,
+            help="Seconds a claim lasts (1 to 86400; default: OPTIONS['lease']).",
         )
         parser.add_argument("--worker-id", default=None, help="The worker's name (default: host-pid-random).")
 
@@ -61,8 +103,12 @@ class Command(BaseCommand):
         """Run the worker until stopped.
 
         Raises:
-            CommandError: an unknown backend, a backend that is not lockkit's, or a bad option.
+            CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (a numeric option
+                out of its ``BOUNDS`` is refused before any SQL and before any thread starts).
         """
+        concurrency = int(bounded("concurrency", options["concurrency"]))
+        batch = None if options["batch"] is None else int(bounded("batch", options["batch"]))
+        lease = None if options["lease"] is None else float(bounded("lease", options["lease"]))
         try:
             backend = task_backends[options["backend"]]
         except InvalidTaskBackend as error:
@@ -77,9 +123,9 @@ class Command(BaseCommand):
             worker = Worker(
                 backend,
                 queues=queues,
-                concurrency=options["concurrency"],
-                batch=options["batch"],
-                lease=options["lease"],
+                concurrency=concurrency,
+                batch=batch,
+                lease=lease,
                 burst=options["burst"],
                 worker_id=options["worker_id"],
             )
