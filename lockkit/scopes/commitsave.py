@@ -146,8 +146,11 @@ def save(
     instance: models.Model,
     update_fields: Iterable[str] | None,
     stack: Ending,
+    cursor: Any = None,
 ) -> None:
     """Save ``instance`` (``check`` passed) as the scope's last statement, its wrapper entered on ``stack``.
+
+    ``cursor``: a Django cursor of the scope's alias to send a compiled ``UPDATE`` on (``None``: one is opened).
 
     When the save raised before any statement was sent (Django refused ``update_fields``), the wrapper is removed
     again: nothing happened, and the scope may still save.
@@ -190,7 +193,7 @@ def save(
             if plan is None:
                 instance.save(using=scope_alias, update_fields=update_fields)
             else:
-                _save_planned(scope_alias, connection, plan, instance, final)
+                _save_planned(scope_alias, connection, plan, instance, final, cursor)
     except DatabaseError as error:
         final.saving = False
         if final.done:  # UPDATE; COMMIT returned: committed, whatever a receiver raised after it
@@ -214,7 +217,7 @@ def save(
 
 
 def _save_planned(
-    alias: str, connection: Any, plan: rowupdate.Plan, instance: models.Model, final: Final
+    alias: str, connection: Any, plan: rowupdate.Plan, instance: models.Model, final: Final, cursor: Any
 ) -> None:
     """``instance.save(update_fields=...)`` from ``plan``: the signals as ``save()`` sends them, one ``UPDATE``.
 
@@ -242,9 +245,9 @@ def _save_planned(
             .update(**{f.attname: f.pre_save(instance, False) for f in plan.fields})
         )
     else:
-        with connection.cursor() as cursor:
-            cursor.execute(plan.sql, params)
-            updated = cursor.rowcount
+        with contextlib.nullcontext(cursor) if cursor is not None else connection.cursor() as sending:
+            sending.execute(plan.sql, params)
+            updated = sending.rowcount
     if not updated:
         raise DatabaseError(
             f"save_with_commit() of {origin._meta.label} pk={instance.pk!r} did not affect any rows (as "

@@ -173,6 +173,9 @@ class LockScope:
         # when the scope ends.
         self._locked: set[commitsave.Row] = set()
         self._final: commitsave.Ending | None = None
+        # The Django cursor of get()'s compiled SELECT, kept for save_with_commit(): opened before the row is
+        # locked, so the save does not open one inside the lock's hold. Closed when the scope ends.
+        self._cursor: Any = None
 
     def __repr__(self) -> str:
         """Show the alias, the attempt and whether the scope is nested."""
@@ -318,9 +321,11 @@ class LockScope:
             found = rowselect.keep(key, model, sql, params, prepared, compiler)
             if found is None:
                 return None
-        with self._evaluating(), connections[self.alias].cursor() as cursor:
-            cursor.execute(found.sql, (prepared,))
-            rows = cursor.fetchall()
+        with self._evaluating():
+            if self._cursor is None:
+                self._cursor = connections[self.alias].cursor()
+            self._cursor.execute(found.sql, (prepared,))
+            rows = self._cursor.fetchall()
         if not rows:
             raise model.DoesNotExist(  # type: ignore[attr-defined]
                 f"{model._meta.object_name} matching query does not exist."
@@ -611,7 +616,7 @@ class LockScope:
         )
         self._final = stack = commitsave.Ending()
         try:
-            commitsave.save(self.alias, self._transaction, instance, update_fields, stack)
+            commitsave.save(self.alias, self._transaction, instance, update_fields, stack, self._cursor)
         except BaseException:
             if not stack.used:
                 self._final = (
@@ -776,6 +781,10 @@ class ScopeBlock:
         scope._active = False
         if scope._final is not None:
             scope._final.close()  # before the commit: on_commit callbacks may query again
+        if scope._cursor is not None:
+            cursor, scope._cursor = scope._cursor, None
+            with contextlib.suppress(Exception):  # a lost connection's cursor: nothing to give back
+                cursor.close()
         if scope._watch is not None:
             scope._watch.stop()
         enclosing = tuple(block for block in _scopes.get() if block is not self)
