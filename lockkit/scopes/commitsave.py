@@ -225,8 +225,8 @@ def _save_planned(
     one, the queryset's ``update()`` of the same fields).
 
     Raises:
-        DatabaseError: the ``UPDATE`` matched no row (as ``save(update_fields=...)`` raises); the transaction had
-            committed with it.
+        DatabaseError: the ``UPDATE`` matched no row (``Model.NotUpdated`` on Django 6, as ``save(update_fields=...)``
+            raises); the transaction had committed with it.
     """
     if any(hasattr(instance.__dict__.get(f.attname), "resolve_expression") for f in plan.fields):
         instance.save(using=alias, update_fields=plan.update_fields)
@@ -249,7 +249,9 @@ def _save_planned(
             sending.execute(plan.sql, params)
             updated = sending.rowcount
     if not updated:
-        raise DatabaseError(
+        # Django 6's save() raises the model's NotUpdated (a DatabaseError) here; 5.2 a plain DatabaseError.
+        not_updated: type[DatabaseError] = getattr(origin, "NotUpdated", DatabaseError)
+        raise not_updated(
             f"save_with_commit() of {origin._meta.label} pk={instance.pk!r} did not affect any rows (as "
             "save(update_fields=...) says: the row was deleted in this scope); the transaction committed without it"
         )

@@ -564,10 +564,13 @@ class LockScope:
 
         The row lock is then held for one round trip after the locking ``SELECT`` instead of two (``UPDATE``, then
         ``COMMIT``): a reservation is three round trips in all (the opening, the locking ``SELECT``, ``UPDATE ...;
-        COMMIT``). ``instance.save(using=scope.alias, update_fields=update_fields)`` runs as usual (Django checks
-        ``update_fields``, ``pre_save`` and ``post_save`` are sent); on PostgreSQL (psycopg 3) in a scope that owns
+        COMMIT``). It does what ``instance.save(using=scope.alias, update_fields=update_fields)`` does (Django's
+        ``update_fields`` check, ``pre_save`` and ``post_save``); on PostgreSQL (psycopg 3) in a scope that owns
         the outermost transaction, its ``UPDATE`` is rendered with its values bound client-side by psycopg and
-        sent with ``; COMMIT`` as one simple-query message. The server stops at the first error, so a failed
+        sent with ``; COMMIT`` as one simple-query message. There, a model whose ``save()`` is one plain
+        ``UPDATE`` is saved from a statement compiled once per model, alias and fields, lockkit sending the
+        signals with ``save()``'s arguments (an overridden ``save()``, expressions, deferred fields, cached related
+        objects and other cases run ``instance.save()`` itself; see docs/usage.md). The server stops at the first error, so a failed
         ``UPDATE`` commits nothing. Everywhere else (a nested scope, a scope inside ``atomic()``, MariaDB/MySQL,
         SQLite, psycopg2, a multi-table-inheritance model) it is a plain ``save()`` and the scope commits at its
         end. On every backend it is the scope's last statement: any later statement on the alias in the scope
@@ -595,6 +598,8 @@ class LockScope:
             NotInLockedScope: the scope is not active in this thread or task.
             ValueError: ``update_fields`` names a field the model does not have (Django's own check), before any
                 SQL.
+            django.db.DatabaseError: the ``UPDATE`` matched no row (the scope deleted it; ``Model.NotUpdated`` on
+                Django 6); the transaction committed without it, and the error says so.
             django.db.IntegrityError: the ``UPDATE`` violated a constraint (the database's own error); nothing
                 committed, and the scope rolls back.
             LockError: the ``UPDATE`` failed as a classified error (``LockTimeout``, ``DeadlockDetected``,
