@@ -158,6 +158,9 @@ def save(
     Raises:
         As ``LockScope.save_with_commit``.
     """
+    if update_fields is not None and not isinstance(update_fields, str | Collection):
+        with contextlib.suppress(TypeError):  # not iterable: Django's save() raises its own error
+            update_fields = tuple(update_fields)  # a generator is read once, here, for both paths
     model = type(instance)
     connection = connections[scope_alias]
     backend = transaction_.backend

@@ -107,6 +107,17 @@ def test_a_proxy_is_saved_in_the_message_from_the_compiled_statement() -> None:
 
 
 @pg
+@pytest.mark.parametrize("model", [Stock, AuditedStock])
+def test_update_fields_given_as_a_generator_is_read_once(model: type[Stock]) -> None:
+    Stock.objects.create(sku="widget", available=5)
+    with lockkit.locked() as scope:
+        stock = scope.get(model, pk="widget")
+        stock.available = 2
+        scope.save_with_commit(stock, update_fields=(name for name in ["available"]))
+    assert Stock.objects.get(pk="widget").available == 2
+
+
+@pg
 def test_an_overridden_save_is_run() -> None:
     Stock.objects.create(sku="widget", available=5)
     before = AuditedStock.saves
