@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
+from contextlib import AbstractContextManager, contextmanager
+from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -34,13 +34,13 @@ _SELECT_AS_SQL = SQLCompiler.as_sql.__code__
 
 
 @contextmanager
-def update_compilations() -> Iterator[list[int]]:
-    """Count the calls of Django's ``SQLUpdateCompiler.as_sql`` in the block (a profiler hook, read-only)."""
+def calls_of(code: CodeType) -> Iterator[list[int]]:
+    """Count the calls of the function whose code is ``code`` in the block (a profiler hook, read-only)."""
     counted = [0]
     previous = sys.getprofile()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is _AS_SQL:
+        if event == "call" and frame.f_code is code:
             counted[0] += 1
 
     sys.setprofile(profile)
@@ -48,6 +48,11 @@ def update_compilations() -> Iterator[list[int]]:
         yield counted
     finally:
         sys.setprofile(previous)
+
+
+def update_compilations() -> AbstractContextManager[list[int]]:
+    """Count the calls of Django's ``SQLUpdateCompiler.as_sql`` in the block."""
+    return calls_of(_AS_SQL)
 
 
 @contextmanager
@@ -316,21 +321,9 @@ def test_plans_are_refused_for_what_save_does_otherwise() -> None:
 # -- scope.get(Model, pk=...) from the locking SELECT compiled the first time ------------------------------------
 
 
-@contextmanager
-def select_compilations() -> Iterator[list[int]]:
-    """Count the calls of Django's ``SQLCompiler.as_sql`` (selects) in the block (a profiler hook, read-only)."""
-    counted = [0]
-    previous = sys.getprofile()
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is _SELECT_AS_SQL:
-            counted[0] += 1
-
-    sys.setprofile(profile)
-    try:
-        yield counted
-    finally:
-        sys.setprofile(previous)
+def select_compilations() -> AbstractContextManager[list[int]]:
+    """Count the calls of Django's ``SQLCompiler.as_sql`` (selects) in the block."""
+    return calls_of(_SELECT_AS_SQL)
 
 
 @pg
