@@ -8,10 +8,12 @@ transaction open while the client looks for the outcome. Each time the next call
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit_harness.proxy import FaultProxy
+from lockkit_harness.sessions import session_of, terminate
 from lockkit_tests.models import Stock
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
@@ -78,3 +80,35 @@ def test_an_undecided_message_raises_commit_outcome_unknown(through_proxy: tuple
     again, _ = _sale(alias, proxy, None)
     assert again() == 4
     assert Stock.objects.get().available == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_terminated_between_the_compiled_get_and_the_save_is_retried_once() -> None:
+    """The scope's kept cursor belongs to a dead session: the save fails before COMMIT, nothing committed, and the
+    locked_operation's next attempt (a new connection, a new cursor) reserves exactly once."""
+    Stock.objects.create(sku="widget", available=5)
+    with lockkit.locked() as scope:
+        scope.get(Stock, pk="widget")  # the SELECT is compiled and kept
+    attempts: list[int] = []
+
+    @lockkit.locked_operation(retry=RetryPolicy(attempts=3))
+    def reserve() -> int:
+        scope = lockkit.current_scope()
+        stock = scope.get(Stock, pk="widget")
+        attempts.append(session_of("default"))
+        if len(attempts) == 1:
+            assert terminate("default", attempts[0])
+        stock.available -= 1
+        scope.save_with_commit(stock, update_fields=["available"])
+        return stock.available
+
+    assert reserve() == 4
+    assert len(attempts) == 2
+    assert attempts[1] != attempts[0]
+    assert Stock.objects.get(pk="widget").available == 4
+    with lockkit.locked() as scope:  # the next scope on the connection works
+        stock = scope.get(Stock, pk="widget")
+        stock.available = 3
+        scope.save_with_commit(stock)
+    assert Stock.objects.get(pk="widget").available == 3
+    assert connection.execute_wrappers == []
