@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,15 +21,59 @@ def task_of(row: QueuedTask) -> Task[..., Any]:
         ImportError: ``task_path`` cannot be imported any more.
         SuspiciousOperation: ``task_path`` names something that is not a ``Task``.
     """
+    return _using(_imported(row), row)
+
+
+def _imported(row: QueuedTask) -> Task[..., Any]:
     found = import_string(row.task_path)
     if not isinstance(found, Task):
         raise SuspiciousOperation(f"Task {row.id} does not point to a Task ({row.task_path})")
+    return found
+
+
+def _using(found: Task[..., Any], row: QueuedTask) -> Task[..., Any]:
     return found.using(
         priority=row.priority,
         queue_name=row.queue_name,
         run_after=row.run_after,
         backend=row.backend_name,
     )
+
+
+class TaskCache:
+    """``task_of`` for one worker: each ``task_path`` is imported once (at most ``size`` paths are kept).
+
+    A row whose ``priority``, ``queue_name``, ``run_after`` and backend are the task's own gets the imported
+    ``Task`` itself (equal to what ``using()`` would make); others get ``using()``'s copy, as ``task_of`` does.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        """Keep at most ``size`` imported paths (the oldest is forgotten first)."""
+        self._size = size
+        self._found: dict[str, Task[..., Any]] = {}
+        self._lock = threading.Lock()  # the worker's runner threads share it
+
+    def task_of(self, row: QueuedTask) -> Task[..., Any]:
+        """As the module's ``task_of``.
+
+        Raises:
+            ImportError, SuspiciousOperation: as ``task_of``.
+        """
+        found = self._found.get(row.task_path)
+        if found is None:
+            found = _imported(row)
+            with self._lock:
+                if len(self._found) >= self._size:
+                    del self._found[next(iter(self._found))]
+                self._found[row.task_path] = found
+        if (
+            found.priority == row.priority
+            and found.queue_name == row.queue_name
+            and found.run_after == row.run_after
+            and found.backend == row.backend_name
+        ):
+            return found
+        return _using(found, row)
 
 
 def errors_of(row: QueuedTask) -> list[TaskError]:

@@ -127,6 +127,8 @@ class Worker:
         # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
         self._ended: dict[Any, tuple[Claim, float]] = {}
         self._ended_lock = threading.Lock()
+        self._settled_by: float | None = None  # the beat the ended claims were last settled by
+        self._tasks = results.TaskCache()
         now = claims_sql_for(QueuedTask, self.alias).now()
         self._now = now
         # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
@@ -321,7 +323,7 @@ class Worker:
         errors = list(row.errors or [])
         errors += _lost_attempts(row, workers, attempt)
         try:
-            task = results.task_of(row)
+            task = self._tasks.task_of(row)
         except Exception as unusable:  # an import error or not a Task: no attempt can ever succeed
             errors.append(_error(unusable, attempt))
             self._finish(row, claim, TaskResultStatus.FAILED, errors=errors)
@@ -558,9 +560,11 @@ class Worker:
         ``WorkerLost`` by the next claim); not renewed, it is forgotten here.
         """
         assert self._beat is not None
-        last, held = self._beat.last_beat, self._beat.held
-        if last is None or not self._ended:
-            return
+        last = self._beat.last_beat
+        if last is None or last == self._settled_by or not self._ended:
+            return  # settled once per beat: a claim is settled by a beat, so the same beat settles nothing new
+        self._settled_by = last
+        held = self._beat.held
         with self._ended_lock:
             settled = [pk for pk, (_, at) in self._ended.items() if last - at > self._beat.every]
             lost = [self._ended[pk][0] for pk in settled if held.get(pk) == self._ended[pk][0].token]

@@ -144,3 +144,24 @@ def test_json_documents_are_one_shape_and_bound_per_call(alias: str) -> None:
     assert setclause.compilations() == before
     results = dict(SampleJob.objects.using(alias).values_list("pk", "result"))
     assert [results[c.pk] for c in claims] == [{"ok": 0}, {"ok": 1, "quote": "it's"}, ["a", {"b": None}]]
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_an_accepted_shape_does_not_let_a_bad_expression_of_another_through(alias: str) -> None:
+    """Checking ``set=`` is skipped for a shape resolved before, not for an expression naming other fields."""
+    from django.db.models import Count
+
+    held = _claims(alias, 2)
+    complete(held[0], set={"result": Concat(F("name"), Value("-done"), output_field=CharField())})
+    assert _result(alias, held[0].pk) == "Job-0-done"
+    with pytest.raises(ValueError, match="no_such_field"):
+        complete(
+            held[1], set={"result": Concat(F("no_such_field"), Value("-done"), output_field=CharField())}
+        )
+    with pytest.raises(ValueError, match="aggregates or window functions"):
+        complete(held[1], set={"result": Count("name")})
+    # Nothing was written: the claim is still held and the row still claimable by its token.
+    row = Job.objects.using(alias).get(pk=held[1].pk)
+    assert (row.claim_token, row.result) == (held[1].token, "")
+    complete(held[1], set={"result": Concat(F("name"), Value("-also"), output_field=CharField())})
+    assert _result(alias, held[1].pk) == "Job-1-also"
