@@ -26,11 +26,10 @@ from lockkit.errors import (
     NotInLockedScope,
     OnCommitError,
     QueryCanceled,
+    QueryInChange,
     ReadOnlyDatabase,
-    RowNotLocked,
     SerializationFailure,
     StaleClaim,
-    StatementAfterCommit,
     StatementTimeout,
     TransactionAborted,
     TransientLockError,
@@ -39,6 +38,7 @@ from lockkit.errors import (
 from lockkit.guarded import guarded_update
 from lockkit.operations.operation import locked_operation
 from lockkit.operations.retry import RetryEvent, RetryPolicy
+from lockkit.operations.update import alocked_update, locked_update
 from lockkit.priority import Prioritized, PrioritizeFailed, prioritize
 from lockkit.scopes.scope import LockScope, classify, current_scope, lock, locked
 from lockkit.tablemodes import TableLockMode
@@ -62,13 +62,12 @@ __all__ = [
     "PrioritizeFailed",
     "Prioritized",
     "QueryCanceled",
+    "QueryInChange",
     "ReadOnlyDatabase",
     "RetryEvent",
     "RetryPolicy",
-    "RowNotLocked",
     "SerializationFailure",
     "StaleClaim",
-    "StatementAfterCommit",
     "StatementTimeout",
     "TableLockMode",
     "TransactionAborted",
@@ -76,12 +75,14 @@ __all__ = [
     "UnlockedSaveWarning",
     "__version__",
     "advisory_lock",
+    "alocked_update",
     "classify",
     "current_scope",
     "guarded_update",
     "lock",
     "locked",
     "locked_operation",
+    "locked_update",
     "prioritize",
 ]
 

@@ -18,8 +18,8 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from lockkit import cancellation
+from lockkit._engine.transaction import COMMIT_RESOLUTION_TIMEOUT, in_transaction
 from lockkit.errors import CommitOutcomeUnknown
-from lockkit.scopes.transaction import COMMIT_RESOLUTION_TIMEOUT, in_transaction
 
 logger = logging.getLogger("lockkit")
 

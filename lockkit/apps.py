@@ -12,6 +12,7 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from lockkit import conf
+from lockkit._engine import forks
 from lockkit.system_checks import (
     check_capabilities,
     check_configuration,
@@ -30,7 +31,7 @@ class LockkitConfig(AppConfig):
     verbose_name = "lockkit"
 
     def ready(self) -> None:
-        """Register the checks, and install the observers listed in ``settings.LOCKKIT["OBSERVERS"]``.
+        """Register the checks, guard forked children's connections, and install the observers listed in ``settings.LOCKKIT["OBSERVERS"]``.
 
         The settings and configuration checks, and the (deploy-only) database capability check. A bad
         ``LOCKKIT`` never stops the app from loading: the checks report it (``lockkit.E001``-``E004``) and
@@ -42,6 +43,7 @@ class LockkitConfig(AppConfig):
             Exception: what an observer's module raises when imported (other than ``ImportError``), or the
                 observer when called: its own failure, not a setting's.
         """
+        forks.install()  # a forked child never uses its parent's database sessions (lockkit._engine.forks)
         checks.register(check_settings)
         checks.register(check_configuration)
         checks.register(check_topology)

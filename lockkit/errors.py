@@ -224,16 +224,11 @@ class NotInLockedScope(LockError, TransactionManagementError):
     """A locking helper was called outside any active ``locked()`` scope."""
 
 
-class StatementAfterCommit(LockError, TransactionManagementError):
-    """A statement was run in a scope after its ``save_with_commit()``, which is the scope's last statement.
+class QueryInChange(LockError, TransactionManagementError):
+    """``locked_update()``'s ``change`` ran a statement on the database; it must only compute the new values.
 
-    The statement was not sent. When the save sent its ``UPDATE`` together with the ``COMMIT``, the transaction has
-    already committed on the server; a later statement would otherwise run in a new transaction of its own.
+    The statement was refused before it was sent, and the call rolled back: nothing was written.
     """
-
-
-class RowNotLocked(LockError, TransactionManagementError):
-    """``save_with_commit()`` was given a row the active scopes on its alias did not lock (no SQL was sent)."""
 
 
 class AdvisoryLockLost(LockError):

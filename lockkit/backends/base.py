@@ -14,7 +14,6 @@ an error) and ``commit_outcome`` (after a connection lost at COMMIT).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
     from django.db.transaction import Atomic
 
     from lockkit.advisory.keys import AdvisoryKey
-    from lockkit.backends.sql.claims import ClaimsSQL
     from lockkit.backends.waits import LockWait, Session, SessionTarget
     from lockkit.tablemodes import TableLockMode
 
@@ -75,8 +73,6 @@ class Backend:
     A backend says which ``select_for_update`` options the database honours and applies a scope's timeouts.
     """
 
-    #: The vendor's claims statements (a ``lockkit.backends.sql.claims.ClaimsSQL`` subclass); ``None``: no claims.
-    claims_sql: ClassVar[type[ClaimsSQL] | None] = None
     #: How messages name the database versions the claims support (``"PostgreSQL"``).
     claims_name: ClassVar[str] = ""
     #: An outermost scope watches its block's failed statements (``execute_wrapper()``) to tell a body that
@@ -84,7 +80,7 @@ class Backend:
     watches_failed_statements: ClassVar[bool] = True
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
-        """Whether this server's version has what ``claims_sql`` needs (with ``claims_sql`` set)."""
+        """Whether this server's version has what lockkit's claims statements need (``lockkit.claims.sql``)."""
         return True
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
@@ -188,6 +184,13 @@ class Backend:
             ``None`` when the transaction is not known to be aborted (generic: never known).
         """
         return None
+
+    def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
+        """Constant SQL expressions an outermost transaction's opening reads (its id, the server); none here."""
+        return ()
+
+    def remember_server(self, connection: BaseDatabaseWrapper, opened: tuple[str | None, ...]) -> None:
+        """Keep what ``opening_columns`` read of the server the connection reached (``transaction_server``)."""
 
     def transaction_id(self, token: TimeoutToken | None) -> int | None:
         """The id of the transaction an outermost scope opened, read by its opening statement; ``None`` here."""
@@ -431,44 +434,14 @@ class Backend:
         of it) and raise.
         """
 
-    # -- save_with_commit: a row's UPDATE and the COMMIT in one message --------------------------------------
+    # -- lockkit's own statements as one message, and a lost reply -----------------------------------------
 
-    def commit_in_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
-        """Whether the open transaction can end with a statement sent together with its ``COMMIT``, as one message.
+    def sends_one_message(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether lockkit may send a transaction of its own statements as one message here (no round trip).
 
-        Generic: ``False`` (``LockScope.save_with_commit`` is a plain ``save()``; the scope commits at its end).
+        Generic: ``False`` (BEGIN, each statement and COMMIT are sent one by one).
         """
         return False
-
-    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> tuple[str, Any]:
-        """The statement and parameters of one message carrying ``sql`` (values bound client-side), then ``COMMIT``.
-
-        Only called when ``commit_in_message_possible``.
-
-        Raises:
-            NotSupportedError: always, here.
-        """
-        raise NotSupportedError(
-            f"a statement cannot travel with COMMIT on {connection.vendor} ({connection.alias!r})"
-        )
-
-    # -- lockkit's own claims statements in one message -----------------------------------------------------
-
-    def claims_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
-        """Whether a claims call may send its one statement with its opening and ``COMMIT`` (no round trip)."""
-        return False
-
-    def claims_message(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int]) -> Any:
-        """The message a claims call outside any transaction sends its one statement in, or ``None``.
-
-        ``timeouts`` are lockkit's setting names in whole milliseconds. Generic: ``None`` (the call runs in a
-        scope of its own, with ``BEGIN`` and ``COMMIT`` as statements of their own). May connect.
-        """
-        return None
-
-    def sending_claims(self, message: Any) -> contextlib.AbstractContextManager[Any]:
-        """A block in which the claims statements run are sent in ``message`` (from ``claims_message``)."""
-        return contextlib.nullcontext(message)
 
     def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
         """Whether server session ``pid`` is gone or idle (its transaction over), asked on ``connection``.

@@ -20,9 +20,9 @@ from django.db.models.expressions import BaseExpression
 
 from lockkit import events, signals
 from lockkit.aio import awaitable
-from lockkit.backends import claims_sql_for
-from lockkit.backends.sql.claims import CLAIM_COLUMNS
 from lockkit.claims import inputs, runner
+from lockkit.claims.sql import claims_sql_for
+from lockkit.claims.sql.base import CLAIM_COLUMNS
 from lockkit.claims.value import Claim, Claimed, instances, stale_reason
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, StaleClaim
 from lockkit.scopes.options import FROM_SETTINGS

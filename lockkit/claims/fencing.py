@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
-from lockkit.backends import claims_sql_for
 from lockkit.claims import inputs
+from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.value import Claim, stale_reason
 from lockkit.errors import StaleClaim
 from lockkit.scopes import unlocked

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from lockkit.backends.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
+from lockkit.claims.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
 
 __all__ = ["CLAIM_FIELDS", "WORKER_MAX_LENGTH", "Claimable"]
 

@@ -11,8 +11,8 @@ from typing import Any
 from django.db.models import QuerySet
 
 from lockkit.aio import awaitable
-from lockkit.backends import claims_sql_for
 from lockkit.claims import inputs, runner
+from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import ConnectionLost
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.validation import Duration

@@ -19,14 +19,15 @@ from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, connections
 
+from lockkit._engine import message as message_
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine.transaction import in_transaction as inside_transaction
 from lockkit.backends import backend_for
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure
 from lockkit.operations.operation import locked_operation
 from lockkit.operations.retry import RetryPolicy, call_with_retry
-from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 from lockkit.scopes.options import ScopeOptions
-from lockkit.scopes.transaction import in_transaction as inside_transaction
 from lockkit.validation import duration, milliseconds
 
 T = TypeVar("T")
@@ -79,7 +80,7 @@ def in_one_message(
     if (
         inside_transaction(connection)
         or connection.execute_wrappers
-        or not backend.claims_message_possible(connection)
+        or not backend.sends_one_message(connection)
     ):
         return in_transaction(alias, lock_timeout, work)
 
@@ -89,7 +90,7 @@ def in_one_message(
             # Connects if needed: a connection that cannot be opened (every host down or refusing, during a
             # failover) is a ConnectionLost before anything was sent, retried like one.
             with translating(alias, nowait=False, attempts=number):
-                message = backend.claims_message(connection, timeouts)
+                message = message_.begin(connection, timeouts)
         except ConnectionLost:
             discard_after_loss(alias)
             raise
@@ -97,7 +98,7 @@ def in_one_message(
             return cast(T, _operation(alias, lock_timeout, work)(work))
         try:
             with (
-                backend.sending_claims(message),
+                message_.sending(message),
                 translating(alias, nowait=False, attempts=number, timed=statement is not None),
             ):
                 return work()

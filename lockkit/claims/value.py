@@ -13,8 +13,9 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from django.db import connections
 from django.db.models import Field
 
-from lockkit.backends.sql.claims import Row, fetched_column
+from lockkit._engine.message import Row
 from lockkit.claims.mixin import Claimable
+from lockkit.claims.sql.base import fetched_column
 
 M = TypeVar("M", bound=Claimable)
 

@@ -6,7 +6,7 @@ claims' ``OneMessage``); inside the caller's transaction, and on MariaDB/MySQL, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.core.exceptions import EmptyResultSet, FieldDoesNotExist, FieldError
@@ -14,16 +14,18 @@ from django.db import connections, models
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.compiler import SQLUpdateCompiler
 
+from lockkit._engine import message as one_message
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine.transaction import in_transaction
 from lockkit.backends import backend_for
+from lockkit.backends.sql.rows import instances
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost
 from lockkit.operations.operation import _policy, locked_operation
 from lockkit.operations.retry import call_with_retry, check_retry
 from lockkit.scopes import aliases
-from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 from lockkit.scopes.options import FROM_SETTINGS, Default, ScopeOptions
 from lockkit.scopes.scope import current_scope
-from lockkit.scopes.transaction import in_transaction
 from lockkit.validation import milliseconds
 
 M = TypeVar("M", bound=models.Model)
@@ -185,33 +187,12 @@ def _statement(queryset: models.QuerySet[Any], alias: str, changes: dict[str, An
     return f"{sql} RETURNING {columns}", list(params)
 
 
-def _instances(model: type[M], alias: str, rows: Sequence[Sequence[Any]]) -> list[M]:
-    """Model instances from rows of the concrete columns, through the fields' own converters (as Django reads)."""
-    connection = connections[alias]
-    fields = model._meta.concrete_fields
-    converters: list[list[tuple[Callable[..., Any], Any]]] = []
-    for field in fields:
-        column = field.get_col(model._meta.db_table)
-        found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-        converters.append([(converter, column) for converter in found])
-    names = [field.attname for field in fields]
-    made = []
-    for row in rows:
-        values = []
-        for value, steps in zip(row, converters, strict=True):
-            for converter, column in steps:
-                value = converter(value, column, connection)
-            values.append(value)
-        made.append(model.from_db(alias, names, values))
-    return made
-
-
 def _run_returning(queryset: models.QuerySet[M], alias: str, statement: _Statement) -> list[M]:
     sql, params = statement
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return _instances(queryset.model, alias, rows)
+    return instances(queryset.model, alias, rows)
 
 
 def _locked_fallback(queryset: models.QuerySet[M], alias: str, changes: dict[str, Any]) -> list[M]:
@@ -245,11 +226,7 @@ def _on_postgresql(
     backend = backend_for(connection)
     # An execute wrapper may run statements of its own around ours (an audit): they could not join a transaction
     # that travels in one message, so with one installed the update runs in a scope, as claims do.
-    if (
-        in_transaction(connection)
-        or connection.execute_wrappers
-        or not backend.claims_message_possible(connection)
-    ):
+    if in_transaction(connection) or connection.execute_wrappers or not backend.sends_one_message(connection):
         return _operation(alias, options, policy, lambda: _run_returning(queryset, alias, statement))
     lock, timed = options.timeouts()
     timeouts = {
@@ -261,7 +238,7 @@ def _on_postgresql(
 
     def attempt(number: int) -> list[M]:
         discard_if_dead(alias)
-        message = backend.claims_message(connection, timeouts)
+        message = one_message.begin(connection, timeouts)
         if message is None:  # the connection it made is not in autocommit (a project's own setting)
             return _operation(alias, options, None, lambda: _run_returning(queryset, alias, statement))
         try:
@@ -281,8 +258,7 @@ def _on_postgresql(
                 alias=alias,
                 attempts=number,
             ) from lost
-        columns = [field.column for field in queryset.model._meta.concrete_fields]
-        return _instances(queryset.model, alias, [[row[name] for name in columns] for row in rows])
+        return instances(queryset.model, alias, [list(row.values()) for row in rows])
 
     setting = _policy(policy)  # its own, else settings.LOCKKIT["RETRY"], as locked operations read it
     if setting is None:

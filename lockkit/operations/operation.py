@@ -15,13 +15,13 @@ import tenacity
 from django.db import connections, models
 
 from lockkit import conf, events
+from lockkit._engine.transaction import in_transaction
 from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
 from lockkit.operations.naming import operation_name
 from lockkit.operations.retry import RetryPolicy, RetrySetting, call_with_retry, check_retry, logger
 from lockkit.scopes.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
 from lockkit.scopes.scope import ScopeBlock, active_blocks, refuse_unsupported
-from lockkit.scopes.transaction import in_transaction
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -3,7 +3,7 @@
 Configuration lives on the ``Locked``/decorator objects (a frozen ``ScopeOptions``); every per-call value (the
 transaction, the timeouts, the attempt number) lives on the ``LockScope`` of that call, kept in a ``ContextVar``
 stack (per thread and per task). One decorated function is therefore safe to call from many threads at once. The
-transaction itself is ``lockkit.scopes.transaction.ScopeTransaction``; ``locked_operation`` is in ``lockkit.operations.operation``.
+transaction itself is ``lockkit._engine.transaction.ScopeTransaction``; ``locked_operation`` is in ``lockkit.operations.operation``.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connections, models, transaction
+from django.db import DatabaseError, connections, models
 from django.db.models import QuerySet
 
 from lockkit import events, signals
+from lockkit._engine.transaction import ScopeTransaction
 from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
-from lockkit.backends.sql import relations, rowselect
+from lockkit.backends.sql import relations
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import Failure, LockError, NotInLockedScope, StatementAfterCommit
-from lockkit.scopes import aliases, commitsave, unlocked
+from lockkit.errors import Failure, LockError, NotInLockedScope
+from lockkit.scopes import aliases, unlocked
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
-from lockkit.scopes.transaction import ScopeTransaction
 from lockkit.tablemodes import TableLockMode, table_lock_mode, table_models
 from lockkit.validation import flag
 
@@ -169,13 +169,6 @@ class LockScope:
         self._advisory: list[HeldLock] = []
         # DEBUG / lockkit's pytest plugin only: the record of locked rows that UnlockedSaveWarning is checked against.
         self._watch = unlocked.Watch(alias) if unlocked.enabled() else None
-        # The rows get()/lock_all() locked, (concrete model, pk), for save_with_commit(); and its wrapper, removed
-        # when the scope ends.
-        self._locked: set[commitsave.Row] = set()
-        self._final: commitsave.Ending | None = None
-        # The Django cursor of get()'s compiled SELECT, kept for save_with_commit(): opened before the row is
-        # locked, so the save does not open one inside the lock's hold. Closed when the scope ends.
-        self._cursor: Any = None
 
     def __repr__(self) -> str:
         """Show the alias, the attempt and whether the scope is nested."""
@@ -231,11 +224,7 @@ class LockScope:
             TypeError: ``target`` is not a queryset, a model class or a model instance.
             ValueError: ``target`` is an unsaved instance.
         """
-        queryset = self._locking(target)
-        # Rows the caller reads from this lazy queryset are not recorded one by one (that would cost every
-        # locking read a signal); save_with_commit() accepts a row of a model the scope locked this way.
-        self._locked.add((queryset.model._meta.concrete_model or queryset.model, commitsave.ANY_ROW))
-        return queryset
+        return self._locking(target)
 
     def _locking(self, target: QuerySet[M] | type[M] | M) -> QuerySet[M]:
         """``lock()`` without the record of a lazily locked model (``get``/``lock_all`` record their rows)."""
@@ -275,63 +264,12 @@ class LockScope:
             LockError: the database failed (``LockTimeout``, ``DeadlockDetected``, ``ConnectionLost``...): typed,
                 and the scope's block is marked for rollback (see ``lock_all``).
         """
-        if not args and isinstance(target, type) and not signals.lock_acquired.receivers:
-            row = self._get_compiled(target, lookups)
-            if row is not None:
-                return row
         queryset = _filtered(self._locking(target), "lookups", *args, **lookups)
         with self._evaluating():
             if not signals.lock_acquired.receivers:
                 row = queryset.get()
             else:
                 row = events.timed_lock(LockScope, self, queryset.model, lambda: queryset.get(), _one)
-        self._locked.add(commitsave.row_of(queryset.model, row.pk))
-        return row
-
-    def _get_compiled(self, model: type[M], lookups: dict[str, Any]) -> M | None:
-        """``get(Model, pk=value)`` from the statement compiled the first time (``rowselect``), or ``None``.
-
-        The first call of a (model, alias, lock options) runs Django's queryset and keeps its statement; later ones
-        send it with the prepared value and build the instance with ``Model.from_db``. ``None``: not this case.
-        """
-        if not issubclass(model, models.Model):
-            return None
-        value = rowselect.eligible(model, lookups)
-        if value is None:
-            return None
-        self._check_active()
-        key = (model, self.alias, tuple(sorted(self._sfu_kwargs.items())))
-        found = rowselect.select_for(key)
-        if found is None or (
-            found is False and (_parent_links(model) or relations.is_qualified(model, self.alias))
-        ):
-            return None
-        aliases.check_routed(model, self.alias, "target")
-        try:
-            prepared = rowselect.prepared(model, self.alias, value)
-        except ArithmeticError as exc:  # as _filtered: OverflowError, decimal.InvalidOperation
-            raise ValueError(f"lookups: {exc}") from None
-        if (
-            found is False
-        ):  # the first call: Django compiles it, and the statement is kept if it is the plain one
-            queryset = self._locking(model).filter(pk=value).order_by()
-            with self._evaluating():
-                compiler = queryset.query.get_compiler(using=self.alias)
-                sql, params = compiler.as_sql()
-            found = rowselect.keep(key, model, sql, params, prepared, compiler)
-            if found is None:
-                return None
-        with self._evaluating():
-            if self._cursor is None:
-                self._cursor = connections[self.alias].cursor()
-            self._cursor.execute(found.sql, (prepared,))
-            rows = self._cursor.fetchall()
-        if not rows:
-            raise model.DoesNotExist(  # type: ignore[attr-defined]
-                f"{model._meta.object_name} matching query does not exist."
-            )
-        row = model.from_db(self.alias, found.attnames, rows[0])
-        self._locked.add(commitsave.row_of(model, row.pk))
         return row
 
     def lock_all(self, target: QuerySet[M] | type[M], pks: Iterable[Any] | None = None) -> list[M]:
@@ -412,8 +350,6 @@ class LockScope:
                 rows = list(queryset)
             else:
                 rows = events.timed_lock(LockScope, self, queryset.model, lambda: list(queryset), len)
-        model = queryset.model
-        self._locked.update(commitsave.row_of(model, row.pk) for row in rows)
         return rows
 
     def advisory_lock(self, key: AdvisoryKeyLike, *, shared: bool = False) -> HeldLock:
@@ -559,76 +495,6 @@ class LockScope:
             self._transaction.doom(error)
             raise
 
-    def save_with_commit(self, instance: models.Model, update_fields: Iterable[str] | None = None) -> None:
-        """Save a row the scope locked as the scope's last statement, its ``UPDATE`` sent together with ``COMMIT``.
-
-        The row lock is then held for one round trip after the locking ``SELECT`` instead of two (``UPDATE``, then
-        ``COMMIT``): a reservation is three round trips in all (the opening, the locking ``SELECT``, ``UPDATE ...;
-        COMMIT``). It does what ``instance.save(using=scope.alias, update_fields=update_fields)`` does (Django's
-        ``update_fields`` check, ``pre_save`` and ``post_save``); on PostgreSQL (psycopg 3) in a scope that owns
-        the outermost transaction, its ``UPDATE`` is rendered with its values bound client-side by psycopg and
-        sent with ``; COMMIT`` as one simple-query message. There, a model whose ``save()`` is one plain
-        ``UPDATE`` is saved from a statement compiled once per model, alias and fields, lockkit sending the
-        signals with ``save()``'s arguments (an overridden ``save()``, expressions, deferred fields, cached related
-        objects and other cases run ``instance.save()`` itself; see docs/usage.md). The server stops at the first error, so a failed
-        ``UPDATE`` commits nothing. Everywhere else (a nested scope, a scope inside ``atomic()``, MariaDB/MySQL,
-        SQLite, psycopg2, a multi-table-inheritance model) it is a plain ``save()`` and the scope commits at its
-        end. On every backend it is the scope's last statement: any later statement on the alias in the scope
-        (ORM, raw cursor, a ``post_save`` receiver's query) raises ``StatementAfterCommit`` before it is sent;
-        ``on_commit`` callbacks run after the commit as usual. A lost reply is resolved like a lost ``COMMIT``.
-        See https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT and
-        https://docs.djangoproject.com/en/stable/ref/models/instances/#specifying-which-fields-to-save.
-
-        Args:
-            instance: A saved model instance whose row this scope (or an enclosing scope on its alias) locked:
-                with ``scope.get()`` or ``scope.lock_all()`` (each row recorded), or read from a lazy
-                ``scope.lock(queryset)``/``lockkit.lock(queryset)`` of its model (the model is recorded, not each
-                row, except under ``DEBUG`` and lockkit's pytest plugin, where the unlocked-save check records rows
-                and a row of that model the scope did not lock is refused).
-            update_fields: As ``Model.save(update_fields=...)``: the field names to write; ``None``: all.
-
-        Returns:
-            None. The scope then ends without a round trip of its own when the ``COMMIT`` was sent here.
-
-        Raises:
-            TypeError: ``instance`` is not a model instance, or is unsaved. No SQL has run.
-            RowNotLocked: the row was not locked in the active scopes on the alias (as ``instance`` says). No SQL
-                has run.
-            StatementAfterCommit: the scope already ran its ``save_with_commit()``. Not sent.
-            NotInLockedScope: the scope is not active in this thread or task.
-            ValueError: ``update_fields`` names a field the model does not have (Django's own check), before any
-                SQL.
-            django.db.DatabaseError: the ``UPDATE`` matched no row (the scope deleted it; ``Model.NotUpdated`` on
-                Django 6); the transaction committed without it, and the error says so.
-            django.db.IntegrityError: the ``UPDATE`` violated a constraint (the database's own error); nothing
-                committed, and the scope rolls back.
-            LockError: the ``UPDATE`` failed as a classified error (``LockTimeout``, ``DeadlockDetected``,
-                ``StatementTimeout``...), retried by a ``locked_operation`` like any statement's; the scope rolls
-                back.
-            ConnectionLost: the connection died before the ``COMMIT`` took effect (nothing committed; retryable).
-            CommitOutcomeUnknown: the connection died while ``UPDATE; COMMIT`` was in flight and the server cannot
-                say whether it committed (never retried). When it says it committed, the call returns normally.
-        """
-        self._check_active()
-        if self._final is not None:
-            raise StatementAfterCommit(
-                f"save_with_commit() was already called in this scope on {self.alias!r}: it is the scope's last "
-                "statement; the second one was not sent",
-                alias=self.alias,
-            )
-        commitsave.check(
-            self.alias, [b.scope._locked for b in _scopes.get() if b.scope.alias == self.alias], instance
-        )
-        self._final = stack = commitsave.Ending()
-        try:
-            commitsave.save(self.alias, self._transaction, instance, update_fields, stack, self._cursor)
-        except BaseException:
-            if not stack.used:
-                self._final = (
-                    None  # refused before any statement (Django's update_fields check): may save again
-                )
-            raise
-
     def on_commit(self, func: Callable[[], Any], robust: bool = False) -> None:
         """Run ``func`` after the outermost transaction on the scope's alias commits.
 
@@ -644,7 +510,7 @@ class LockScope:
             raise TypeError(f"func must be callable, not {type(func).__name__}")
         flag(robust, "robust")
         self._check_active()
-        transaction.on_commit(func, using=self.alias, robust=robust)
+        self._transaction.callbacks.register(self.alias, func, robust=robust)
 
 
 def _filtered(queryset: QuerySet[M], name: str, /, *args: Any, **lookups: Any) -> QuerySet[M]:
@@ -784,12 +650,6 @@ class ScopeBlock:
         """
         scope = self.scope
         scope._active = False
-        if scope._final is not None:
-            scope._final.close()  # before the commit: on_commit callbacks may query again
-        if scope._cursor is not None:
-            cursor, scope._cursor = scope._cursor, None
-            with contextlib.suppress(Exception):  # a lost connection's cursor: nothing to give back
-                cursor.close()
         if scope._watch is not None:
             scope._watch.stop()
         enclosing = tuple(block for block in _scopes.get() if block is not self)
@@ -807,6 +667,11 @@ class ScopeBlock:
                 for block in enclosing:
                     block.scope._committed_on(scope.alias)
         self._end_advisory(succeeded=exc is None)
+        if exc is None and scope.nested:
+            # The savepoint was released into the enclosing transaction: so were its callbacks (Django's rule).
+            outer = next((b.scope for b in reversed(enclosing) if b.scope.alias == scope.alias), None)
+            if outer is not None:
+                outer._transaction.callbacks.adopt(scope._transaction.callbacks)
         if exc is not None:
             # The transaction has rolled back (or back to the savepoint): an advisory lock wait that timed out in
             # it can now say who holds the key.

@@ -14,7 +14,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from lockkit.scopes.liveness import discard_if_dead
+from lockkit._engine.liveness import discard_if_dead
 from lockkit.tasks import arguments, options, results
 from lockkit.tasks.notify import CHANNEL
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from django.tasks.base import TaskResultStatus
 
-from lockkit.backends import claims_sql_for
 from lockkit.claims import Claim, complete
 from lockkit.claims import fenced as fenced_claim
+from lockkit.claims.sql import claims_sql_for
 from lockkit.scopes.scope import LockScope
 
 

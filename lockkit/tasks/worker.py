@@ -29,8 +29,8 @@ from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
-from lockkit.backends import claims_sql_for
 from lockkit.claims import Claim, Claimed, complete, complete_many, release, worker_heartbeat
+from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
 from lockkit.tasks import arguments, results, running
 from lockkit.tasks.backend import DatabaseBackend

@@ -72,12 +72,12 @@ def _mutate(mutation: str | None) -> None:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     import lockkit.claims.runner
-    import lockkit.scopes.transaction
+    import lockkit._engine.transaction
 
     def keep(alias: str) -> None:
         return None
 
-    for module in (lockkit.scopes.transaction, lockkit.claims.runner):
+    for module in (lockkit._engine.transaction, lockkit.claims.runner):
         module.discard_if_dead = keep  # type: ignore[attr-defined]
         module.discard_after_loss = keep  # type: ignore[attr-defined]
     close = BaseDatabaseWrapper.close

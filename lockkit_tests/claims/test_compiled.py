@@ -10,9 +10,9 @@ import pytest
 from django.db import connection
 from django.db.models import F, Value
 
-from lockkit.backends.postgresql.claims import PostgreSQLClaimsSQL
-from lockkit.backends.sql import setclause
 from lockkit.claims import claim_next, complete, heartbeat, release
+from lockkit.claims.sql import setclause
+from lockkit.claims.sql.postgresql import PostgreSQLClaimsSQL
 from lockkit_tests.models import Job
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -22,7 +22,6 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from lockkit import RetryPolicy, current_scope, locked_operation
-from lockkit.backends.sql.claims import StatementTimestamp
 from lockkit.claims import (
     Claim,
     StaleClaim,
@@ -32,6 +31,7 @@ from lockkit.claims import (
     heartbeat,
     reclaim_expired,
 )
+from lockkit.claims.sql.base import StatementTimestamp
 from lockkit.testing import (
     LockWaitMonitor,
     backend_pid,

@@ -20,7 +20,6 @@ from django.db.models import F, Q
 from django.db.models.functions import Lower
 
 import lockkit
-from lockkit.backends import claims_sql_for
 from lockkit.claims import (
     Claim,
     StaleClaim,
@@ -34,6 +33,7 @@ from lockkit.claims import (
     release,
     release_many,
 )
+from lockkit.claims.sql import claims_sql_for
 from lockkit.testing import assert_single_alias
 from lockkit_tests.models import QUEUE_SCHEMA, CodeJob, DottedJob, Job, NotClaimable, PricedJob, QueuedJob
 

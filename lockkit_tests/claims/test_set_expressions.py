@@ -8,8 +8,8 @@ import pytest
 from django.db.models import Case, CharField, F, Q, Value, When
 from django.db.models.functions import Concat, Lower, Now, Upper
 
-from lockkit.backends.sql import exprshape, setclause
 from lockkit.claims import claim_next, complete, release
+from lockkit.claims.sql import exprshape, setclause
 from lockkit_tests.models import Job
 from lockkit_tests.support.claims_vendors import claims_vendor_params
 

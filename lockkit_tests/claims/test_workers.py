@@ -159,9 +159,9 @@ def test_without_a_router_an_instance_is_claimed_where_it_was_read_and_nowhere_e
 def test_a_vendor_without_claims_statements_is_refused_before_any_sql(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from lockkit.backends.sqlite import SQLiteBackend
+    from lockkit.claims import sql as claims_sql
 
-    monkeypatch.setattr(SQLiteBackend, "claims_sql", None)  # as if SQLite had no claims statements
+    monkeypatch.delitem(claims_sql._BY_VENDOR, "sqlite")  # as if SQLite had no claims statements
     with CaptureQueriesContext(connections["sqlite"]) as queries:
         with pytest.raises(
             NotSupportedError, match=r"supports .*PostgreSQL.* only; database 'sqlite' is sqlite"

@@ -20,9 +20,9 @@ from django.test.utils import override_settings
 
 import lockkit
 from lockkit import UnlockedSaveWarning
+from lockkit._engine.failures import FailedStatements
 from lockkit.claims import claim, fenced
 from lockkit.scopes import unlocked
-from lockkit.scopes.failures import FailedStatements
 from lockkit_tests.models import Item, Job, Owner, PairStock, PeerEUCountry, Stock
 from lockkit_tests.support.vendors import vendor_params
 
@@ -53,7 +53,7 @@ def _stock(alias: str, *skus: str) -> None:
 
 def _watchers(alias: str) -> list[object]:
     """The connection's execute wrappers but the one an outermost scope keeps on MariaDB/SQLite for failed
-    statements (``lockkit.scopes.failures``), which has nothing to do with unlocked saves."""
+    statements (``lockkit._engine.failures``), which has nothing to do with unlocked saves."""
     return [w for w in connections[alias].execute_wrappers if not isinstance(w, FailedStatements)]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from lockkit.backends.sql.claims import StatementTimestamp
+from lockkit.claims.sql.base import StatementTimestamp
 from lockkit_tests.models import Job
 
 

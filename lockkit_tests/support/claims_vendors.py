@@ -12,7 +12,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from lockkit.backends import claims_sql_for
+from lockkit.claims.sql import claims_sql_for
 from lockkit_tests.models import Job
 from lockkit_tests.support.vendors import vendor_params
 

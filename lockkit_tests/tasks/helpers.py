@@ -177,7 +177,7 @@ def marker(tmp_path: Path, name: str) -> str:
 
 def lease_expired(alias: str) -> bool:
     """Whether every claimed task's lease has run out, by the database clock (as claiming sees it)."""
-    from lockkit.backends import claims_sql_for
+    from lockkit.claims.sql import claims_sql_for
 
     now = claims_sql_for(QueuedTask, alias).now()
     claimed = QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False)

@@ -15,7 +15,7 @@ import pytest
 from django.db import connections
 from django.tasks import TaskResultStatus
 
-from lockkit.backends import claims_sql_for
+from lockkit.claims.sql import claims_sql_for
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.worker import Stats, Worker
 from lockkit_tests.tasks import jobs

@@ -15,7 +15,6 @@ from django.db import NotSupportedError
 
 from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
 from lockkit.backends.mysql import locks as mysql_locks
-from lockkit.backends.mysql.claims import MySQLClaimsSQL
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -141,7 +140,6 @@ class MySQLBackend(_NamedLocks, Backend):
     alike: nothing reaches the next user of the connection, and an enclosing scope gets its own value back.
     """
 
-    claims_sql = MySQLClaimsSQL
     claims_name = "MariaDB 10.6+/MySQL 8"
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:

@@ -9,15 +9,13 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import Error, NotSupportedError
 
 from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
-from lockkit.backends.postgresql import commitmessage, message, opening
 from lockkit.backends.postgresql import locks as postgresql_locks
-from lockkit.backends.postgresql.claims import PostgreSQLClaimsSQL
+from lockkit.backends.postgresql import opening
 from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
@@ -80,7 +78,6 @@ class PostgreSQLBackend(Backend):
     ``lockkit.backends.postgresql.opening``); on psycopg2 they are two statements.
     """
 
-    claims_sql = PostgreSQLClaimsSQL
     claims_name = "PostgreSQL"
     watches_failed_statements = False  # libpq's transaction status says it (aborted_by), no wrapper needed
 
@@ -129,7 +126,7 @@ class PostgreSQLBackend(Backend):
             return None
         if not nested and opening.foldable(connection):
             opened = opening.begin_with_settings(connection, timeouts, columns)
-            self._remember_server(connection, opened)
+            self.remember_server(connection, opened)
             return TimeoutToken({}, opened) if columns else None
         values = {name: f"{ms}ms" for name, ms in timeouts.items()}
         setters = [*("set_config(%s, %s, true)" for _ in values), *columns]
@@ -142,7 +139,7 @@ class PostgreSQLBackend(Backend):
                 row = cursor.fetchone()
                 assert row is not None
                 opened = tuple(None if v is None else str(v) for v in row[len(values) :])
-                self._remember_server(connection, opened)
+                self.remember_server(connection, opened)
                 return TimeoutToken({}, opened)
             # The materialized CTE is read before the outer target list runs, so it sees the enclosing values.
             readers = ", ".join("current_setting(%s)" for _ in values)
@@ -341,7 +338,8 @@ class PostgreSQLBackend(Backend):
         known = connection.connection in _servers
         return ("pg_current_xact_id()::text", *(() if known else _SERVER_COLUMNS))
 
-    def _remember_server(self, connection: BaseDatabaseWrapper, opened: tuple[str | None, ...]) -> None:
+    def remember_server(self, connection: BaseDatabaseWrapper, opened: tuple[str | None, ...]) -> None:
+        """Keep the server's identity read by the opening, once per driver connection."""
         if len(opened) == 1 + len(_SERVER_COLUMNS):
             _servers[connection.connection] = (opened[1], opened[2])
 
@@ -394,36 +392,12 @@ class PostgreSQLBackend(Backend):
             time.sleep(pause)
             pause = min(pause * 2, _RESOLVE_PAUSE_MAX)
 
-    # -- save_with_commit: a row's UPDATE and the COMMIT in one message --------------------------------------
+    # -- lockkit's own statements as one message, and a lost reply -----------------------------------------
 
-    def commit_in_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
-        """True for psycopg 3 in a transaction, not in pipeline mode (``commitmessage.possible``); read locally."""
-        return commitmessage.possible(connection)
-
-    def with_commit(self, connection: BaseDatabaseWrapper, sql: str, params: Any) -> tuple[str, Any]:
-        """``<sql>; COMMIT`` and ``params``, bound client-side by the cursor (``commitmessage.text``)."""
-        return commitmessage.text(sql, params)
-
-    # -- lockkit's own claims statements in one message -----------------------------------------------------
-
-    def claims_message_possible(self, connection: BaseDatabaseWrapper) -> bool:
+    def sends_one_message(self, connection: BaseDatabaseWrapper) -> bool:
         """The driver is psycopg 3 (Django's ``Database`` module); its cursor's binding is read on connecting."""
         wrapper: Any = connection  # Django's PostgreSQL wrapper (django-stubs types it as the base class)
         return bool(wrapper.Database.__name__ == "psycopg")
-
-    def claims_message(self, connection: BaseDatabaseWrapper, timeouts: Mapping[str, int]) -> Any:
-        """A ``message.OneMessage`` for a claims call outside any transaction on psycopg 3's client-side cursor.
-
-        ``None`` when the connection is not idle in autocommit: the call then runs in a scope of its own.
-        Connects if needed.
-        """
-        if not message.can_send(connection):
-            return None
-        return message.OneMessage(timeouts)
-
-    def sending_claims(self, message_: Any) -> contextlib.AbstractContextManager[Any]:
-        """``message.sending``: ``PostgreSQLClaimsSQL.run`` sends its statement in ``message_``."""
-        return message.sending(message_)
 
     def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
         """``pg_stat_activity``: no session ``pid`` on this server, or one that is idle (no transaction open)."""

@@ -56,9 +56,10 @@ def set_config_literal(name: str, milliseconds: int) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def settings_select(timeouts: tuple[tuple[str, int], ...]) -> str:
-    """``SELECT set_config(...), ...`` for ``(name, milliseconds)`` pairs, built once per distinct set of values."""
-    return "SELECT " + ", ".join(set_config_literal(name, ms) for name, ms in timeouts)
+def opening_select(timeouts: tuple[tuple[str, int], ...], columns: tuple[str, ...] = ()) -> str:
+    """``SELECT set_config(...), ..., <columns>`` (``""`` when there is neither), built once per set of values."""
+    selected = [set_config_literal(name, ms) for name, ms in timeouts] + list(columns)
+    return f"SELECT {', '.join(selected)}" if selected else ""
 
 
 def foldable(connection: BaseDatabaseWrapper) -> bool:
@@ -93,7 +94,7 @@ def begin_with_settings(
         django.db.DatabaseError: as for any statement (the driver's error, wrapped by Django).
     """
     raw = connection.connection
-    sql = _opening_sql(_begin_statement(raw), tuple(timeouts.items()), tuple(columns))
+    sql = f"{_begin_statement(raw)}; {opening_select(tuple(timeouts.items()), tuple(columns))}"
     connection.validate_thread_sharing()
     # Django's stubs type the argument as a CursorWrapper; at run time it is any DB-API cursor.
     cursor: Any = _SimpleQueryCursor(raw, first_column=len(timeouts))
@@ -116,13 +117,6 @@ def begin_with_settings(
             cursor.execute(sql)
     row: tuple[str | None, ...] = cursor.row
     return row
-
-
-@functools.lru_cache(maxsize=256)
-def _opening_sql(begin: str, timeouts: tuple[tuple[str, int], ...], columns: tuple[str, ...]) -> str:
-    """``BEGIN ...; SELECT set_config(...), ..., <columns>``, built once per distinct set of values."""
-    selected = [set_config_literal(name, ms) for name, ms in timeouts] + list(columns)
-    return f"{begin}; SELECT {', '.join(selected)}"
 
 
 def _begin_statement(raw: psycopg.Connection[Any]) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import django
 from django.db import connections
 from django.db.models import Model
 from django.db.models.sql import Query
+from django.db.models.sql.compiler import SQLCompiler
 
 #: The alias a schema-qualified base table is given.
 BASE_ALIAS = "lockkit_row"
@@ -43,3 +45,14 @@ def alias_base_table(query: Query, name: str = BASE_ALIAS) -> str:
     with contextlib.suppress(AttributeError):
         del query.base_table
     return name
+
+
+def quote_as_from_clause(compiler: SQLCompiler, name: str) -> str:
+    """``name`` (the base table or its alias) quoted as the compiler wrote it in the ``FROM`` clause.
+
+    Django 6.1 quotes every name (``SQLCompiler.quote_name``) and deprecates ``quote_name_unless_alias``; before it,
+    ``quote_name_unless_alias`` is what the ``FROM`` clause used (an alias of Django's own, such as ``U0``, unquoted).
+    """
+    if django.VERSION >= (6, 1):
+        return str(compiler.quote_name(name))
+    return compiler.quote_name_unless_alias(name)

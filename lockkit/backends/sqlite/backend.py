@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from django.db import NotSupportedError
 
 from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
-from lockkit.backends.sqlite.claims import SQLiteClaimsSQL
 from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ class SQLiteBackend(Backend):
     A nested scope runs in a savepoint of a transaction that already began: it cannot change how that began.
     """
 
-    claims_sql = SQLiteClaimsSQL
     claims_name = "SQLite 3.35+"
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:

@@ -15,8 +15,8 @@ from django.db import connections
 from django.db.models import DateTimeField, Expression, Field, Func, QuerySet
 from django.db.models.functions import Now
 
-from lockkit.backends.sql.claims import Row
-from lockkit.backends.sql.serial import SerialClaimsSQL
+from lockkit._engine.message import Row
+from lockkit.claims.sql.serial import SerialClaimsSQL
 
 
 class UTCTimestamp(Func):

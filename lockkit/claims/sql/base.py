@@ -13,18 +13,17 @@ from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
-import django
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, Q, QuerySet, Value
 from django.db.models.expressions import BaseExpression, CombinedExpression
-from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.datastructures import BaseTable
 
+from lockkit._engine.message import Row, read_rows
 from lockkit.backends.sql import relations
-from lockkit.backends.sql.memo import PerQueryset
-from lockkit.backends.sql.setclause import SetClauses
-from lockkit.backends.sql.table import ClaimTable
+from lockkit.claims.sql.memo import PerQueryset
+from lockkit.claims.sql.setclause import SetClauses
+from lockkit.claims.sql.table import ClaimTable
 from lockkit.errorcodes.translate import translating
 
 
@@ -34,7 +33,6 @@ def fetched_column(index: int) -> str:
 
 
 #: One result row, keyed by the names the statement gives its columns.
-Row = dict[str, Any]
 
 #: The columns a claim is read from (``Claim.from_row``), in the names every claiming statement returns them as.
 CLAIM_COLUMNS = ("pk", "claim_token", "claimed_by", "lease_expires_at", "attempts")
@@ -86,7 +84,7 @@ class ClaimsSQL(abc.ABC):
 
     Subclasses write the vendor's statements (``lockkit/backends/<vendor>/claims.py``); this base compiles the
     parts Django can compile (``SET`` values, the candidates' filters) and runs statements. A vendor's backend
-    names its subclass in ``Backend.claims_sql``.
+    names its subclass in ``lockkit.claims.sql._BY_VENDOR``.
     """
 
     vendor: ClassVar[str]
@@ -265,7 +263,7 @@ class ClaimsSQL(abc.ABC):
         except EmptyResultSet:
             return None
         locking = connections[self.alias].ops.for_update_sql(
-            skip_locked=skip_locked, of=(_quote_as_from_clause(compiler, base),), no_key=True
+            skip_locked=skip_locked, of=(relations.quote_as_from_clause(compiler, base),), no_key=True
         )
         return f"{sql} {locking}", list(params)
 
@@ -292,29 +290,5 @@ class ClaimsSQL(abc.ABC):
             return read_rows(cursor.cursor)
 
 
-def read_rows(result: Any) -> tuple[list[Row], int]:
-    """The rows of the driver cursor ``result`` keyed by column name, and its row count.
-
-    Read from the driver's cursor, which holds the whole result by now: Django's cursor wrapper would build a new
-    error-wrapping function for each attribute read, which costs as much as parsing the rows.
-    """
-    description = result.description
-    if description is None:
-        return [], result.rowcount
-    names = [column[0] for column in description]
-    return [dict(zip(names, row, strict=True)) for row in result.fetchall()], result.rowcount
-
-
 #: The most statement texts a ``ClaimsSQL`` keeps (a worker uses a few shapes; more are built per call).
 _MAX_TEXTS = 256
-
-
-def _quote_as_from_clause(compiler: SQLCompiler, name: str) -> str:
-    """``name`` (the base table or its alias) quoted as the compiler wrote it in the ``FROM`` clause.
-
-    Django 6.1 quotes every name (``SQLCompiler.quote_name``) and deprecates ``quote_name_unless_alias``; before it,
-    ``quote_name_unless_alias`` is what the ``FROM`` clause used (an alias of Django's own, such as ``U0``, unquoted).
-    """
-    if django.VERSION >= (6, 1):
-        return str(compiler.quote_name(name))
-    return compiler.quote_name_unless_alias(name)

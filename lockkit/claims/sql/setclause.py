@@ -31,7 +31,7 @@ from django.db.models.expressions import BaseExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from lockkit.backends.sql import exprshape
+from lockkit.claims.sql import exprshape
 
 #: Plain values whose field preparation yields one parameter (anything else is compiled by Django per call).
 _PLAIN = frozenset({str, int, float, bool, Decimal, datetime, date, time, timedelta, uuid.UUID, bytes})

@@ -11,8 +11,8 @@ from typing import Any
 from django.db.models import Expression, Field
 from django.db.models.functions import Now
 
-from lockkit.backends.sql.claims import Row
-from lockkit.backends.sql.serial import SerialClaimsSQL
+from lockkit._engine.message import Row
+from lockkit.claims.sql.serial import SerialClaimsSQL
 
 
 class SQLiteClaimsSQL(SerialClaimsSQL):

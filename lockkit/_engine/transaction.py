@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -19,18 +19,16 @@ from django.db import Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from lockkit import cancellation
+from lockkit._engine import forks, outcome
+from lockkit._engine.callbacks import Callbacks
+from lockkit._engine.failures import FailedStatements
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.errorcodes.table import chain, code_of
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
-from lockkit.scopes import forks
-from lockkit.scopes.failures import FailedStatements
-from lockkit.scopes.liveness import discard_after_loss, discard_if_dead
 
 logger = logging.getLogger("lockkit")
-
-# A forked child never shares its parent's database sessions (lockkit.scopes.forks).
-forks.install()
 
 # Seconds lockkit spends finding out whether a COMMIT whose reply was lost committed (reconnecting through a
 # restart included) before it gives up and raises CommitOutcomeUnknown, when the scope is not given its own budget:
@@ -42,10 +40,6 @@ _COMMANDS_OUT_OF_SYNC = "2014"
 
 # SQLSTATE statement_completion_unknown: CockroachDB's "result is ambiguous" when a COMMIT's fate is unknown.
 AMBIGUOUS_COMMIT = "40003"
-
-Callback = tuple[
-    Any, Callable[[], Any], bool
-]  # Django's run_on_commit entries: (savepoint ids, func, robust)
 
 
 def in_transaction(connection: Any) -> bool:
@@ -107,10 +101,9 @@ class ScopeTransaction:
         # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
         self._restored = False
         self._restore_error: BaseException | None = None
-        # save_with_commit: the COMMIT went in the same message as the row's UPDATE (the server is idle after it);
-        # and, when that message's reply was lost and the server said it committed, the callbacks still to run.
-        self.committed_in_message = False
-        self._resolved: list[Callback] | None = None
+        # The on_commit callbacks registered through lockkit in this transaction: lockkit's own record, run by
+        # the engine when a lost COMMIT turns out to have committed (Django forgets its list then).
+        self.callbacks = Callbacks()
         # The block's failed statements, where the driver keeps no aborted state to read (outermost only).
         self._failures: FailedStatements | None = None
         self._watching = contextlib.ExitStack()
@@ -125,6 +118,7 @@ class ScopeTransaction:
         waiting = None if self.nested else cancellation.current()
         if waiting is not None:
             waiting.raise_if_cancelled()  # the caller is gone: no new attempt
+        forks.install()  # a forked child never shares its parent's sessions (also installed by the app's ready())
         if not self.nested and connection.errors_occurred:
             discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
         with self._lost_connection_discarded(), self.translating:
@@ -267,19 +261,6 @@ class ScopeTransaction:
             DatabaseError: a nested scope could not restore its timeouts (the block swallowed a database error).
         """
         self._watching.close()  # Django's execute_wrapper() stack: the body's statements have all run
-        if self._resolved is not None:
-            self._end_resolved(exc)
-            return
-        # The body raised after save_with_commit() had committed: the work is committed, so its callbacks run
-        # (Django's rollback path forgets them), and the error says so.
-        after_commit: list[Callback] = []
-        if exc is not None and self.committed_in_message:
-            after_commit = self.pending_callbacks()
-            self.committed = True  # a locked_operation never runs the attempt again
-            exc.add_note(
-                f"lockkit: save_with_commit() had already committed the transaction on {self.alias!r}; this error "
-                "was raised after the commit: the work is committed and the scope's on_commit callbacks ran"
-            )
         connection = self._connection
         restore_error: BaseException | None = None
         doomed = self.doomed if exc is None or isinstance(exc, TransactionManagementError) else None
@@ -309,9 +290,6 @@ class ScopeTransaction:
                 # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
                 exc = restore_error = restore_exc
         committing = exc is None and not self.nested and not connection.needs_rollback
-        # Django forgets the callbacks when the COMMIT fails; kept here in case it turns out to have committed.
-        pending: list[Any] = list(connection.run_on_commit) if committing else []
-        callbacks: list[Callback] = [(entry[0], entry[1], bool(entry[2])) for entry in pending]
         try:
             self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except BaseException as commit_exc:
@@ -324,20 +302,18 @@ class ScopeTransaction:
             if committing and self.backend.cancel_in_flight(connection):
                 # Not the database's error: an exception (a signal handler's time limit) left the wait for the
                 # COMMIT's reply, and the server may still commit.
-                self._interrupted_commit(commit_exc, callbacks)
+                self._interrupted_commit(commit_exc)
             if committing and code_of(commit_exc) == AMBIGUOUS_COMMIT:
                 raise self._ambiguous(commit_exc) from commit_exc
             error = self._translate(commit_exc)
             if committing and isinstance(error, ConnectionLost):
-                self._resolve_commit(error, callbacks)
+                self._resolve_commit(error)
                 return
             with self._lost_connection_discarded():
                 if error is not None:
                     raise error from commit_exc
                 raise
         self._after_end(pending=exc is not None or doomed is not None)
-        if after_commit:
-            self._run_callbacks(after_commit)
         if doomed is not None:
             if isinstance(doomed, ConnectionLost):
                 discard_after_loss(self.alias)
@@ -350,7 +326,7 @@ class ScopeTransaction:
         if restore_error is not None:
             raise restore_error
 
-    def _interrupted_commit(self, commit_exc: BaseException, callbacks: list[Callback]) -> NoReturn:
+    def _interrupted_commit(self, commit_exc: BaseException) -> NoReturn:
         """An exception interrupted the wait for COMMIT's reply (a cancel request was just sent): find the outcome.
 
         The connection is discarded (its driver is mid-reply, and Django's next statement on it would fail), then
@@ -379,7 +355,7 @@ class ScopeTransaction:
         if outcome == "aborted":
             raise interrupt
         if outcome == "committed":
-            self._run_callbacks(callbacks)
+            self.callbacks.run_pending(self._on_commit_error)
             interrupt.add_note(
                 f"lockkit: transaction {self.xid} on {self.alias!r} committed before this interrupted its COMMIT; "
                 "its on_commit callbacks ran: do not do the work again"
@@ -392,16 +368,6 @@ class ScopeTransaction:
             attempts=self.translating.attempts,
             xid=self.xid,
         ) from interrupt
-
-    def _run_callbacks(self, callbacks: list[Callback]) -> None:
-        """Run the callbacks of a transaction found committed after its COMMIT's reply was lost or interrupted."""
-        for _, func, robust in callbacks:  # Django's order and its robust semantics
-            try:
-                func()
-            except Exception as callback_error:
-                if not robust:
-                    raise self._on_commit_error(callback_error) from callback_error
-                logger.exception("lockkit: a robust on_commit callback failed: %s", callback_error)
 
     def _ambiguous(self, commit_exc: BaseException) -> CommitOutcomeUnknown:
         """SQLSTATE 40003 at COMMIT (CockroachDB's "result is ambiguous"): it may or may not have committed."""
@@ -455,86 +421,10 @@ class ScopeTransaction:
             exc, alias=self.alias, nowait=t.nowait, attempts=t.attempts, timed=t.timed, raw=self._raw
         )
 
-    def _resolve_commit(self, lost: ConnectionLost, callbacks: list[Callback]) -> None:
+    def _resolve_commit(self, lost: ConnectionLost) -> None:
         """The connection died while COMMIT was in flight: ask the server what became of the transaction."""
-        outcome = self.backend.commit_outcome(
-            connections[self.alias], self.xid, within=self._resolve_within, server=self._server
-        )
-        if outcome == "committed":
-            logger.info(
-                "lockkit: the reply to COMMIT on %r was lost; transaction %s committed", self.alias, self.xid
-            )
-            self._run_callbacks(callbacks)
-            return
-        discard_after_loss(self.alias)
-        cause = lost.__cause__ if lost.__cause__ is not None else lost
-        if outcome == "aborted":
-            raise lost from cause  # rolled back: a plain failure before the commit took effect
-        raise self._unknown(lost) from cause
-
-    def _unknown(self, lost: ConnectionLost) -> CommitOutcomeUnknown:
-        cause = lost.__cause__ if lost.__cause__ is not None else lost
-        return CommitOutcomeUnknown(
-            f"the connection to {self.alias!r} was lost while COMMIT was in flight and its outcome is unknown "
-            f"(transaction id {self.xid}): {cause}",
-            sqlstate=lost.sqlstate,
-            alias=self.alias,
-            attempts=lost.attempts,
-            xid=self.xid,
-        )
-
-    def pending_callbacks(self) -> list[Callback]:
-        """The ``on_commit`` callbacks registered so far in the transaction (Django forgets them if it is lost)."""
-        pending: list[Any] = list(self._connection.run_on_commit)
-        return [(entry[0], entry[1], bool(entry[2])) for entry in pending]
-
-    def resolve_in_message(self, lost: ConnectionLost, callbacks: list[Callback]) -> None:
-        """The reply to a message that carried the ``COMMIT`` (``save_with_commit``) was lost: resolve it now.
-
-        Asked on a connection of its own (the scope's is dead, inside Django's ``atomic()``). Committed: returns,
-        and the scope's end runs ``callbacks``; rolled back: raises ``lost``; otherwise ``CommitOutcomeUnknown``.
-        Either error dooms the scope's block.
-
-        Raises:
-            ConnectionLost: the transaction rolled back (retryable).
-            CommitOutcomeUnknown: its outcome cannot be known.
-        """
-        resolver = connections.create_connection(self.alias)
-        try:
-            outcome = self.backend.commit_outcome(
-                resolver, self.xid, within=self._resolve_within, server=self._server
-            )
-        finally:
-            with contextlib.suppress(Error):
-                resolver.close()
-        if outcome == "committed":
-            logger.info(
-                "lockkit: the reply to UPDATE; COMMIT on %r was lost; transaction %s committed",
-                self.alias,
-                self.xid,
-            )
-            self._resolved = callbacks
-            self.committed_in_message = True
-            return
-        error: ConnectionLost = lost if outcome == "aborted" else self._unknown(lost)
-        self.doom(error)
-        cause = lost.__cause__ if lost.__cause__ is not None else lost
-        raise error from cause
-
-    def _end_resolved(self, exc: BaseException | None) -> None:
-        """End a scope whose ``UPDATE; COMMIT`` reply was lost but which committed: run its callbacks on success.
-
-        Django's ``atomic()`` is left through its rollback path, which finds the connection dead and drops it (the
-        server's transaction is over); the callbacks Django then forgets run here, in its order.
-        """
-        callbacks, self._resolved = self._resolved or [], None
-        transaction.set_rollback(True, using=self.alias)
-        with contextlib.suppress(Error):
-            self._atomic.__exit__(None, None, None)
-        discard_after_loss(self.alias)
-        self._after_end(pending=True)
-        if exc is None:
-            self._run_callbacks(callbacks)  # _mark_committed first: it was registered first
+        outcome.of_transaction(self.alias, self.xid, self._server, lost, within=self._resolve_within)
+        self.callbacks.run_pending(self._on_commit_error)  # committed: those Django forgot run now, once
 
     @contextlib.contextmanager
     def _lost_connection_discarded(self) -> Iterator[None]:

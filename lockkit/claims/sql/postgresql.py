@@ -16,9 +16,10 @@ from django.db import connections
 from django.db.models import DurationField, Expression, Field, QuerySet, Value
 from django.db.models.expressions import BaseExpression
 
-from lockkit.backends.postgresql import message
-from lockkit.backends.sql.claims import CLOCK, ClaimsSQL, Row
-from lockkit.backends.sql.table import ROW
+from lockkit._engine import message
+from lockkit._engine.message import Row
+from lockkit.claims.sql.base import CLOCK, ClaimsSQL
+from lockkit.claims.sql.table import ROW
 
 
 class PostgreSQLClaimsSQL(ClaimsSQL):

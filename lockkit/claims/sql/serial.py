@@ -20,7 +20,8 @@ from django.db.models import Field, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from lockkit.backends.sql.claims import ClaimsSQL, Row
+from lockkit._engine.message import Row
+from lockkit.claims.sql.base import ClaimsSQL
 
 # Rows written per UPDATE by reclaim_expired (a parameter list per statement stays far below every driver limit).
 _CHUNK = 500

@@ -11,10 +11,16 @@ https://docs.djangoproject.com/en/stable/ref/databases/#persistent-connections.
 from __future__ import annotations
 
 import contextlib
+import weakref
+from typing import Any
 
 from django.db import Error, connections
 
 from lockkit.backends import backend_for
+
+# lockkit's own record of the driver connection (by id) each Django connection was last found usable on, after
+# Django recorded an error on it: ``errors_occurred`` is read, never written.
+_checked: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _outside_transaction(alias: str) -> bool:
@@ -27,15 +33,19 @@ def discard_if_dead(alias: str) -> None:
     """Close the alias's connection if Django saw it fail and it is no longer usable (outside transactions only).
 
     Free on the healthy path: nothing is checked unless Django recorded an error on the connection; then the
-    backend reads the driver's state (PostgreSQL) or pings (``is_usable()``, other vendors).
+    backend reads the driver's state (PostgreSQL) or pings (``is_usable()``, other vendors), once per driver
+    connection (lockkit's own record: Django's ``errors_occurred`` is only read).
     """
     connection = connections[alias]
-    if connection.connection is None or not connection.errors_occurred or not _outside_transaction(alias):
+    driver = connection.connection
+    if driver is None or not connection.errors_occurred or not _outside_transaction(alias):
         return
+    if _checked.get(connection) == id(driver):
+        return  # already found usable since Django recorded the error (Django's flag is Django's to reset)
     if backend_for(connection).connection_unusable(connection):
         _close(alias)
     else:
-        connection.errors_occurred = False
+        _checked[connection] = id(driver)
 
 
 def discard_after_loss(alias: str) -> None:

@@ -1,0 +1,188 @@
+"""A transaction of lockkit's own statements in one message: ``BEGIN; SELECT set_config(...); <statement>; COMMIT``.
+
+lockkit writes the whole text of its own statements (claims, ``guarded_update``, ``locked_update``), so outside a
+caller's transaction it sends the
+transaction's opening, the statement and the ``COMMIT`` as one simple-query message through Django's cursor (psycopg's
+client-side cursor binds the statement's values, as it does for any statement). The statement runs under the
+call's ``lock_timeout`` (``is_local = true``: it ends with the transaction) and nothing else is sent: no transaction
+id is taken, so a poll of an empty queue assigns none and flushes no WAL. See
+https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT.
+
+After an error inside the message the server keeps the transaction block open and aborted; it is rolled back here
+before the error leaves, so the connection is idle again. A reply lost after the message was sent is the caller's
+to resolve, from the rows themselves (``sent``, ``pid`` and ``sent_at`` say what went and when).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from lockkit import cancellation
+from lockkit.backends.postgresql.opening import opening_select
+
+#: A row of a statement's result, keyed by column name.
+Row = dict[str, Any]
+
+try:
+    import psycopg
+    from psycopg import pq
+except ImportError:  # pragma: no cover - psycopg2-only installations never send one message
+    psycopg = None  # type: ignore[assignment]
+
+
+class OneMessage:
+    """A transaction of lockkit's own statements, sent with its opening: one message, or two with a decision between.
+
+    ``run()`` sends ``BEGIN; SELECT set_config(...); <statement>; COMMIT`` (claims, ``guarded_update``): one round
+    trip. ``run(..., commit=False)`` sends the opening and a statement and leaves the transaction open (the locking
+    ``SELECT`` of ``locked_update``); ``finish()`` then sends ``<statement>; COMMIT`` and ``roll_back()`` ends it.
+    With ``columns`` (the backend's opening columns: the transaction id, the server) the opening reads them into
+    ``opened``, so a lost ``COMMIT`` reply can be resolved by transaction id.
+
+    Attributes:
+        sent: A message carrying the ``COMMIT`` has been handed to the driver (a lost reply is then ambiguous).
+        pid: The server session the message was sent on.
+        sent_at: ``time.monotonic()`` right before it was sent.
+        opened: The values of ``columns``, as text, once the opening ran.
+    """
+
+    def __init__(self, timeouts: Mapping[str, int], columns: tuple[str, ...] = ()) -> None:
+        """Prepare the message's opening for ``timeouts`` (lockkit's setting names, whole milliseconds)."""
+        items = tuple(timeouts.items())
+        selected = opening_select(items, columns)
+        self._prefix = "BEGIN; " + (f"{selected}; " if selected else "")
+        self._skip = 2 if selected else 1  # the results before the statement's: BEGIN's, the opening SELECT's
+        self._columns = len(columns)
+        self.sent = False
+        self.pid: int | None = None
+        self.sent_at = 0.0
+        self.opened: tuple[str | None, ...] = ()
+
+    def run(self, cursor: Any, sql: str, params: Any, *, commit: bool = True) -> tuple[list[Row], int]:
+        """Send the opening and ``sql`` through ``cursor`` (Django's), with ``COMMIT`` unless ``commit=False``.
+
+        Returns:
+            The statement's rows (keyed by column name) and its row count.
+
+        Raises:
+            lockkit.cancellation.CallCancelled: an awaiting caller was cancelled before a ``COMMIT`` was sent.
+            django.db.DatabaseError: a statement failed; the transaction is rolled back.
+        """
+        driver = cursor.cursor
+        raw = driver.connection
+        self.pid = raw.info.backend_pid
+        self._send(
+            cursor, f"{self._prefix}{sql}; COMMIT" if commit else f"{self._prefix}{sql}", params, commit
+        )
+        driver.nextset()  # past BEGIN's result
+        if self._skip == 2:
+            if self._columns:
+                row = driver.fetchone()
+                values = () if row is None else row[len(row) - self._columns :]
+                self.opened = tuple(None if value is None else str(value) for value in values)
+            driver.nextset()
+        return read_rows(driver)
+
+    def finish(self, cursor: Any, sql: str, params: Any) -> tuple[list[Row], int]:
+        """Send ``<sql>; COMMIT`` in the transaction ``run(..., commit=False)`` opened; return ``sql``'s rows.
+
+        Raises:
+            lockkit.cancellation.CallCancelled: an awaiting caller was cancelled before it was sent.
+            django.db.DatabaseError: ``sql`` failed (the server skipped the ``COMMIT``); rolled back.
+        """
+        self._send(cursor, f"{sql}; COMMIT", params, True)
+        return read_rows(cursor.cursor)
+
+    def roll_back(self, cursor: Any) -> None:
+        """End the open transaction without committing (the decision between two messages was not to write)."""
+        _roll_back(cursor.cursor.connection)
+
+    def _send(self, cursor: Any, text: str, params: Any, commit: bool) -> None:
+        raw = cursor.cursor.connection
+        if commit:
+            waiting = cancellation.current()
+            if waiting is not None and not waiting.begin_commit():  # the message carries the COMMIT
+                _roll_back(raw)
+                raise cancellation.CallCancelled(
+                    "the awaiting caller was cancelled before the COMMIT was sent"
+                )
+            self.sent_at = time.monotonic()
+            self.sent = True
+        try:
+            cursor.execute(text, params)
+        except BaseException:
+            _roll_back(raw)
+            raise
+
+
+def _roll_back(raw: Any) -> None:
+    """End the aborted transaction block an error left open, through the driver's public API."""
+    if raw.closed or raw.broken:
+        return
+    if raw.info.transaction_status in (pq.TransactionStatus.INERROR, pq.TransactionStatus.INTRANS):
+        with contextlib.suppress(psycopg.Error):
+            raw.execute("ROLLBACK")
+
+
+def can_send(connection: Any) -> bool:
+    """Whether ``connection`` can carry a claims call as one message: psycopg 3, client-side binding, autocommit.
+
+    Client-side binding is read from the driver connection's ``cursor_factory`` (Django's default is psycopg's
+    ``ClientCursor``; ``OPTIONS["server_side_binding"]`` makes it the server-binding ``Cursor``, which refuses a
+    message of several statements). Connects if needed (the call is about to).
+    """
+    if psycopg is None:
+        return False
+    connection.ensure_connection()
+    raw = connection.connection
+    return (
+        isinstance(raw, psycopg.Connection)
+        and issubclass(raw.cursor_factory, psycopg.ClientCursor)
+        and raw.autocommit
+        and raw.info.transaction_status == pq.TransactionStatus.IDLE
+    )
+
+
+def begin(connection: Any, timeouts: Mapping[str, int], columns: tuple[str, ...] = ()) -> OneMessage | None:
+    """The message a call of lockkit's own outside any transaction sends its statement in, or ``None``.
+
+    ``None`` when the connection is not psycopg 3 idle in autocommit with client-side binding (``can_send``): the
+    call then runs in a scope of its own. ``timeouts`` are lockkit's setting names in whole milliseconds. Connects
+    if needed.
+    """
+    return OneMessage(timeouts, columns) if can_send(connection) else None
+
+
+_CURRENT: ContextVar[OneMessage | None] = ContextVar("lockkit_claims_message", default=None)
+
+
+def current() -> OneMessage | None:
+    """The message the claims call running in this context sends its statement in, if any."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def sending(message: OneMessage) -> Iterator[OneMessage]:
+    """Send the claims statements run inside the block in ``message`` (one statement per message)."""
+    token = _CURRENT.set(message)
+    try:
+        yield message
+    finally:
+        _CURRENT.reset(token)
+
+
+def read_rows(result: Any) -> tuple[list[Row], int]:
+    """The rows of the driver cursor ``result`` keyed by column name, and its row count.
+
+    Read from the driver's cursor, which holds the whole result by now: Django's cursor wrapper would build a new
+    error-wrapping function for each attribute read, which costs as much as parsing the rows.
+    """
+    description = result.description
+    if description is None:
+        return [], result.rowcount
+    names = [column[0] for column in description]
+    return [dict(zip(names, row, strict=True)) for row in result.fetchall()], result.rowcount

@@ -1,0 +1,329 @@
+"""``locked_update(queryset, change)``: lock one row, decide in Python, write it, commit; the whole call retried.
+
+On PostgreSQL (psycopg 3, client-side binding) outside any transaction it is two messages through the engine's
+``OneMessage``: the opening with the lock timeout and the locking ``SELECT ... FOR UPDATE OF <table>``, then
+``UPDATE ... WHERE pk = ...; COMMIT``, both compiled by Django. Everywhere else it is the same operation in a
+``locked_operation`` scope, with more round trips and the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+from django.core.exceptions import EmptyResultSet, FieldError
+from django.db import connections, models
+from django.db.models.expressions import Combinable
+from django.db.models.sql import UpdateQuery
+
+from lockkit._engine import message as one_message
+from lockkit._engine import outcome
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine.transaction import COMMIT_RESOLUTION_TIMEOUT, in_transaction
+from lockkit.aio import awaitable
+from lockkit.backends import TimeoutToken, backend_for
+from lockkit.backends.sql import relations
+from lockkit.backends.sql.rows import instances
+from lockkit.errorcodes.translate import translating
+from lockkit.errors import ConnectionLost, QueryInChange
+from lockkit.operations.operation import _policy, locked_operation
+from lockkit.operations.retry import RetryPolicy, call_with_retry, check_retry
+from lockkit.scopes import aliases
+from lockkit.scopes.options import FROM_SETTINGS, Default, ScopeOptions
+from lockkit.scopes.scope import current_scope
+from lockkit.validation import milliseconds
+
+M = TypeVar("M", bound=models.Model)
+
+#: What ``change(row)`` returns: field name (or ``attname``) to the value to write.
+Change = Callable[[Any], Mapping[str, Any]]
+
+
+def locked_update(
+    queryset: models.QuerySet[M],
+    change: Callable[[M], Mapping[str, Any]],
+    /,
+    *,
+    lock_timeout: Any = FROM_SETTINGS,
+    nowait: bool = False,
+    using: str | None = None,
+    retry: Any = FROM_SETTINGS,
+) -> M:
+    """Lock the one row ``queryset`` matches, pass it to ``change``, write what it returns, and commit.
+
+    ``change(row)`` receives the locked row as a model instance and returns the fields to write as a dict (or
+    raises): ``locked_update(Stock.objects.filter(sku=sku), lambda row: {"available": row.available - n})``. On
+    PostgreSQL (psycopg 3) outside any transaction this is **two messages**: ``BEGIN; SELECT set_config(...);
+    SELECT ... FOR UPDATE OF <table>``, then ``UPDATE ... WHERE pk = ...; COMMIT`` (values bound by the driver, as
+    Django binds them), so the row lock is held for one round trip plus ``change()``. Inside the caller's
+    ``atomic()``, and on MariaDB/MySQL and SQLite, it is the same operation in a locked scope (more round trips,
+    the same results); inside a transaction it is one attempt in a savepoint. No model signals are sent (as
+    ``QuerySet.update()``); ``auto_now`` fields are not touched unless ``change`` returns them. When the database can
+    evaluate the condition itself, ``lockkit.guarded_update`` is one message. See
+    https://www.postgresql.org/docs/current/explicit-locking.html#LOCKING-ROWS.
+
+    Deadlocks, serialization failures, lock timeouts (and NOWAIT failures, when the policy retries them) and a
+    connection lost before ``COMMIT`` was sent re-run the whole call (``change()`` again, on the fresh row) per the
+    retry policy. A reply to ``UPDATE ...; COMMIT`` that is lost is resolved from the server by transaction id:
+    committed (the row is returned), rolled back (retried as a lost connection), or ``CommitOutcomeUnknown``.
+
+    Args:
+        queryset: A ``QuerySet`` matching exactly one row of a model without multi-table parents (the filter
+            picks the row; no slicing, ``distinct()``, annotations or combinations).
+        change: Called with the locked row (a model instance); returns ``{field name: value}`` to write (plain
+            values, not expressions: the write happens after the decision). It must not run queries (refused
+            with ``QueryInChange``). An exception it raises rolls back and propagates, never retried.
+        lock_timeout: Seconds (``int``/``float``/``timedelta``) the row lock may be waited for, ``None`` for the
+            connection's own setting; default ``settings.LOCKKIT["LOCK_TIMEOUT"]``.
+        nowait: Fail at once with ``LockNotAvailable`` when the row is locked (``FOR UPDATE NOWAIT``).
+        using: The database alias; default: the queryset's own (``.using()``), else ``router.db_for_write``.
+        retry: A ``lockkit.RetryPolicy``, a tenacity ``Retrying``, a dict of ``RetryPolicy`` fields or ``None``
+            (no retries); default ``settings.LOCKKIT["RETRY"]``. Each attempt is a fresh transaction.
+
+    Returns:
+        The row as written: the instance ``change`` saw, with the returned fields set.
+
+    Raises:
+        TypeError: ``queryset`` is not a ``QuerySet``, ``change`` is not callable, an option has the wrong type;
+            ``change`` returned something that is not a mapping, or an expression. The options are checked before
+            any SQL; a bad return value rolls back.
+        ValueError: a sliced, distinct, annotated or combined queryset, a multi-table-inheritance model, a bad
+            duration (before any SQL); ``change`` returned an unknown field, the primary key or a field
+            ``update()`` cannot set (rolled back).
+        Model.DoesNotExist, Model.MultipleObjectsReturned: the queryset matched no row or several (rolled back).
+        lockkit.errors.QueryInChange: ``change`` ran a statement on the alias (refused before it was sent).
+        lockkit.errors.AliasMismatch: the queryset is bound (``.using()``) to another alias than ``using``.
+        lockkit.errors.LockTimeout, lockkit.errors.LockNotAvailable: the row stayed locked (after the policy's
+            attempts); nothing was written.
+        lockkit.errors.DeadlockDetected, lockkit.errors.SerializationFailure: on every attempt the policy allows.
+        lockkit.errors.ConnectionLost: the connection was lost before the ``COMMIT`` took effect, on every attempt.
+        lockkit.errors.CommitOutcomeUnknown: the reply to ``UPDATE ...; COMMIT`` was lost and the server could not
+            say whether it committed. Never retried.
+        django.db.IntegrityError: the write broke a constraint; nothing was committed. Never retried.
+    """
+    alias = _checked(queryset, change, using)
+    options = ScopeOptions.build(using=alias, lock_timeout=lock_timeout, nowait=nowait)
+    policy = _policy(retry if isinstance(retry, Default) else check_retry(retry))
+    bound = queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
+    connection = connections[alias]
+    if (
+        not in_transaction(connection)
+        and not connection.execute_wrappers  # their own statements could not join a transaction in one message
+        and backend_for(connection).sends_one_message(connection)
+    ):
+        within = (
+            float(cast(Any, policy.reconnect_within))
+            if isinstance(policy, RetryPolicy)
+            else COMMIT_RESOLUTION_TIMEOUT
+        )
+
+        def attempt(number: int) -> M:
+            return _in_two_messages(bound, change, alias, options, number, within)
+
+        if policy is None:
+            return attempt(1)
+        return call_with_retry(policy, attempt, alias=alias, operation="lockkit.locked_update")
+    return _in_scope(bound, change, alias, options, policy)
+
+
+alocked_update = awaitable(locked_update)
+alocked_update.__doc__ = (
+    """The awaitable form of ``locked_update`` (one thread and connection for the whole call)."""
+)
+
+
+def _checked(queryset: object, change: object, using: object) -> str:
+    """The alias of a valid call; every check that needs no SQL."""
+    if not isinstance(queryset, models.QuerySet):
+        raise TypeError(f"queryset must be a QuerySet, not {type(queryset).__name__}")
+    if not callable(change):
+        raise TypeError(f"change must be callable, not {type(change).__name__}")
+    query = queryset.query
+    if query.is_sliced:
+        raise ValueError("queryset: a sliced queryset cannot be updated; filter it down to one row")
+    if query.distinct or query.distinct_fields or query.annotations or query.combinator:
+        raise ValueError("queryset: filter the model's own rows (no distinct(), annotations or combinations)")
+    model = queryset.model
+    if (model._meta.concrete_model or model)._meta.parents:
+        raise ValueError(
+            f"queryset: {model.__name__} has multi-table parents; lock it with lockkit.locked() and save() it"
+        )
+    bound: str | None = queryset._db  # type: ignore[attr-defined]
+    if using is None:
+        alias = bound if bound is not None else aliases.resolve(None, model)
+    else:
+        alias = aliases.check_alias(using)
+    aliases.check_queryset_alias(queryset, alias, "queryset", routed=using is None)
+    return alias
+
+
+def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> dict[str, Any]:
+    """Call ``change(row)`` with statements on ``alias`` refused; check and return the fields it chose."""
+    refused: list[str] = []
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        refused.append(sql)
+        raise QueryInChange(
+            f"locked_update's change() ran a statement on {alias!r} while the row was locked; it must only "
+            f"compute the new values from the row it is given (refused, not sent: {sql[:80]!r})",
+            alias=alias,
+        )
+
+    with connections[alias].execute_wrapper(refuse):
+        fields = change(row)
+    if refused:  # change() caught the refusal: the call fails all the same
+        raise QueryInChange(
+            f"locked_update's change() ran a statement on {alias!r}; it must only compute the new values",
+            alias=alias,
+        )
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"change must return a dict of field names to values, not {type(fields).__name__}")
+    meta = type(row)._meta
+    checked: dict[str, Any] = {}
+    by_name = {f.name: f for f in meta.concrete_fields} | {f.attname: f for f in meta.concrete_fields}
+    for name, value in fields.items():
+        field = by_name.get(name) if isinstance(name, str) else None
+        if field is None:
+            raise ValueError(f"change returned {name!r}, which is not a concrete field of {meta.object_name}")
+        if field.primary_key:
+            raise ValueError(f"change returned the primary key {name!r}; the locked row keeps its key")
+        if isinstance(value, Combinable) or hasattr(value, "resolve_expression"):
+            raise TypeError(
+                f"change returned an expression for {name!r}; return the value to write (the row is locked)"
+            )
+        checked[field.name] = value
+    return checked
+
+
+def _written(row: M, fields: dict[str, Any]) -> M:
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
+
+
+def _update_statement(
+    model: type[models.Model], alias: str, pk: Any, fields: dict[str, Any]
+) -> tuple[str, Any]:
+    """``UPDATE <table> SET ... WHERE pk = %s``, as ``QuerySet.update(**fields)`` compiles it (Django's compiler).
+
+    Raises:
+        ValueError: Django refused a field or value (``FieldError``).
+    """
+    query = UpdateQuery(model)
+    try:
+        query.add_update_values(fields)
+    except FieldError as exc:
+        raise ValueError(f"change: {exc}") from None
+    query.add_q(models.Q(pk=pk))
+    sql, params = query.get_compiler(alias).as_sql()
+    return sql, params
+
+
+def _locking_select(queryset: models.QuerySet[M], alias: str, nowait: bool) -> tuple[str, Any]:
+    """``SELECT <concrete columns> ... LIMIT 2 FOR UPDATE [NOWAIT] OF <table>``: Django's compiler, then its clause.
+
+    The ``SELECT`` is what the queryset compiles to (values as parameters); the locking clause is the backend's
+    own ``for_update_sql()`` naming only the model's table (an alias for a schema-qualified one), as Django writes
+    it for ``select_for_update(of=("self",))``.
+
+    Raises:
+        EmptyResultSet: no row can match (``pk__in=[]``).
+    """
+    model = queryset.model
+    selection = queryset.values_list(*(field.attname for field in model._meta.concrete_fields))[:2]
+    query = selection.query
+    base = query.get_initial_alias()
+    assert base is not None
+    if relations.is_qualified(model, alias):
+        base = relations.alias_base_table(query)
+    compiler = query.get_compiler(alias)
+    sql, params = compiler.as_sql()
+    of = (relations.quote_as_from_clause(compiler, base),)
+    return f"{sql} {connections[alias].ops.for_update_sql(nowait=nowait, of=of)}", params
+
+
+def _one(queryset: models.QuerySet[M], rows: list[M]) -> M:
+    meta = queryset.model._meta
+    if not rows:
+        raise queryset.model.DoesNotExist(f"{meta.object_name} matching query does not exist.")  # type: ignore[attr-defined]
+    if len(rows) > 1:
+        raise queryset.model.MultipleObjectsReturned(  # type: ignore[attr-defined]
+            f"get() returned more than one {meta.object_name}; locked_update changes exactly one row"
+        )
+    return rows[0]
+
+
+def _in_two_messages(
+    queryset: models.QuerySet[M],
+    change: Callable[[M], Mapping[str, Any]],
+    alias: str,
+    options: ScopeOptions,
+    number: int,
+    within: float,
+) -> M:
+    """One attempt on PostgreSQL: the opening with the locking ``SELECT``, then ``UPDATE ...; COMMIT``."""
+    connection = connections[alias]
+    backend = backend_for(connection)
+    lock, _ = options.timeouts()
+    timeouts = {} if lock is None else {"lock_timeout": milliseconds(lock)}
+    model = queryset.model
+    discard_if_dead(alias)
+    try:
+        select = _locking_select(queryset, alias, options.nowait)
+    except EmptyResultSet:
+        return _one(queryset, [])
+    try:
+        with translating(alias, nowait=options.nowait, attempts=number):
+            message = one_message.begin(connection, timeouts, backend.opening_columns(connection))
+    except ConnectionLost:
+        discard_after_loss(alias)
+        raise
+    if message is None:  # the connection it made is not in autocommit (a project's own setting)
+        return _in_scope(queryset, change, alias, options, None)
+    try:
+        with translating(alias, nowait=options.nowait, attempts=number), connection.cursor() as cursor:
+            found, _ = message.run(cursor, *select, commit=False)
+            backend.remember_server(connection, message.opened)
+            xid = backend.transaction_id(TimeoutToken({}, message.opened))
+            server = backend.transaction_server(connection)
+            try:
+                row = _one(queryset, instances(model, alias, [list(values.values()) for values in found]))
+                fields = _decided(change, row, alias)
+                if not fields:
+                    message.roll_back(cursor)
+                    return row
+                update = _update_statement(model, alias, row.pk, fields)
+            except BaseException:
+                message.roll_back(cursor)
+                raise
+            message.finish(cursor, *update)
+            return _written(row, fields)
+    except ConnectionLost as lost:
+        discard_after_loss(alias)
+        if not message.sent:
+            raise  # the COMMIT never left: the server rolls back; retried like any lost connection
+        outcome.of_transaction(alias, xid, server, lost, within=within)  # raises unless it committed
+        return _written(row, fields)
+
+
+def _in_scope(
+    queryset: models.QuerySet[M],
+    change: Callable[[M], Mapping[str, Any]],
+    alias: str,
+    options: ScopeOptions,
+    policy: Any,
+) -> M:
+    """The same operation in a locked scope: a locking ``get()``, ``change()``, ``QuerySet.update()``."""
+    model = queryset.model
+
+    def work() -> M:
+        scope = current_scope()
+        row = scope.get(queryset)
+        fields = _decided(change, row, alias)
+        if fields:
+            model._base_manager.db_manager(alias).filter(pk=row.pk).update(**fields)
+        return _written(row, fields)
+
+    lock: Any = options.lock_timeout
+    operation = locked_operation(using=alias, lock_timeout=lock, nowait=options.nowait, retry=policy)
+    return operation(work)()

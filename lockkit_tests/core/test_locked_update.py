@@ -1,0 +1,273 @@
+"""``lockkit.locked_update``: lock one row, decide in Python, write, commit; the whole call retried as one.
+
+On PostgreSQL outside a transaction it is two messages (the opening with the locking ``SELECT``, then ``UPDATE ...;
+COMMIT``); inside ``atomic()``, on MariaDB and on SQLite it is a locked scope with the same results. ``change()``
+raising, touching the database or breaking a constraint leaves nothing written and the next call working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models import F
+from django.test.utils import CaptureQueriesContext
+
+import lockkit
+from lockkit import Failure, RetryEvent, RetryPolicy
+from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from lockkit_tests.models import Stock, StockProxy
+from lockkit_tests.support.vendors import vendor_params
+
+JOIN = 30.0
+VENDORS = [
+    *vendor_params(),
+    pytest.param(
+        "sqlite",
+        id="sqlite",
+        marks=[pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])],
+    ),
+]
+
+
+class OutOfStock(Exception):
+    pass
+
+
+def _reserve(quantity: int) -> Any:
+    def change(row: Stock) -> dict[str, int]:
+        if row.available < quantity:
+            raise OutOfStock(row.sku)
+        return {"available": row.available - quantity}
+
+    return change
+
+
+def _idle(alias: str) -> bool:
+    """No transaction is left open on the alias's connection (Django's and the server's view)."""
+    conn = connections[alias]
+    if conn.in_atomic_block:
+        return False
+    if conn.vendor == "postgresql" and conn.connection is not None:
+        from psycopg import pq
+
+        return bool(conn.connection.info.transaction_status == pq.TransactionStatus.IDLE)
+    return True
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_the_row_is_written_and_returned_as_written(alias: str) -> None:
+    Stock.objects.using(alias).bulk_create([Stock(sku="a", available=5), Stock(sku="b", available=1)])
+    row = lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), _reserve(2), lock_timeout=3)
+    assert isinstance(row, Stock)
+    assert (row.sku, row.available, row._state.db, row._state.adding) == ("a", 3, alias, False)
+    assert Stock.objects.using(alias).get(sku="a").available == 3
+    assert Stock.objects.using(alias).get(sku="b").available == 1  # only the locked row
+    assert _idle(alias)
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_exactly_one_row_or_the_models_own_errors(alias: str) -> None:
+    Stock.objects.using(alias).bulk_create([Stock(sku="a", available=5), Stock(sku="b", available=5)])
+    calls: list[str] = []
+
+    def change(row: Stock) -> dict[str, int]:
+        calls.append(row.sku)
+        return {"available": 0}
+
+    with pytest.raises(Stock.DoesNotExist):
+        lockkit.locked_update(Stock.objects.using(alias).filter(sku="zzz"), change)
+    with pytest.raises(Stock.MultipleObjectsReturned):
+        lockkit.locked_update(Stock.objects.using(alias).all(), change)
+    with pytest.raises(Stock.DoesNotExist):
+        lockkit.locked_update(Stock.objects.using(alias).filter(sku__in=[]), change)
+    assert calls == []
+    assert sorted(Stock.objects.using(alias).values_list("available", flat=True)) == [5, 5]
+    assert _idle(alias)
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_domain_error_rolls_back_is_not_retried_and_releases_the_row(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=1)
+    seen: list[int] = []
+
+    def change(row: Stock) -> dict[str, int]:
+        seen.append(row.available)
+        raise OutOfStock(row.sku)
+
+    with pytest.raises(OutOfStock):
+        lockkit.locked_update(
+            Stock.objects.using(alias).filter(sku="a"),
+            change,
+            retry=RetryPolicy(
+                attempts=5,
+                retry_on={Failure.LOCK_TIMEOUT, Failure.DEADLOCK_DETECTED, Failure.CONNECTION_LOST},
+            ),
+        )
+    assert seen == [1]  # one call of change(): a domain error is never retried
+    assert _idle(alias)
+    # The row lock is gone: a NOWAIT lock of the row from a scope succeeds at once (SQLite locks the database).
+    with lockkit.locked(alias, nowait=alias != "sqlite") as scope:
+        assert scope.get(Stock, pk="a").available == 1
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_change_must_not_touch_the_database(alias: str) -> None:
+    Stock.objects.using(alias).bulk_create([Stock(sku="a", available=5), Stock(sku="b", available=5)])
+
+    def sneaky(row: Stock) -> dict[str, int]:
+        Stock.objects.using(alias).filter(sku="b").update(available=0)
+        return {"available": 1}
+
+    def swallowing(row: Stock) -> dict[str, int]:
+        with contextlib.suppress(lockkit.QueryInChange):
+            Stock.objects.using(alias).get(sku="b")
+        return {"available": 1}
+
+    for change in (sneaky, swallowing):
+        with pytest.raises(lockkit.QueryInChange, match="change"):
+            lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), change)
+    assert dict(Stock.objects.using(alias).values_list("sku", "available")) == {"a": 5, "b": 5}
+    assert _idle(alias)
+    assert lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), _reserve(1)).available == 4
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_constraint_violation_commits_nothing_and_the_next_call_works(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=1)
+    attempts: list[int] = []
+
+    def overdraw(row: Stock) -> dict[str, int]:
+        attempts.append(row.available)
+        return {"available": -1}  # CHECK (available >= 0)
+
+    with pytest.raises(IntegrityError):
+        lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), overdraw)
+    assert attempts == [1]
+    assert Stock.objects.using(alias).get(sku="a").available == 1
+    assert _idle(alias)
+    assert lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), _reserve(1)).available == 0
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_bad_input_is_refused_before_any_sql(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=1)
+    qs = Stock.objects.using(alias).filter(sku="a")
+    with CaptureQueriesContext(connections[alias]) as queries:
+        with pytest.raises(TypeError, match="queryset"):
+            lockkit.locked_update(Stock, _reserve(1))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="change"):
+            lockkit.locked_update(qs, {"available": 0})  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="queryset"):
+            lockkit.locked_update(qs[:1], _reserve(1))
+        with pytest.raises(ValueError, match="lock_timeout"):
+            lockkit.locked_update(qs, _reserve(1), lock_timeout=-1)
+        with pytest.raises(TypeError, match="nowait"):
+            lockkit.locked_update(qs, _reserve(1), nowait="yes")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="using"):
+            lockkit.locked_update(qs, _reserve(1), using="no-such-alias")
+    assert len(queries) == 0
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_bad_return_value_rolls_back(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=3)
+    qs = Stock.objects.using(alias).filter(sku="a")
+    with pytest.raises(TypeError, match="dict"):
+        lockkit.locked_update(qs, lambda row: [("available", 1)])  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match="not a concrete field"):
+        lockkit.locked_update(qs, lambda row: {"colour": 1})
+    with pytest.raises(ValueError, match="primary key"):
+        lockkit.locked_update(qs, lambda row: {"sku": "b"})
+    with pytest.raises(TypeError, match="expression"):
+        lockkit.locked_update(qs, lambda row: {"available": F("available") - 1})
+    assert Stock.objects.using(alias).get(sku="a").available == 3
+    assert _idle(alias)
+    # Nothing to write: the row comes back unchanged, nothing is written.
+    assert lockkit.locked_update(qs, lambda row: {}).available == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_outside_a_transaction_it_is_two_messages() -> None:
+    Stock.objects.create(sku="a", available=5)
+    with CaptureQueriesContext(connection) as queries:
+        row = lockkit.locked_update(Stock.objects.filter(sku="a"), _reserve(2), lock_timeout=3)
+    assert row.available == 3
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert len(sent) == 2, sent
+    assert sent[0].startswith("BEGIN; SELECT set_config('lock_timeout', '3000ms', true)")
+    assert "FOR UPDATE OF" in sent[0]
+    assert sent[1].startswith("UPDATE")
+    assert sent[1].endswith("; COMMIT")
+    assert Stock.objects.get(sku="a").available == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_atomic_it_joins_the_callers_transaction() -> None:
+    Stock.objects.create(sku="a", available=5)
+    with pytest.raises(RuntimeError, match="caller"), transaction.atomic():
+        assert lockkit.locked_update(Stock.objects.filter(sku="a"), _reserve(2)).available == 3
+        assert Stock.objects.get(sku="a").available == 3  # visible inside the caller's transaction
+        raise RuntimeError("the caller rolls back")
+    assert Stock.objects.get(sku="a").available == 5
+    with transaction.atomic():
+        lockkit.locked_update(Stock.objects.filter(sku="a"), _reserve(2))
+    assert Stock.objects.get(sku="a").available == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_proxy_model_is_written_through_its_concrete_table() -> None:
+    Stock.objects.create(sku="a", available=5)
+    row = lockkit.locked_update(StockProxy.objects.filter(sku="a"), _reserve(1))
+    assert isinstance(row, StockProxy)
+    assert Stock.objects.get(sku="a").available == 4
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_a_lock_timeout_reruns_the_whole_call_on_the_fresh_row(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=5)
+    events: list[RetryEvent] = []
+    seen: list[int] = []
+    policy = RetryPolicy(
+        retry_on={Failure.LOCK_TIMEOUT}, attempts=20, before_retry=events.append, wait_max=0.05
+    )
+
+    def change(row: Stock) -> dict[str, int]:
+        seen.append(row.available)
+        return {"available": row.available - 1}
+
+    with hold_lock(Stock.objects.using(alias).filter(sku="a"), using=alias, timeout=20) as held:
+        caller = in_thread(
+            lambda: lockkit.locked_update(
+                Stock.objects.using(alias).filter(sku="a"), change, lock_timeout=1, retry=policy
+            )
+        )
+        wait_until_blocked(held, timeout=JOIN)
+        # The holder writes and commits: the retried call must decide on the value it wrote.
+        held.run(lambda: Stock.objects.using(alias).filter(sku="a").update(available=F("available") - 2))
+        held.release(commit=True)
+    row = caller.result(timeout=JOIN)
+    assert row.available == 2
+    assert seen[-1] == 3  # the last call of change() saw the holder's committed value
+    assert Stock.objects.using(alias).get(sku="a").available == 2
+
+
+@pytest.mark.parametrize("alias", vendor_params())
+def test_nowait_fails_at_once_when_the_row_is_held(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=5)
+    with hold_lock(Stock.objects.using(alias).filter(sku="a"), using=alias):
+        with pytest.raises(lockkit.LockNotAvailable):
+            lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), _reserve(1), nowait=True)
+    assert Stock.objects.using(alias).get(sku="a").available == 5
+    assert lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), _reserve(1)).available == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_awaitable_form() -> None:
+    Stock.objects.create(sku="a", available=5)
+    row = asyncio.run(lockkit.alocked_update(Stock.objects.filter(sku="a"), _reserve(2)))
+    assert row.available == 3
+    assert Stock.objects.get(sku="a").available == 3
