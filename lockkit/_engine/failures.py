@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, Error
 from django.db.transaction import TransactionManagementError
 
-from lockkit.errorcodes.table import code_of
+from lockkit.errorcodes.table import chain, code_of
 
 # The errors after which InnoDB has rolled the whole transaction back (savepoints included) and carries on.
 _WHOLE_TRANSACTION = frozenset({"1213"})
@@ -64,3 +64,27 @@ class FailedStatements:
         if self.rolled_back is not None:
             return self.rolled_back
         return self.last if needs_rollback else None
+
+
+# mysqlclient's CR_COMMANDS_OUT_OF_SYNC: a statement's result was left unread (an exception interrupted it).
+_COMMANDS_OUT_OF_SYNC = "2014"
+
+
+def interrupt_behind(connection: Any, exc: BaseException | None) -> BaseException | None:
+    """The exception (a signal handler's) that the driver's "commands out of sync" replaced, if any.
+
+    mysqlclient runs a signal handler once the server's reply has arrived, before the result is read: the exception
+    leaves the statement, Django's cleanup closes the cursor, and mysqlclient refuses that with 2014
+    (``CR_COMMANDS_OUT_OF_SYNC``), which hides the interrupt as its context. The scope then raises the interrupt,
+    so a task runner's time limit reaches the code that catches it.
+    """
+    database_errors = driver_errors(connection)
+    if exc is None or not isinstance(exc, database_errors) or code_of(exc) != _COMMANDS_OUT_OF_SYNC:
+        return None
+    return next((link for link in chain(exc) if not isinstance(link, database_errors)), None)
+
+
+def driver_errors(connection: Any) -> tuple[type[BaseException], ...]:
+    """Django's ``Error`` and the driver's own base class (Django does not wrap the errors of a cursor's close())."""
+    driver = getattr(connection, "Database", None)
+    return (Error,) if driver is None else (Error, driver.Error)

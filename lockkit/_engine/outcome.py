@@ -8,15 +8,19 @@ statements say in their rows what they did, decide theirs from the rows once the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, Error, connections
 
+from lockkit._engine.callbacks import Callbacks
+from lockkit._engine.failures import driver_errors
 from lockkit._engine.liveness import discard_after_loss
 from lockkit.backends import backend_for
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost
+from lockkit.errorcodes.table import chain
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, OnCommitError
 
 logger = logging.getLogger("lockkit")
 
@@ -86,3 +90,73 @@ def await_session_end(alias: str, pid: int | None, lost: ConnectionLost, *, with
             raise unknown(alias, lost, what="a message carrying its COMMIT") from lost
         time.sleep(pause)
         pause = min(pause * 2, _PAUSE_MAX)
+
+
+# SQLSTATE statement_completion_unknown: CockroachDB's "result is ambiguous" when a COMMIT's fate is unknown.
+AMBIGUOUS_COMMIT = "40003"
+
+
+def ambiguous(alias: str, commit_exc: BaseException, xid: int | None) -> CommitOutcomeUnknown:
+    """SQLSTATE 40003 at COMMIT (CockroachDB's "result is ambiguous"): it may or may not have committed."""
+    return CommitOutcomeUnknown(
+        f"the COMMIT on {alias!r} reported statement_completion_unknown (SQLSTATE 40003): the transaction may or "
+        f"may not have committed: {commit_exc}",
+        sqlstate=AMBIGUOUS_COMMIT,
+        alias=alias,
+        xid=xid,
+    )
+
+
+def after_interrupt(
+    alias: str,
+    commit_exc: BaseException,
+    xid: int | None,
+    server: Any,
+    callbacks: Callbacks,
+    *,
+    within: float,
+) -> NoReturn:
+    """An exception interrupted the wait for COMMIT's reply (a cancel request was just sent): find the outcome.
+
+    The connection is discarded (its driver is mid-reply, and Django's next statement on it would fail), then the
+    server that had the transaction is asked what became of it. Rolled back (the cancel stopped a deferred trigger,
+    or the COMMIT never took effect): the interrupt is raised, nothing changed. Committed: lockkit's recorded
+    callbacks run, then the interrupt is raised with a note saying so. Otherwise ``CommitOutcomeUnknown``, raised
+    from the interrupt.
+    """
+    connection = connections[alias]
+    errors = driver_errors(connection)
+    interrupt = next((link for link in chain(commit_exc) if not isinstance(link, errors)), commit_exc)
+    logger.warning(
+        "lockkit: %s interrupted the COMMIT on %r; the connection is discarded and transaction %s resolved",
+        type(interrupt).__name__,
+        alias,
+        xid,
+    )
+    with contextlib.suppress(Error):
+        connection.close()
+    decided = backend_for(connection).commit_outcome(connections[alias], xid, within=within, server=server)
+    discard_after_loss(alias)
+    if decided == "aborted":
+        raise interrupt
+    if decided == "committed":
+        callbacks.run_pending(lambda error: on_commit_error(alias, error))
+        interrupt.add_note(
+            f"lockkit: transaction {xid} on {alias!r} committed before this interrupted its COMMIT; its on_commit "
+            "callbacks ran: do not do the work again"
+        )
+        raise interrupt
+    raise CommitOutcomeUnknown(
+        f"{type(interrupt).__name__} interrupted the COMMIT on {alias!r} and its outcome is unknown (transaction id "
+        f"{xid}): the work may have committed; check before doing it again",
+        alias=alias,
+        xid=xid,
+    ) from interrupt
+
+
+def on_commit_error(alias: str, callback_error: Exception) -> OnCommitError:
+    return OnCommitError(
+        f"an on_commit callback failed after the transaction on {alias!r} committed "
+        f"({type(callback_error).__name__}: {callback_error}); the work is committed: do not retry it",
+        alias=alias,
+    )

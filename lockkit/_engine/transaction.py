@@ -13,20 +13,19 @@ import functools
 import logging
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
 from django.db import Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from lockkit import cancellation
-from lockkit._engine import forks, outcome
+from lockkit._engine import failures, forks, outcome
 from lockkit._engine.callbacks import Callbacks
-from lockkit._engine.failures import FailedStatements
 from lockkit._engine.liveness import discard_after_loss, discard_if_dead
 from lockkit.backends import TimeoutToken, backend_for
-from lockkit.errorcodes.table import chain, code_of
+from lockkit.errorcodes.table import code_of
 from lockkit.errorcodes.translate import translate, translating
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, OnCommitError, TransactionAborted
+from lockkit.errors import ConnectionLost, LockError, OnCommitError, TransactionAborted
 
 logger = logging.getLogger("lockkit")
 
@@ -34,12 +33,6 @@ logger = logging.getLogger("lockkit")
 # restart included) before it gives up and raises CommitOutcomeUnknown, when the scope is not given its own budget:
 # the default RetryPolicy's reconnect_within. A locked_operation resolves for its policy's reconnect_within.
 COMMIT_RESOLUTION_TIMEOUT = 5.0
-
-# mysqlclient's CR_COMMANDS_OUT_OF_SYNC: a statement's result was left unread (an exception interrupted it).
-_COMMANDS_OUT_OF_SYNC = "2014"
-
-# SQLSTATE statement_completion_unknown: CockroachDB's "result is ambiguous" when a COMMIT's fate is unknown.
-AMBIGUOUS_COMMIT = "40003"
 
 
 def in_transaction(connection: Any) -> bool:
@@ -105,7 +98,7 @@ class ScopeTransaction:
         # the engine when a lost COMMIT turns out to have committed (Django forgets its list then).
         self.callbacks = Callbacks()
         # The block's failed statements, where the driver keeps no aborted state to read (outermost only).
-        self._failures: FailedStatements | None = None
+        self._failures: failures.FailedStatements | None = None
         self._watching = contextlib.ExitStack()
 
     def __enter__(self) -> ScopeTransaction:
@@ -159,7 +152,7 @@ class ScopeTransaction:
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
             transaction.on_commit(self._mark_committed, using=self.alias)
             if self.backend.watches_failed_statements:
-                self._failures = FailedStatements()
+                self._failures = failures.FailedStatements()
                 self._watching.enter_context(connection.execute_wrapper(self._failures))
         return self
 
@@ -193,7 +186,7 @@ class ScopeTransaction:
             lockkit.cancellation.CallCancelled: the awaiting caller was cancelled before the COMMIT was sent; the
                 scope rolled back (raised from the statement's error when the server-side cancel interrupted it).
         """
-        interrupt = self._interrupt_behind(exc)
+        interrupt = failures.interrupt_behind(self._connection, exc)
         if exc is not None and (interrupt is not None or not isinstance(exc, Error | LockError)):
             self._interrupted()
         try:
@@ -205,21 +198,6 @@ class ScopeTransaction:
             self._raise_if_abandoned(exc)
         if interrupt is not None:
             raise interrupt  # the interrupt itself, not the driver's complaint about the statement it cut short
-
-    def _interrupt_behind(self, exc: BaseException | None) -> BaseException | None:
-        """The exception (a signal handler's) that the driver's "commands out of sync" replaced, if any.
-
-        mysqlclient runs a signal handler once the server's reply has arrived, before the result is read: the
-        exception leaves the statement, Django's cleanup closes the cursor, and mysqlclient refuses that with 2014
-        (``CR_COMMANDS_OUT_OF_SYNC``), which hides the interrupt as its context. The scope then raises the
-        interrupt, so a task runner's time limit reaches the code that catches it.
-        """
-        driver = getattr(self._connection, "Database", None)
-        # The driver's own class too: Django does not wrap the errors of a cursor's close().
-        database_errors = (Error,) if driver is None else (Error, driver.Error)
-        if exc is None or not isinstance(exc, database_errors) or code_of(exc) != _COMMANDS_OUT_OF_SYNC:
-            return None
-        return next((link for link in chain(exc) if not isinstance(link, database_errors)), None)
 
     def _interrupted(self) -> None:
         """An exception that is not the database's left the block: cancel the statement it left running.
@@ -302,9 +280,16 @@ class ScopeTransaction:
             if committing and self.backend.cancel_in_flight(connection):
                 # Not the database's error: an exception (a signal handler's time limit) left the wait for the
                 # COMMIT's reply, and the server may still commit.
-                self._interrupted_commit(commit_exc)
-            if committing and code_of(commit_exc) == AMBIGUOUS_COMMIT:
-                raise self._ambiguous(commit_exc) from commit_exc
+                outcome.after_interrupt(
+                    self.alias,
+                    commit_exc,
+                    self.xid,
+                    self._server,
+                    self.callbacks,
+                    within=self._resolve_within,
+                )
+            if committing and code_of(commit_exc) == outcome.AMBIGUOUS_COMMIT:
+                raise outcome.ambiguous(self.alias, commit_exc, self.xid) from commit_exc
             error = self._translate(commit_exc)
             if committing and isinstance(error, ConnectionLost):
                 self._resolve_commit(error)
@@ -326,60 +311,6 @@ class ScopeTransaction:
         if restore_error is not None:
             raise restore_error
 
-    def _interrupted_commit(self, commit_exc: BaseException) -> NoReturn:
-        """An exception interrupted the wait for COMMIT's reply (a cancel request was just sent): find the outcome.
-
-        The connection is discarded (its driver is mid-reply, and Django's next statement on it would fail), then
-        the server that had the transaction is asked what became of it. Rolled back (the cancel stopped a deferred
-        trigger, or the COMMIT never took effect): the interrupt is raised, nothing changed. Committed: the
-        callbacks run, then the interrupt is raised with a note saying so. Otherwise ``CommitOutcomeUnknown``,
-        raised from the interrupt.
-        """
-        driver_error = getattr(self._connection, "Database", None)
-        driver_errors = (Error,) if driver_error is None else (Error, driver_error.Error)
-        interrupt = next(
-            (link for link in chain(commit_exc) if not isinstance(link, driver_errors)), commit_exc
-        )
-        logger.warning(
-            "lockkit: %s interrupted the COMMIT on %r; the connection is discarded and transaction %s resolved",
-            type(interrupt).__name__,
-            self.alias,
-            self.xid,
-        )
-        with contextlib.suppress(Error):
-            self._connection.close()
-        outcome = self.backend.commit_outcome(
-            connections[self.alias], self.xid, within=self._resolve_within, server=self._server
-        )
-        discard_after_loss(self.alias)
-        if outcome == "aborted":
-            raise interrupt
-        if outcome == "committed":
-            self.callbacks.run_pending(self._on_commit_error)
-            interrupt.add_note(
-                f"lockkit: transaction {self.xid} on {self.alias!r} committed before this interrupted its COMMIT; "
-                "its on_commit callbacks ran: do not do the work again"
-            )
-            raise interrupt
-        raise CommitOutcomeUnknown(
-            f"{type(interrupt).__name__} interrupted the COMMIT on {self.alias!r} and its outcome is unknown "
-            f"(transaction id {self.xid}): the work may have committed; check before doing it again",
-            alias=self.alias,
-            attempts=self.translating.attempts,
-            xid=self.xid,
-        ) from interrupt
-
-    def _ambiguous(self, commit_exc: BaseException) -> CommitOutcomeUnknown:
-        """SQLSTATE 40003 at COMMIT (CockroachDB's "result is ambiguous"): it may or may not have committed."""
-        return CommitOutcomeUnknown(
-            f"the COMMIT on {self.alias!r} reported statement_completion_unknown (SQLSTATE 40003): the transaction "
-            f"may or may not have committed: {commit_exc}",
-            sqlstate=AMBIGUOUS_COMMIT,
-            alias=self.alias,
-            attempts=self.translating.attempts,
-            xid=self.xid,
-        )
-
     def _swallowed_error(self) -> TransactionAborted | None:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""
         swallowed = self.backend.aborted_by(self._connection)
@@ -399,11 +330,7 @@ class ScopeTransaction:
         )
 
     def _on_commit_error(self, callback_error: Exception) -> OnCommitError:
-        return OnCommitError(
-            f"an on_commit callback failed after the transaction on {self.alias!r} committed "
-            f"({type(callback_error).__name__}: {callback_error}); the work is committed: do not retry it",
-            alias=self.alias,
-        )
+        return outcome.on_commit_error(self.alias, callback_error)
 
     def doom(self, error: BaseException) -> None:
         """Mark the block for rollback because a lockkit helper raised ``error`` in it (kept: the first one)."""
