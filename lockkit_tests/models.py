@@ -42,6 +42,23 @@ class AuditedStock(Stock):
         super().save(*args, **kwargs)  # type: ignore[arg-type]
 
 
+class TalliedStock(models.Model):
+    """A model whose ``save()`` first writes another row of its own table: the ``"tally"`` row counts the saves."""
+
+    TALLY = "tally"
+
+    sku = models.CharField(max_length=40, primary_key=True)
+    available = models.IntegerField(default=0)
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        using = kwargs.get("using") or self._state.db
+        assert isinstance(using, str)
+        type(self)._base_manager.using(using).filter(pk=self.TALLY).update(
+            available=models.F("available") + 1
+        )
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+
 class StampedStock(models.Model):
     """A field whose ``pre_save`` sets its value (``auto_now``) and a nullable foreign key."""
 

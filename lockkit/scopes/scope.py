@@ -667,8 +667,9 @@ class ScopeBlock:
                 for block in enclosing:
                     block.scope._committed_on(scope.alias)
         self._end_advisory(succeeded=exc is None)
-        if exc is None and scope.nested:
-            # The savepoint was released into the enclosing transaction: so were its callbacks (Django's rule).
+        if scope._transaction.released:
+            # The savepoint was released into the enclosing transaction: so were its callbacks (Django's rule). One
+            # rolled back (an error, or set_rollback(True) in the body) takes its callbacks with it.
             outer = next((b.scope for b in reversed(enclosing) if b.scope.alias == scope.alias), None)
             if outer is not None:
                 outer._transaction.callbacks.adopt(scope._transaction.callbacks)

@@ -19,7 +19,7 @@ from lockkit.claims import claim_next, held_by
 from lockkit.testing import in_thread
 from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.models import Item, Job, Stock
-from lockkit_tests.support.faultkit import proxied
+from lockkit_tests.support.faultkit import final_status, proxied
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 
 
@@ -41,19 +41,6 @@ def _sale(alias: str, proxy: FaultProxy, action: str | None, *, on_attempt: int 
         return row.available
 
     return sell, record
-
-
-def _final_status(xid: int | None, timeout: float = 10.0) -> str:
-    """``pg_xact_status(xid)`` once it is final (the server notices a closed connection asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with connections["default"].cursor() as cursor:
-            cursor.execute("SELECT pg_xact_status(%s::text::xid8)", [str(xid)])
-            row = cursor.fetchone()
-        assert row is not None
-        if row[0] != "in progress" or time.monotonic() > deadline:
-            return str(row[0])
-        time.sleep(0.02)
 
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
@@ -104,7 +91,7 @@ def test_an_undecided_commit_raises_commit_outcome_unknown_with_the_xid(
     assert record["attempts"] == [1]  # never retried blindly
     assert record["callbacks"] == []
     proxy.release_held()  # the held server transaction ends without its COMMIT: rolled back
-    assert _final_status(caught.value.xid) == "aborted"
+    assert final_status("default", caught.value.xid) == "aborted"
     assert Item.objects.count() == 0
 
 
@@ -122,7 +109,7 @@ def test_an_unreachable_server_after_a_lost_commit_raises_commit_outcome_unknown
     assert record["attempts"] == [1]
     assert record["callbacks"] == []
     assert Item.objects.count() == 1  # it did commit: exactly why the caller must not be told "failed"
-    assert _final_status(caught.value.xid) == "committed"
+    assert final_status("default", caught.value.xid) == "committed"
 
 
 def test_locked_without_retries_resolves_too(through_proxy: tuple[str, FaultProxy]) -> None:

@@ -1,5 +1,5 @@
 """Helpers of the fault tests: extra aliases (through a cutting proxy, on a restartable cluster, behind a
-PgBouncer), and waiting for a server to have closed a session.
+PgBouncer), waiting for a server to have closed a session, and for a transaction's final status.
 
 An extra alias is registered with Django at run time (``connections.settings``) as a copy of an existing one
 with another host and port, and removed afterwards; the tables it needs are created with the schema editor when
@@ -93,3 +93,16 @@ def wait_until_gone(alias: str, session: int, *, timeout: float = 15.0, poll: fl
             time.sleep(poll)
     finally:
         control.close()
+
+
+def final_status(alias: str, xid: int | None, timeout: float = 10.0) -> str:
+    """``pg_xact_status(xid)`` on ``alias`` once it is final (the server notices a closed connection asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_xact_status(%s::text::xid8)", [str(xid)])
+            row = cursor.fetchone()
+        assert row is not None
+        if row[0] != "in progress" or time.monotonic() > deadline:
+            return str(row[0])
+        time.sleep(0.02)

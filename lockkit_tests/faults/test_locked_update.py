@@ -1,0 +1,128 @@
+"""A lost reply to ``UPDATE ...; COMMIT`` (``locked_update``'s second message) is resolved, never guessed.
+
+A ``FaultProxy`` between Django and the server acts on the message that ends with ``COMMIT``: ``deliver`` lets the
+server commit and cuts the reply, ``abort`` never forwards it (the server rolls back), ``hold`` keeps the server's
+transaction open while the client looks for the outcome. A session terminated between the two messages (inside
+``change()``) fails before COMMIT and is retried. Each time the next call in the same process works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connections
+
+import lockkit
+from lockkit import Failure, RetryEvent, RetryPolicy
+from lockkit_harness.proxy import Action, FaultProxy
+from lockkit_harness.sessions import session_of, terminate
+from lockkit_tests.models import Stock
+from lockkit_tests.support.faultkit import final_status
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+
+
+class Sale:
+    """``locked_update`` selling one widget on ``alias``, arming ``proxy`` inside the first call of ``change()``."""
+
+    def __init__(self, alias: str, proxy: FaultProxy, action: Action | None, **policy: Any) -> None:
+        self.alias = alias
+        self.proxy = proxy
+        self.action = action
+        self.seen: list[int] = []  # the value of the row each call of change() was given
+        self.events: list[RetryEvent] = []
+        self.retry = RetryPolicy(before_retry=self.events.append, **policy)
+
+    def change(self, row: Stock) -> dict[str, int]:
+        self.seen.append(row.available)
+        if self.action is not None and len(self.seen) == 1:
+            self.proxy.arm(self.action)  # acts on the next COMMIT: this attempt's ``UPDATE ...; COMMIT``
+        return {"available": row.available - 1}
+
+    def __call__(self) -> Stock:
+        queryset = Stock.objects.using(self.alias).filter(sku="widget")
+        return lockkit.locked_update(queryset, self.change, lock_timeout=5, retry=self.retry)
+
+
+def _available() -> int:
+    return Stock.objects.get(sku="widget").available
+
+
+def test_a_lost_reply_of_a_message_that_committed_returns_the_row_as_written(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    alias, proxy = through_proxy
+    Stock.objects.create(sku="widget", available=5)
+    sale = Sale(alias, proxy, "deliver")
+    row = sale()
+    assert proxy.cuts["deliver"] == 1  # the reply really was cut
+    assert (row.sku, row.available, row._state.db) == ("widget", 4, alias)
+    assert sale.seen == [5]  # change() called once
+    assert sale.events == []  # resolved as committed: not retried
+    assert _available() == 4
+    again = Sale(alias, proxy, None)
+    assert again().available == 3  # the next call in the same process works
+    assert again.seen == [4]
+    assert _available() == 3
+
+
+def test_a_lost_message_that_never_arrived_is_retried_once(through_proxy: tuple[str, FaultProxy]) -> None:
+    alias, proxy = through_proxy
+    Stock.objects.create(sku="widget", available=5)
+    sale = Sale(alias, proxy, "abort")
+    assert sale().available == 4
+    assert proxy.cuts["abort"] == 1
+    assert sale.seen == [5, 5]  # the retry decided again, on the row the first attempt did not change
+    assert [(e.attempt, e.failure) for e in sale.events] == [(1, Failure.CONNECTION_LOST)]
+    assert _available() == 4  # one decrement only
+    assert Sale(alias, proxy, None)().available == 3
+    assert _available() == 3
+
+
+def test_an_undecided_message_raises_commit_outcome_unknown(through_proxy: tuple[str, FaultProxy]) -> None:
+    alias, proxy = through_proxy
+    Stock.objects.create(sku="widget", available=5)
+    # A short budget: the held transaction stays "in progress" for as long as the client asks.
+    sale = Sale(alias, proxy, "hold", reconnect_within=1.0)
+    with pytest.raises(lockkit.CommitOutcomeUnknown) as caught:
+        sale()
+    assert proxy.cuts["hold"] == 1
+    assert type(caught.value.xid) is int
+    assert caught.value.alias == alias
+    assert sale.seen == [5]  # never retried blindly
+    assert sale.events == []
+    proxy.release_held()  # the held transaction ends without its COMMIT: rolled back
+    assert final_status("default", caught.value.xid) == "aborted"
+    assert _available() == 5  # the row is unchanged
+    assert Sale(alias, proxy, None)().available == 4  # the next call works
+    assert _available() == 4
+
+
+def test_a_session_terminated_between_the_two_messages_is_retried_and_writes_once() -> None:
+    """``change()`` ends its own session from another connection: ``UPDATE ...; COMMIT`` goes to a dead session,
+    nothing commits, and the retry (a new connection) decrements once."""
+    Stock.objects.create(sku="widget", available=5)
+    sessions: list[int] = []
+    seen: list[int] = []
+    events: list[RetryEvent] = []
+
+    def change(row: Stock) -> dict[str, int]:
+        seen.append(row.available)
+        sessions.append(session_of("default"))
+        if len(seen) == 1:
+            # A connection of its own (not this thread's "default"), so locked_update does not refuse it.
+            assert terminate("default", sessions[0])
+        return {"available": row.available - 1}
+
+    row = lockkit.locked_update(
+        Stock.objects.filter(sku="widget"), change, retry=RetryPolicy(before_retry=events.append)
+    )
+    assert row.available == 4
+    assert seen == [5, 5]
+    assert sessions[1] != sessions[0]  # the retry ran on a new session
+    assert [(e.attempt, e.failure) for e in events] == [(1, Failure.CONNECTION_LOST)]
+    assert _available() == 4  # written once
+    assert lockkit.locked_update(Stock.objects.filter(sku="widget"), change).available == 3
+    assert _available() == 3
+    assert connections["default"].execute_wrappers == []
