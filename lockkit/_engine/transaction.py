@@ -55,8 +55,6 @@ class ScopeTransaction:
         committed: The scope's own transaction has committed (set by its first ``on_commit`` hook); an error
             raised after that comes from a later callback, not from the commit, and is raised as
             ``OnCommitError``.
-        released: A nested scope's savepoint was released into the enclosing transaction (not rolled back: the
-            body neither raised nor marked the block for rollback), so its callbacks belong to that transaction.
         xid: The PostgreSQL transaction id of an outermost scope (read by its opening statement), else ``None``.
         doomed: The first database error lockkit's helpers raised in the block: the block is marked for
             rollback, and the scope ends with this error even when the body caught it.
@@ -80,7 +78,6 @@ class ScopeTransaction:
         self.alias = alias
         self.nested = in_transaction(connection)
         self.committed = False
-        self.released = False
         self.doomed: BaseException | None = None
         self.backend = backend_for(connection)
         self._lock_timeout = lock_timeout
@@ -154,6 +151,8 @@ class ScopeTransaction:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
             transaction.on_commit(self._mark_committed, using=self.alias)
+            # lockkit's record of its callbacks follows the transaction's savepoints (inner atomic() blocks).
+            self._watching.enter_context(self.callbacks.watch(connection))
             if self.backend.watches_failed_statements:
                 self._failures = failures.FailedStatements()
                 self._watching.enter_context(connection.execute_wrapper(self._failures))
@@ -271,8 +270,6 @@ class ScopeTransaction:
                 # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
                 exc = restore_error = restore_exc
         committing = exc is None and not self.nested and not connection.needs_rollback
-        # Django's atomic() releases the savepoint only then; otherwise (set_rollback(True) too) it rolls back to it.
-        releasing = exc is None and self.nested and not connection.needs_rollback
         try:
             self._atomic.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except BaseException as commit_exc:
@@ -303,7 +300,6 @@ class ScopeTransaction:
                 if error is not None:
                     raise error from commit_exc
                 raise
-        self.released = releasing
         self._after_end(pending=exc is not None or doomed is not None)
         if doomed is not None:
             if isinstance(doomed, ConnectionLost):

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connections, models
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
 from lockkit import events, signals
@@ -510,7 +510,15 @@ class LockScope:
             raise TypeError(f"func must be callable, not {type(func).__name__}")
         flag(robust, "robust")
         self._check_active()
-        self._transaction.callbacks.register(self.alias, func, robust=robust)
+        # The outermost lockkit transaction on the alias keeps the record (its savepoints drop what they undo);
+        # inside a transaction lockkit did not begin, Django's own list is all there is.
+        outermost = next(
+            (b.scope for b in _scopes.get() if b.scope.alias == self.alias and not b.scope.nested), None
+        )
+        if outermost is None:
+            transaction.on_commit(func, using=self.alias, robust=robust)
+        else:
+            outermost._transaction.callbacks.register(self.alias, func, robust=robust)
 
 
 def _filtered(queryset: QuerySet[M], name: str, /, *args: Any, **lookups: Any) -> QuerySet[M]:
@@ -667,12 +675,6 @@ class ScopeBlock:
                 for block in enclosing:
                     block.scope._committed_on(scope.alias)
         self._end_advisory(succeeded=exc is None)
-        if scope._transaction.released:
-            # The savepoint was released into the enclosing transaction: so were its callbacks (Django's rule). One
-            # rolled back (an error, or set_rollback(True) in the body) takes its callbacks with it.
-            outer = next((b.scope for b in reversed(enclosing) if b.scope.alias == scope.alias), None)
-            if outer is not None:
-                outer._transaction.callbacks.adopt(scope._transaction.callbacks)
         if exc is not None:
             # The transaction has rolled back (or back to the savepoint): an advisory lock wait that timed out in
             # it can now say who holds the key.

@@ -71,8 +71,8 @@ def _mutate(mutation: str | None) -> None:
         raise ValueError(f"mutation must be one of {MUTATIONS}, got {mutation!r}")
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    import lockkit.claims.runner
     import lockkit._engine.transaction
+    import lockkit.claims.runner
 
     def keep(alias: str) -> None:
         return None

@@ -133,11 +133,6 @@ def test_a_callback_registered_with_django_directly_is_dropped_when_the_reply_is
     assert ran == ["django", "lockkit"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: lockkit's record cannot see a plain transaction.atomic() savepoint roll back, so a lost "
-    "COMMIT resolved as committed runs the scope.on_commit callbacks registered inside it, which Django dropped",
-)
 def test_a_callback_registered_inside_a_plain_atomic_block_that_rolled_back_never_runs(
     through_proxy: tuple[str, FaultProxy],
 ) -> None:
