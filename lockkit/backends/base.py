@@ -66,7 +66,7 @@ class TimeoutToken:
 
     Attributes:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
-        opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
+        opened: For an outermost scope, the values (as text) of the backend's ``tx.opening_columns``, read by the
             statement that applied the timeouts, at no extra round trip; empty otherwise.
     """
 
