@@ -202,8 +202,8 @@ def capabilities(alias: str) -> Capabilities:
     backend = backend_for(connection)
     try:
         features = connection.features
-        lock_timeout, statement_timeout = backend.timeout_support(connection)
-        warnings += tuple(backend.server_warnings(connection))
+        lock_timeout, statement_timeout = backend.features.timeout_support(connection)
+        warnings += tuple(backend.features.server_warnings(connection))
         warnings += tuple(statement_timeout_warnings(alias))
         return Capabilities(
             alias=alias,
@@ -215,8 +215,8 @@ def capabilities(alias: str) -> Capabilities:
             no_key=bool(features.has_select_for_no_key_update),
             lock_timeout=lock_timeout,
             statement_timeout=statement_timeout,
-            advisory_locks=backend.advisory_support(connection),
-            table_locks=backend.table_lock_support(connection),
+            advisory_locks=backend.features.advisory_support(connection),
+            table_locks=backend.features.table_lock_support(connection),
             warnings=warnings,
         )
     except Exception as exc:  # an unreachable server must not break the report of the others
@@ -230,7 +230,7 @@ def statement_timeout_warnings(alias: str) -> list[str]:
     ``settings.LOCKKIT["LOCK_TIMEOUT"]`` unless ``STATEMENT_TIMEOUT`` is set (scopes then set their own).
     """
     connection = connections[alias]
-    server = backend_for(connection).server_statement_timeout(connection)
+    server = backend_for(connection).sessions.server_statement_timeout(connection)
     lock_timeout, statement_timeout = ScopeOptions().timeouts()
     if server is None or lock_timeout is None or statement_timeout is not None or server >= lock_timeout:
         return []

@@ -32,12 +32,12 @@ def _bounded(connection: BaseDatabaseWrapper, lock_timeout: float) -> Iterator[N
     backend = backend_for(connection)
     in_transaction = _in_transaction(connection)
     with translating(connection.alias, nowait=False):
-        token = backend.bound_lock_waits(connection, lock_timeout, in_transaction=in_transaction)
+        token = backend.locks.bound_lock_waits(connection, lock_timeout, in_transaction=in_transaction)
         try:
             yield
         finally:
-            if not (in_transaction and backend.lock_waits_bound_end_with_transaction):
-                backend.unbound_lock_waits(connection, token)
+            if not (in_transaction and backend.features.lock_waits_bound_end_with_transaction):
+                backend.locks.unbound_lock_waits(connection, token)
 
 
 @contextmanager

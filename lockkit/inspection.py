@@ -42,7 +42,7 @@ def blocking(using: str | None = None) -> list[LockWait]:
     alias = check_alias(using if using is not None else DEFAULT_DB_ALIAS)
     connection = connections.create_connection(alias)
     try:
-        waits = backend_for(connection).lock_waits(connection, alias)
+        waits = backend_for(connection).sessions.lock_waits(connection, alias)
     finally:
         connection.close()
     return with_chains(waits)
@@ -176,7 +176,7 @@ def _refusal(target: SessionTarget, alias: str) -> str | None:
 
 def _checked(connection: Any, alias: str, pid: int, action: Literal["cancel", "terminate"]) -> SessionTarget:
     """Check in one statement that ``pid`` is a client session of the alias's database; raise if not."""
-    target = backend_for(connection).signal_target(connection, pid)
+    target = backend_for(connection).sessions.signal_target(connection, pid)
     if target is None:
         raise ValueError(f"no session {pid} on the server of {alias!r}: nothing was signalled")
     if not target.known:
@@ -243,7 +243,7 @@ def _signal(pid: int, using: str | None, *, terminate: bool) -> Signalled:
         # Two statements: check the session, then signal it (PostgreSQL's signalling statement checks again).
         target = _checked(connection, alias, pid, action)
         try:
-            sent = backend_for(connection).signal_session(connection, pid, terminate=terminate)
+            sent = backend_for(connection).sessions.signal_session(connection, pid, terminate=terminate)
         except DatabaseError as exc:
             code = code_of(exc)
             if code in _NOT_PERMITTED:

@@ -131,8 +131,8 @@ def prioritize(
         raise TypeError(f"only must be a callable taking a Session, or None, not {type(only).__name__}")
     connection = connections[alias]
     backend = backend_for(connection)
-    backend.check_prioritize(connection)
-    record = Prioritized(alias, backend.session_pid(connection))
+    backend.sessions.check_prioritize(connection)
+    record = Prioritized(alias, backend.sessions.session_pid(connection))
     stop = threading.Event()
     failures: list[BaseException] = []
     signal = inspection.terminate if action == "terminate" else inspection.cancel
@@ -142,7 +142,7 @@ def prioritize(
         try:
             done: set[int] = set()
             while not stop.wait(pause):
-                for session in backend.client_blockers(own, record.pid, waited=grace):
+                for session in backend.sessions.client_blockers(own, record.pid, waited=grace):
                     if stop.is_set():
                         return
                     if session.pid in done or (only is not None and not only(session)):

@@ -42,7 +42,7 @@ def discard_if_dead(alias: str) -> None:
         return
     if _checked.get(connection) == id(driver):
         return  # already found usable since Django recorded the error (Django's flag is Django's to reset)
-    if backend_for(connection).connection_unusable(connection):
+    if backend_for(connection).tx.connection_unusable(connection):
         _close(alias)
     else:
         _checked[connection] = id(driver)

@@ -56,7 +56,7 @@ def of_transaction(alias: str, xid: int | None, server: Any, lost: ConnectionLos
         CommitOutcomeUnknown: the server could not say (another server or timeline, unreachable, no id).
     """
     connection = connections[alias]
-    decided = backend_for(connection).commit_outcome(connection, xid, within=within, server=server)
+    decided = backend_for(connection).tx.commit_outcome(connection, xid, within=within, server=server)
     cause = lost.__cause__ if lost.__cause__ is not None else lost
     if decided == "committed":
         logger.info("lockkit: the reply to COMMIT on %r was lost; transaction %s committed", alias, xid)
@@ -82,7 +82,7 @@ def await_session_end(alias: str, pid: int | None, lost: ConnectionLost, *, with
     while True:
         connection = connections[alias]
         try:
-            if pid is not None and backend_for(connection).session_ended(connection, pid):
+            if pid is not None and backend_for(connection).sessions.session_ended(connection, pid):
                 return
         except DatabaseError:
             discard_after_loss(alias)  # unreachable for now (a restart): ask again on a fresh connection
@@ -135,7 +135,7 @@ def after_interrupt(
     )
     with contextlib.suppress(Error):
         connection.close()
-    decided = backend_for(connection).commit_outcome(connections[alias], xid, within=within, server=server)
+    decided = backend_for(connection).tx.commit_outcome(connections[alias], xid, within=within, server=server)
     discard_after_loss(alias)
     if decided == "aborted":
         raise interrupt

@@ -115,7 +115,7 @@ class ScopeTransaction:
         if not self.nested and connection.errors_occurred:
             discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
         with self._lost_connection_discarded(), self.translating:
-            self.backend.open_transaction(
+            self.backend.tx.open_transaction(
                 connection,
                 self._atomic,
                 lock_timeout=self._lock_timeout,
@@ -125,11 +125,11 @@ class ScopeTransaction:
         self._raw = connection.connection
         self._cancellation = waiting
         if waiting is not None:
-            session = self.backend.local_session_id(connection)
+            session = self.backend.sessions.local_session_id(connection)
             if session is not None:
-                waiting.attach(functools.partial(self.backend.cancel_statement, self.alias, session))
+                waiting.attach(functools.partial(self.backend.sessions.cancel_statement, self.alias, session))
         try:
-            self._token = self.backend.apply_timeouts(
+            self._token = self.backend.tx.apply_timeouts(
                 connection,
                 lock_timeout=self._lock_timeout,
                 statement_timeout=self._statement_timeout,
@@ -146,14 +146,14 @@ class ScopeTransaction:
                 self._raise_translated(exc)
             raise
         # The server the transaction runs on (PostgreSQL: system identifier and timeline), for a lost COMMIT.
-        self._server = None if self.nested else self.backend.transaction_server(connection)
+        self._server = None if self.nested else self.backend.tx.transaction_server(connection)
         if not self.nested:
             # Registered first in a transaction this scope began, so it runs first after the COMMIT: if
             # atomic's exit then raises, the error is a later callback's, and the transaction is committed.
             transaction.on_commit(self._mark_committed, using=self.alias)
             # lockkit's record of its callbacks follows the transaction's savepoints (inner atomic() blocks).
             self._watching.enter_context(self.callbacks.watch(connection))
-            if self.backend.watches_failed_statements:
+            if self.backend.features.watches_failed_statements:
                 self._failures = failures.FailedStatements()
                 self._watching.enter_context(connection.execute_wrapper(self._failures))
         return self
@@ -166,7 +166,7 @@ class ScopeTransaction:
     @property
     def xid(self) -> int | None:
         """The PostgreSQL transaction id of an outermost scope, once its opening statement ran; else ``None``."""
-        return None if self.nested else self.backend.transaction_id(self._token)
+        return None if self.nested else self.backend.tx.transaction_id(self._token)
 
     def _mark_committed(self) -> None:
         self.committed = True
@@ -175,7 +175,7 @@ class ScopeTransaction:
             # settings (MySQL), as they do on PostgreSQL where the scope's values ended with the transaction.
             self._restored = True
             try:
-                self.backend.after_transaction_end(self._connection, self._token, nested=False)
+                self.backend.tx.after_transaction_end(self._connection, self._token, nested=False)
             except Exception as exc:  # raised after the callbacks, by _after_end: they must still run
                 self._restore_error = exc
 
@@ -207,7 +207,7 @@ class ScopeTransaction:
         The connection is dropped too (its driver is mid-reply), so the server neither goes on waiting nor then
         holds what it waited for; inside a caller's ``atomic()`` that block then fails, as it must.
         """
-        if self.backend.cancel_in_flight(self._connection):
+        if self.backend.tx.cancel_in_flight(self._connection):
             logger.warning(
                 "lockkit: an exception interrupted a statement on %r; it was cancelled on the server and the "
                 "connection is discarded",
@@ -264,7 +264,7 @@ class ScopeTransaction:
         # After an error swallowed inside the block the savepoint is rolled back anyway, which reverts the timeouts.
         if exc is None and self.nested and self._token is not None and not connection.needs_rollback:
             try:
-                self.backend.restore_before_release(connection, self._token)
+                self.backend.tx.restore_before_release(connection, self._token)
             except BaseException as restore_exc:
                 # Typically 25P02: the body swallowed a database error, so the savepoint cannot be released.
                 # Roll it back and raise, as Django's own nested atomic() does; never lose the writes silently.
@@ -279,7 +279,7 @@ class ScopeTransaction:
                     # An on_commit callback failed after the COMMIT: not a failure of the transaction.
                     raise self._on_commit_error(commit_exc) from commit_exc
                 raise
-            if committing and self.backend.cancel_in_flight(connection):
+            if committing and self.backend.tx.cancel_in_flight(connection):
                 # Not the database's error: an exception (a signal handler's time limit) left the wait for the
                 # COMMIT's reply, and the server may still commit.
                 outcome.after_interrupt(
@@ -315,7 +315,7 @@ class ScopeTransaction:
 
     def _swallowed_error(self) -> TransactionAborted | None:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""
-        swallowed = self.backend.aborted_by(self._connection)
+        swallowed = self.backend.tx.aborted_by(self._connection)
         if swallowed is None and self._failures is not None:
             failed = self._failures.swallowed(needs_rollback=self._connection.needs_rollback)
             swallowed = None if failed is None else str(failed)
@@ -383,7 +383,7 @@ class ScopeTransaction:
                 raise self._restore_error
             return
         try:
-            self.backend.after_transaction_end(self._connection, self._token, nested=self.nested)
+            self.backend.tx.after_transaction_end(self._connection, self._token, nested=self.nested)
         except BaseException:
             if not pending:
                 raise

@@ -81,7 +81,7 @@ class AdvisoryLock:
         """Take the lock (in a new scope, or session-level) and return the ``HeldLock``."""
         alias = check_alias(self.using if self.using is not None else DEFAULT_DB_ALIAS)
         connection = connections[alias]
-        backend_for(connection).check_advisory(connection, shared=self.shared, session=self.session)
+        backend_for(connection).locks.check_advisory(connection, shared=self.shared, session=self.session)
         entry = _Entry(self, None, None)
         if self.session:
             _warn_if_pooled(alias)

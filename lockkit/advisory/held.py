@@ -72,7 +72,7 @@ def take(
             transaction.mark_for_rollback_on_error(using=alias),
             translating(alias, nowait=nowait, attempts=attempts),
         ):
-            granted, pid = backend.acquire_advisory(
+            granted, pid = backend.locks.acquire_advisory(
                 connection, key, shared=shared, session=session, nowait=nowait, timeout=lock_timeout
             )
             if not granted:
@@ -123,7 +123,9 @@ def name_holders(error: BaseException, alias: str) -> None:
     if connection.connection is None or connection.needs_rollback:
         return
     try:
-        holders = backend_for(connection).advisory_holders(connection, pending.key, shared=pending.shared)
+        holders = backend_for(connection).locks.advisory_holders(
+            connection, pending.key, shared=pending.shared
+        )
     except DatabaseError:
         logger.debug("lockkit: could not read the holders of advisory lock %s", pending.key, exc_info=True)
         if connection.in_atomic_block:  # the enclosing transaction saw the failed read: it must roll back
@@ -137,7 +139,7 @@ def _holders(
     backend: Backend, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
 ) -> tuple[int, ...] | None:
     try:
-        return backend.advisory_holders(connection, key, shared=shared)
+        return backend.locks.advisory_holders(connection, key, shared=shared)
     except DatabaseError:  # only for a message: the refusal itself is what the caller raises
         logger.debug("lockkit: could not read the holders of advisory lock %s", key, exc_info=True)
         return None
@@ -188,7 +190,7 @@ def give_back(held: HeldLock, *, raise_errors: bool) -> None:
     connection = connections[held.alias]
     backend = backend_for(connection)
     try:
-        released, pid = backend.release_advisory(connection, held.key, shared=held.shared)
+        released, pid = backend.locks.release_advisory(connection, held.key, shared=held.shared)
     except DatabaseError as exc:
         # The server session itself is gone (killed, lost, server restarted): it took the lock with it.
         lost = (

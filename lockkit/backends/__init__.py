@@ -1,14 +1,23 @@
-"""What differs per database vendor, behind one small interface: ``backend_for(connection)``.
+"""What differs per database vendor, behind one entry point: ``backend_for(connection)``.
 
-Each vendor is one package (``postgresql/``, ``mysql/``, ``sqlite/``) holding its timeouts, locks, lock waits
-and sessions, and one entry in ``_BY_VENDOR`` (keyed by Django's ``connection.vendor``).
+A backend is composed of four small parts (``features``, ``tx``, ``locks``, ``sessions``: ``lockkit.backends.base``).
+Each vendor is one package (``postgresql/``, ``mysql/``, ``sqlite/``) subclassing each part, and one entry in
+``_BY_VENDOR`` (keyed by Django's ``connection.vendor``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.base import (
+    Backend,
+    ContentionSQL,
+    Features,
+    Locks,
+    Sessions,
+    TimeoutToken,
+    Transactions,
+)
 from lockkit.backends.mysql import MySQLBackend
 from lockkit.backends.postgresql import PostgreSQLBackend
 from lockkit.backends.sqlite import SQLiteBackend
@@ -16,7 +25,18 @@ from lockkit.backends.sqlite import SQLiteBackend
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["Backend", "ContentionSQL", "TimeoutToken", "backend_for", "has_backend"]
+__all__ = [
+    "Backend",
+    "ContentionSQL",
+    "Features",
+    "Locks",
+    "Sessions",
+    "TimeoutToken",
+    "Transactions",
+    "backend_for",
+    "has_backend",
+    "vendors",
+]
 
 _BY_VENDOR: dict[str, Backend] = {
     "postgresql": PostgreSQLBackend(),

@@ -1,6 +1,13 @@
-"""The per-vendor interface, with the generic behaviour: capabilities from Django's feature flags, no timeouts.
+"""The per-vendor interface, with the generic behaviour, in four small parts (as Django's ``DatabaseWrapper``).
 
-A scope calls four hooks, named after when they run::
+A vendor's ``Backend`` holds one object of each part, each a short list of hooks:
+
+    features   what the database can do, as flags and support strings (no SQL but ``server_warnings``)
+    tx         a scope's transaction: its opening and timeouts, what to put back, a dead connection, a lost COMMIT
+    locks      advisory locks, table locks, bounded lock waits for DDL
+    sessions   the server's sessions: ids, who waits for whom, cancelling one, the testing toolkit's SQL
+
+A scope calls four ``tx`` hooks, named after when they run::
 
     open_transaction        scope entry: BEGIN (or SAVEPOINT when nested)
     apply_timeouts          right after it; returns a TimeoutToken (what to put back) or None
@@ -59,7 +66,7 @@ class TimeoutToken:
 
     Attributes:
         previous: The setting names (constants of the backend, never user input) and their enclosing values.
-        opened: For an outermost scope, the values (as text) of the backend's ``opening_columns``, read by the
+        opened: For an outermost scope, the values (as text) of the backend's ``tx.opening_columns``, read by the
             statement that applied the timeouts, at no extra round trip; empty otherwise.
     """
 
@@ -67,17 +74,23 @@ class TimeoutToken:
     opened: tuple[str | None, ...] = ()
 
 
-class Backend:
-    """Generic behaviour for a vendor lockkit has no special support for.
+class Features:
+    """What the database can do: capability flags and support strings, asked before any SQL runs.
 
-    A backend says which ``select_for_update`` options the database honours and applies a scope's timeouts.
+    A caller asks ``backend.features.sends_one_message(connection)``, never ``if vendor == ...``.
     """
 
     #: How messages name the database versions the claims support (``"PostgreSQL"``).
     claims_name: ClassVar[str] = ""
     #: An outermost scope watches its block's failed statements (``execute_wrapper()``) to tell a body that
-    #: swallowed one: the driver keeps no aborted-transaction state (``aborted_by``) here.
+    #: swallowed one: the driver keeps no aborted-transaction state (``tx.aborted_by``) here.
     watches_failed_statements: ClassVar[bool] = True
+    #: Whether a transaction-scoped advisory lock ends with the transaction by itself (PostgreSQL's
+    #: ``pg_advisory_xact_lock``); when ``False`` the scope releases it explicitly (MariaDB's ``RELEASE_LOCK``).
+    advisory_locks_end_with_transaction: ClassVar[bool] = True
+    #: Whether a bound set inside a transaction ends with it by itself (PostgreSQL's ``set_config(..., true)``);
+    #: when ``False`` the caller restores it with ``locks.unbound_lock_waits`` on every path.
+    lock_waits_bound_end_with_transaction: ClassVar[bool] = False
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether this server's version has what lockkit's claims statements need (``lockkit.claims.sql``)."""
@@ -90,6 +103,21 @@ class Backend:
     def server_warnings(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Return what the server itself says that limits lockkit here (a read-only standby); may connect."""
         return []
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Say how advisory locks work here, for ``lockkit_capabilities``; ``None`` when lockkit has none."""
+        return None
+
+    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Say how ``LockScope.lock_table`` works here, for ``lockkit_capabilities``; ``None``: it is refused."""
+        return None
+
+    def sends_one_message(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether lockkit may send a transaction of its own statements as one message here (no round trip).
+
+        Generic: ``False`` (BEGIN, each statement and COMMIT are sent one by one).
+        """
+        return False
 
     def select_for_update_kwargs(
         self, connection: BaseDatabaseWrapper, *, nowait: bool, skip_locked: bool, no_key: bool
@@ -124,6 +152,13 @@ class Backend:
             # fail (FOR UPDATE cannot apply to the nullable side of an outer join) or lock related rows.
             kwargs["of"] = ("self",)
         return kwargs
+
+
+class Transactions:
+    """A scope's transaction: how it opens and applies its timeouts, what it puts back, and a connection's fate.
+
+    Generic: ``atomic()`` as Django runs it, no timeouts, Django's ``is_usable()``, a lost COMMIT never resolved.
+    """
 
     def open_transaction(
         self,
@@ -164,6 +199,18 @@ class Backend:
         rollback restores them by itself, and the end of the outermost transaction discards them.
         """
 
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Run after the scope's COMMIT, ROLLBACK or savepoint RELEASE, with or without error: restore session settings.
+
+        Called only when ``apply_timeouts`` returned a token that is not ``None``, after the commit, the savepoint
+        release or the rollback, for nested and outermost scopes alike. For settings a rollback does not revert
+        (MySQL's session variables, SQLite's busy timeout), so that no value reaches the next user of the
+        connection. An implementation that cannot restore must not leave the altered value behind (close the
+        connection when it is outside any transaction).
+        """
+
     def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether an open connection on which Django saw an error can no longer be used.
 
@@ -184,6 +231,18 @@ class Backend:
             ``None`` when the transaction is not known to be aborted (generic: never known).
         """
         return None
+
+    def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
+        """Cancel the statement still running on the server after an exception interrupted the wait for its reply.
+
+        An exception a signal handler raises (a task runner's time limit, ``SIGALRM``) can leave the driver's wait
+        while the server goes on running the statement (and then holds the locks it waited for). Read locally; on
+        a statement in flight, a cancel request is sent (no round trip on the connection itself).
+
+        Returns:
+            Whether a statement was in flight (and a cancel was sent); generic: never known.
+        """
+        return False
 
     def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
         """Constant SQL expressions an outermost transaction's opening reads (its id, the server); none here."""
@@ -212,27 +271,12 @@ class Backend:
         """
         return None
 
-    def after_transaction_end(
-        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
-    ) -> None:
-        """Run after the scope's COMMIT, ROLLBACK or savepoint RELEASE, with or without error: restore session settings.
 
-        Called only when ``apply_timeouts`` returned a token that is not ``None``, after the commit, the savepoint
-        release or the rollback, for nested and outermost scopes alike. For settings a rollback does not revert
-        (MySQL's session variables, SQLite's busy timeout), so that no value reaches the next user of the
-        connection. An implementation that cannot restore must not leave the altered value behind (close the
-        connection when it is outside any transaction).
-        """
+class Locks:
+    """Locks other than row locks: advisory locks, table locks, and the bound on every lock wait of DDL.
 
-    # -- advisory locks --------------------------------------------------------------------------------------
-
-    #: Whether a transaction-scoped advisory lock ends with the transaction by itself (PostgreSQL's
-    #: ``pg_advisory_xact_lock``); when ``False`` the scope releases it explicitly (MariaDB's ``RELEASE_LOCK``).
-    advisory_locks_end_with_transaction = True
-
-    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        """Say how advisory locks work here, for ``lockkit_capabilities``; ``None`` when lockkit has none."""
-        return None
+    Generic: every form refused with ``NotSupportedError`` before any SQL runs.
+    """
 
     def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
         """Refuse, before any SQL runs, an advisory lock the database cannot take.
@@ -287,81 +331,6 @@ class Backend:
         """
         return None
 
-    # -- lock inspection -------------------------------------------------------------------------------------
-
-    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
-        """Return the sessions of the connection's database waiting for locks, with their direct blockers.
-
-        Raises:
-            NotSupportedError: lockkit cannot inspect locks on this database.
-        """
-        raise NotSupportedError(f"lock inspection is not supported on {connection.vendor} ({alias!r})")
-
-    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
-        """Say which database session ``pid`` is connected to.
-
-        Returns:
-            Its database (``None``: no such session), whether that is the connection's own database, and whether
-            ``pid`` is the connection's own session.
-        """
-        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
-
-    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
-        """Say what session ``pid`` is (its database, whether it is a client's session), or ``None``: none such.
-
-        Raises:
-            NotSupportedError: lockkit cannot inspect sessions on this database.
-        """
-        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
-
-    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-        """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent.
-
-        Only a client session of the connection's database is signalled, where the database can check it in the
-        signalling statement itself (PostgreSQL); the caller checks it first (``signal_target``) in any case.
-        """
-        raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
-
-    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
-        """The statement timeout a new session starts with, in seconds (role, database, options); ``None``: none."""
-        return None
-
-    def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
-        """Cancel the statement still running on the server after an exception interrupted the wait for its reply.
-
-        An exception a signal handler raises (a task runner's time limit, ``SIGALRM``) can leave the driver's wait
-        while the server goes on running the statement (and then holds the locks it waited for). Read locally; on
-        a statement in flight, a cancel request is sent (no round trip on the connection itself).
-
-        Returns:
-            Whether a statement was in flight (and a cancel was sent); generic: never known.
-        """
-        return False
-
-    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
-        """The server session id of the open connection, read from the driver (no round trip); ``None`` here."""
-        return None
-
-    def cancel_statement(self, alias: str, session: int) -> None:
-        """Cancel what session ``session`` of ``alias`` runs now, from a connection of its own.
-
-        Called from another thread than the session's (an awaiting caller was cancelled: ``lockkit.cancellation``).
-
-        Raises:
-            django.db.NotSupportedError: the vendor has no way to signal a session.
-        """
-        control = connections.create_connection(alias)
-        try:
-            self.signal_session(control, session, terminate=False)
-        finally:
-            control.close()
-
-    # -- table locks ---------------------------------------------------------------------------------------
-
-    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        """Say how ``LockScope.lock_table`` works here, for ``lockkit_capabilities``; ``None``: it is refused."""
-        return None
-
     def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
         """Refuse, before any SQL runs, a table lock the database cannot hold for the transaction only.
 
@@ -382,45 +351,14 @@ class Backend:
         """
         self.check_table_lock(connection, mode)
 
-    # -- prioritize: the blockers of one session ----------------------------------------------------------
-
-    def check_prioritize(self, connection: BaseDatabaseWrapper) -> None:
-        """Refuse, before any SQL runs, ``lockkit.prioritize`` where lockkit cannot see who blocks a session.
-
-        Raises:
-            NotSupportedError: always, here.
-        """
-        raise NotSupportedError(
-            f"lockkit.prioritize is not supported on {connection.vendor} ({connection.alias!r}): it is "
-            "PostgreSQL only (pg_blocking_pids)"
-        )
-
-    def session_pid(self, connection: BaseDatabaseWrapper) -> int:
-        """The server session id of ``connection`` (connects)."""
-        self.check_prioritize(connection)
-        raise AssertionError  # pragma: no cover - check_prioritize raised
-
-    def client_blockers(self, connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
-        """The client sessions of the connection's database that block session ``pid``.
-
-        Only once ``pid`` has waited at least ``waited`` seconds for its current lock; else none.
-        """
-        self.check_prioritize(connection)
-        raise AssertionError  # pragma: no cover - check_prioritize raised
-
-    # -- bounded DDL -----------------------------------------------------------------------------------------
-
-    #: Whether a bound set inside a transaction ends with it by itself (PostgreSQL's ``set_config(..., true)``);
-    #: when ``False`` the caller restores it with ``unbound_lock_waits`` on every path.
-    lock_waits_bound_end_with_transaction = False
-
     def bound_lock_waits(
         self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
     ) -> TimeoutToken:
         """Bound the lock waits of the statements that follow (DDL included); return what to restore.
 
         Transaction-scoped when ``in_transaction`` where the database has such a form, else session-scoped: the
-        caller restores it with ``unbound_lock_waits`` on every path.
+        caller restores it with ``unbound_lock_waits`` on every path (``features.lock_waits_bound_end_with_transaction``
+        says when it need not).
 
         Raises:
             NotSupportedError: lockkit cannot bound lock waits on this database.
@@ -434,14 +372,30 @@ class Backend:
         of it) and raise.
         """
 
-    # -- lockkit's own statements as one message, and a lost reply -----------------------------------------
 
-    def sends_one_message(self, connection: BaseDatabaseWrapper) -> bool:
-        """Whether lockkit may send a transaction of its own statements as one message here (no round trip).
+class Sessions:
+    """The server's sessions: their ids, who waits for whom, signalling one, and the testing toolkit's SQL.
 
-        Generic: ``False`` (BEGIN, each statement and COMMIT are sent one by one).
+    Generic: a session id is never known, and inspecting or signalling sessions is refused.
+    """
+
+    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
+        """The server session id of the open connection, read from the driver (no round trip); ``None`` here."""
+        return None
+
+    def session_pid(self, connection: BaseDatabaseWrapper) -> int:
+        """The server session id of ``connection`` (connects), for ``lockkit.prioritize``."""
+        self.check_prioritize(connection)
+        raise AssertionError  # pragma: no cover - check_prioritize raised
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """Say which database session ``pid`` is connected to.
+
+        Returns:
+            Its database (``None``: no such session), whether that is the connection's own database, and whether
+            ``pid`` is the connection's own session.
         """
-        return False
+        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
 
     def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
         """Whether server session ``pid`` is gone or idle (its transaction over), asked on ``connection``.
@@ -450,7 +404,66 @@ class Backend:
         """
         return False
 
-    # -- the testing toolkit ---------------------------------------------------------------------------------
+    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
+        """The statement timeout a new session starts with, in seconds (role, database, options); ``None``: none."""
+        return None
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Return the sessions of the connection's database waiting for locks, with their direct blockers.
+
+        Raises:
+            NotSupportedError: lockkit cannot inspect locks on this database.
+        """
+        raise NotSupportedError(f"lock inspection is not supported on {connection.vendor} ({alias!r})")
+
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        """Say what session ``pid`` is (its database, whether it is a client's session), or ``None``: none such.
+
+        Raises:
+            NotSupportedError: lockkit cannot inspect sessions on this database.
+        """
+        raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """Cancel session ``pid``'s statement, or terminate the session; return whether the signal was sent.
+
+        Only a client session of the connection's database is signalled, where the database can check it in the
+        signalling statement itself (PostgreSQL); the caller checks it first (``signal_target``) in any case.
+        """
+        raise NotSupportedError(f"sessions cannot be signalled on {connection.vendor} ({connection.alias!r})")
+
+    def cancel_statement(self, alias: str, session: int) -> None:
+        """Cancel what session ``session`` of ``alias`` runs now, from a connection of its own.
+
+        Called from another thread than the session's (an awaiting caller was cancelled: ``lockkit.cancellation``).
+
+        Raises:
+            django.db.NotSupportedError: the vendor has no way to signal a session.
+        """
+        control = connections.create_connection(alias)
+        try:
+            self.signal_session(control, session, terminate=False)
+        finally:
+            control.close()
+
+    def check_prioritize(self, connection: BaseDatabaseWrapper) -> None:
+        """Refuse, before any SQL runs, ``lockkit.prioritize`` where lockkit cannot see who blocks a session.
+
+        Raises:
+            NotSupportedError: always, here.
+        """
+        raise NotSupportedError(
+            f"lockkit.prioritize is not supported on {connection.vendor} ({connection.alias!r}): it is "
+            "PostgreSQL only (pg_blocking_pids)"
+        )
+
+    def client_blockers(self, connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
+        """The client sessions of the connection's database that block session ``pid``.
+
+        Only once ``pid`` has waited at least ``waited`` seconds for its current lock; else none.
+        """
+        self.check_prioritize(connection)
+        raise AssertionError  # pragma: no cover - check_prioritize raised
 
     def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
         """The SQL ``lockkit.testing`` runs here: session ids, cancels, who waits for whom.
@@ -462,3 +475,38 @@ class Backend:
             f"the contention toolkit does not support {connection.vendor} ({connection.alias!r}): it needs "
             "PostgreSQL or MariaDB/MySQL, whose sessions can wait for each other's row locks"
         )
+
+
+#: The components of a backend: attribute name -> the generic class every vendor's part subclasses.
+COMPONENTS: Mapping[str, type] = {
+    "features": Features,
+    "tx": Transactions,
+    "locks": Locks,
+    "sessions": Sessions,
+}
+
+
+class Backend:
+    """One vendor's hooks, composed of small parts, as Django's ``DatabaseWrapper`` holds ``features``, ``ops``...
+
+    The generic backend (a vendor lockkit has no special support for) is this class itself. A vendor subclasses it
+    and names its own part classes; each part is built once, with the backend.
+
+    Attributes:
+        features: Capability flags and support strings (``Features``).
+        tx: A scope's transaction: opening, timeouts, restoring, a dead connection, a lost COMMIT (``Transactions``).
+        locks: Advisory locks, table locks, bounded lock waits (``Locks``).
+        sessions: Session ids, lock waits, signalling, the testing toolkit's SQL (``Sessions``).
+    """
+
+    features_class: ClassVar[type[Features]] = Features
+    transactions_class: ClassVar[type[Transactions]] = Transactions
+    locks_class: ClassVar[type[Locks]] = Locks
+    sessions_class: ClassVar[type[Sessions]] = Sessions
+
+    def __init__(self) -> None:
+        """Build one object of each part (they hold no state: one backend serves every connection of its vendor)."""
+        self.features = self.features_class()
+        self.tx = self.transactions_class()
+        self.locks = self.locks_class()
+        self.sessions = self.sessions_class()

@@ -80,7 +80,7 @@ def in_one_message(
     if (
         inside_transaction(connection)
         or connection.execute_wrappers
-        or not backend.sends_one_message(connection)
+        or not backend.features.sends_one_message(connection)
     ):
         return in_transaction(alias, lock_timeout, work)
 
@@ -140,7 +140,9 @@ def await_session_end(alias: str, message: Any, lost: ConnectionLost) -> None:
     while True:
         connection = connections[alias]
         try:
-            if message.pid is not None and backend_for(connection).session_ended(connection, message.pid):
+            if message.pid is not None and backend_for(connection).sessions.session_ended(
+                connection, message.pid
+            ):
                 return
         except DatabaseError:
             discard_after_loss(alias)  # unreachable for now (a restart): ask again on a fresh connection

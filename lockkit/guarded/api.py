@@ -226,7 +226,11 @@ def _on_postgresql(
     backend = backend_for(connection)
     # An execute wrapper may run statements of its own around ours (an audit): they could not join a transaction
     # that travels in one message, so with one installed the update runs in a scope, as claims do.
-    if in_transaction(connection) or connection.execute_wrappers or not backend.sends_one_message(connection):
+    if (
+        in_transaction(connection)
+        or connection.execute_wrappers
+        or not backend.features.sends_one_message(connection)
+    ):
         return _operation(alias, options, policy, lambda: _run_returning(queryset, alias, statement))
     lock, timed = options.timeouts()
     timeouts = {

@@ -109,7 +109,7 @@ def locked_update(
     if (
         not in_transaction(connection)
         and not connection.execute_wrappers  # their own statements could not join a transaction in one message
-        and backend_for(connection).sends_one_message(connection)
+        and backend_for(connection).features.sends_one_message(connection)
     ):
         within = (
             float(cast(Any, policy.reconnect_within))
@@ -274,7 +274,7 @@ def _in_two_messages(
         return _one(queryset, [])
     try:
         with translating(alias, nowait=options.nowait, attempts=number):
-            message = one_message.begin(connection, timeouts, backend.opening_columns(connection))
+            message = one_message.begin(connection, timeouts, backend.tx.opening_columns(connection))
     except ConnectionLost:
         discard_after_loss(alias)
         raise
@@ -283,9 +283,9 @@ def _in_two_messages(
     try:
         with translating(alias, nowait=options.nowait, attempts=number), connection.cursor() as cursor:
             found, _ = message.run(cursor, *select, commit=False)
-            backend.remember_server(connection, message.opened)
-            xid = backend.transaction_id(TimeoutToken({}, message.opened))
-            server = backend.transaction_server(connection)
+            backend.tx.remember_server(connection, message.opened)
+            xid = backend.tx.transaction_id(TimeoutToken({}, message.opened))
+            server = backend.tx.transaction_server(connection)
             try:
                 row = _one(queryset, instances(model, alias, [list(values.values()) for values in found]))
                 fields = _decided(change, row, alias)

@@ -157,7 +157,7 @@ class LockScope:
         )
         self.nested = self._transaction.nested
         # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
-        self._sfu_kwargs = self._transaction.backend.select_for_update_kwargs(
+        self._sfu_kwargs = self._transaction.backend.features.select_for_update_kwargs(
             self._transaction._connection,
             nowait=self.nowait,
             skip_locked=self.skip_locked,
@@ -384,7 +384,7 @@ class LockScope:
         flag(shared, "shared")
         self._check_active()
         backend = self._transaction.backend
-        backend.check_advisory(connections[self.alias], shared=shared, session=False)
+        backend.locks.check_advisory(connections[self.alias], shared=shared, session=False)
 
         def take() -> HeldLock:
             return advisory_locks.take(
@@ -407,7 +407,7 @@ class LockScope:
             # A refusal dooms the block, as a row lock's does, even if the body catches it.
             self._transaction.doom(error)
             raise
-        if not backend.advisory_locks_end_with_transaction:
+        if not backend.features.advisory_locks_end_with_transaction:
             self._advisory.append(held)
         return held
 
@@ -469,7 +469,7 @@ class LockScope:
             aliases.check_routed(target, self.alias, "model")
         connection = connections[self.alias]
         backend = self._transaction.backend
-        backend.check_table_lock(connection, checked_mode)
+        backend.locks.check_table_lock(connection, checked_mode)
         quote = connection.ops.quote_name
         # Each table once (two models may share one: a proxy, unmanaged models), in name order.
         by_table: dict[str, type[models.Model]] = {}
@@ -478,7 +478,7 @@ class LockScope:
         tables = sorted(by_table)
 
         def take() -> None:
-            backend.lock_tables(connection, tables, checked_mode, nowait=wait_free)
+            backend.locks.lock_tables(connection, tables, checked_mode, nowait=wait_free)
 
         try:
             with translating(

@@ -68,7 +68,7 @@ def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
     pid, alias = _target(holder, using)
     connection = connections.create_connection(alias)
     try:
-        sql = backend_for(connection).contention_sql(connection).blocking_edges
+        sql = backend_for(connection).sessions.contention_sql(connection).blocking_edges
         with connection.cursor() as cursor:
             return _behind(pid, _read_edges(cursor, sql))
     finally:
@@ -122,7 +122,7 @@ def wait_until_blocked(
     connection = connections.create_connection(alias)
     deadline = time.monotonic() + limit
     try:
-        dialect = backend_for(connection).contention_sql(connection)
+        dialect = backend_for(connection).sessions.contention_sql(connection)
         sql, pause = dialect.blocking_edges, max(pause, dialect.min_poll)
         with connection.cursor() as cursor:
             while True:

@@ -205,7 +205,7 @@ def hold_lock(
     queryset, bound = _as_queryset(target)
     # lockkit's own rule (the explicit alias, else the router's write alias), after the target's own binding.
     alias = aliases.resolve(using if using is not None else bound, queryset.model)
-    backend_for(connections[alias]).contention_sql(
+    backend_for(connections[alias]).sessions.contention_sql(
         connections[alias]
     )  # refuses SQLite (no row locks, no sessions) before the thread starts
     limit = duration(timeout, "timeout")

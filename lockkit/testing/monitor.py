@@ -187,7 +187,7 @@ class LockWaitMonitor:
     def _run(self) -> None:
         connection = connections.create_connection(self.using)
         try:
-            dialect = backend_for(connection).contention_sql(connection)
+            dialect = backend_for(connection).sessions.contention_sql(connection)
             pause = max(self.interval, dialect.min_poll)
             with connection.cursor() as cursor:
                 while True:

@@ -37,7 +37,7 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
         NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL (SQLite: no server sessions).
     """
     connection = connections[check_alias(using)]
-    sql = backend_for(connection).contention_sql(connection).session_id
+    sql = backend_for(connection).sessions.contention_sql(connection).session_id
     with connection.cursor() as cursor:
         cursor.execute(sql)
         row = cursor.fetchone()
@@ -118,7 +118,7 @@ class SessionTracker:
             # The session may end meanwhile: cancelling is best effort. The id is a parameter, never text.
             with contextlib.suppress(Exception):
                 with control.cursor() as cursor:
-                    cursor.execute(backend_for(control).contention_sql(control).cancel, [opened.pid])
+                    cursor.execute(backend_for(control).sessions.contention_sql(control).cancel, [opened.pid])
                 signalled.append(opened.pid)
             control.close()
         return signalled

@@ -171,12 +171,12 @@ def test_the_backend_names_other_holders_only(alias: str) -> None:
     backend = backend_for(connection)
     key = advisory_key("cron-x")
     backend_pid(alias)  # open this thread's connection: a closed one is not asked (None)
-    assert backend.advisory_holders(connection, key, shared=False) == ()
+    assert backend.locks.advisory_holders(connection, key, shared=False) == ()
     with lockkit.advisory_lock("cron-x", using=alias):  # this session's own hold is not "another session"
-        assert backend.advisory_holders(connection, key, shared=False) == ()
+        assert backend.locks.advisory_holders(connection, key, shared=False) == ()
     with held_elsewhere(alias, "cron-x") as holder:
-        assert backend.advisory_holders(connection, key, shared=False) == (holder,)
-        assert backend.advisory_holders(connection, advisory_key("other"), shared=False) == ()
+        assert backend.locks.advisory_holders(connection, key, shared=False) == (holder,)
+        assert backend.locks.advisory_holders(connection, advisory_key("other"), shared=False) == ()
 
 
 @pytest.mark.parametrize("alias", POSTGRESQL)
@@ -184,9 +184,9 @@ def test_no_holder_lookup_in_a_failed_transaction(alias: str) -> None:
     connection = connections[alias]
     backend = backend_for(connection)
     with held_elsewhere(alias, (3, 4)) as holder, transaction.atomic(using=alias):
-        assert backend.advisory_holders(connection, advisory_key((3, 4)), shared=False) == (holder,)
+        assert backend.locks.advisory_holders(connection, advisory_key((3, 4)), shared=False) == (holder,)
         with pytest.raises(DatabaseError), connection.cursor() as cursor:
             cursor.execute("SELECT 1 / 0")
         # The transaction has failed: asking would be refused (25P02); lockkit does not ask.
-        assert backend.advisory_holders(connection, advisory_key((3, 4)), shared=False) is None
+        assert backend.locks.advisory_holders(connection, advisory_key((3, 4)), shared=False) is None
         transaction.set_rollback(True, using=alias)

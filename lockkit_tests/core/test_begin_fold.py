@@ -13,7 +13,7 @@ from django.db import OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 import lockkit
-from lockkit.backends.postgresql import PostgreSQLBackend
+from lockkit.backends.postgresql import PostgreSQLTransactions
 from lockkit.testing import assert_single_alias, hold_lock
 from lockkit_tests.models import Stock
 from lockkit_tests.support.util import identify_server, show
@@ -195,7 +195,7 @@ def test_fractional_durations_become_whole_milliseconds_in_the_statement() -> No
 
 def test_opening_columns_ride_on_the_opening_statement(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        PostgreSQLBackend, "opening_columns", lambda self, connection: ("pg_current_xact_id()",)
+        PostgreSQLTransactions, "opening_columns", lambda self, connection: ("pg_current_xact_id()",)
     )
     with CaptureQueriesContext(connection) as queries, lockkit.locked() as scope:
         with connection.cursor() as cursor:

@@ -488,4 +488,4 @@ def test_a_connections_first_opening_also_reads_the_servers_identity_and_later_o
         server = cursor.fetchone()
     from lockkit.backends import backend_for
 
-    assert backend_for(connection).transaction_server(connection) == server
+    assert backend_for(connection).tx.transaction_server(connection) == server

@@ -46,7 +46,7 @@ def _locked_value(alias: str, pk: int) -> int:
 def _session_gone(alias: str, pid: int) -> bool:
     with connections[alias].cursor() as cursor:
         cursor.execute(
-            backend_for(connections[alias]).contention_sql(connections[alias]).session_exists, [pid]
+            backend_for(connections[alias]).sessions.contention_sql(connections[alias]).session_exists, [pid]
         )
         (count,) = cursor.fetchone()
     return int(count) == 0

@@ -1,5 +1,11 @@
 """MariaDB/MySQL: session-scoped timeouts restored after the transaction, GET_LOCK, InnoDB lock waits, claims SQL."""
 
-from lockkit.backends.mysql.backend import MySQLBackend
+from lockkit.backends.mysql.backend import (
+    MySQLBackend,
+    MySQLFeatures,
+    MySQLLocks,
+    MySQLSessions,
+    MySQLTransactions,
+)
 
-__all__ = ["MySQLBackend"]
+__all__ = ["MySQLBackend", "MySQLFeatures", "MySQLLocks", "MySQLSessions", "MySQLTransactions"]

@@ -1,4 +1,4 @@
-"""MariaDB and MySQL: scope timeouts as session variables, restored when the scope ends, success or error.
+"""MariaDB's and MySQL's parts: scope timeouts as session variables, restored when the scope ends, success or error.
 
 https://mariadb.com/kb/en/innodb-system-variables/#innodb_lock_wait_timeout,
 https://mariadb.com/kb/en/aborting-statements/ (``max_statement_time``) and
@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError
 
-from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.base import (
+    Backend,
+    ContentionSQL,
+    Features,
+    Locks,
+    Sessions,
+    TimeoutToken,
+    Transactions,
+)
 from lockkit.backends.mysql import locks as mysql_locks
 
 if TYPE_CHECKING:
@@ -41,106 +49,11 @@ def _statement_timeout(connection: BaseDatabaseWrapper, value: float) -> tuple[s
     return "max_execution_time", max(1, round(value * 1000))
 
 
-class _NamedLocks:
-    """``GET_LOCK``/``RELEASE_LOCK``: session-level named locks, so the scope releases them itself; exclusive only."""
-
-    advisory_locks_end_with_transaction = False
-
-    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        return (
-            "GET_LOCK/RELEASE_LOCK named locks (per database, released at scope end), exclusive only, "
-            "waits bounded by GET_LOCK's own timeout (fractions of a second)"
-        )
-
-    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
-        if shared:
-            raise NotSupportedError(
-                f"shared advisory locks are not supported on {connection.vendor} ({connection.alias!r}): "
-                "GET_LOCK locks are exclusive"
-            )
-
-    def acquire_advisory(
-        self,
-        connection: BaseDatabaseWrapper,
-        key: AdvisoryKey,
-        *,
-        shared: bool,
-        session: bool,
-        nowait: bool,
-        timeout: float | None,
-    ) -> tuple[bool, int | None]:
-        self.check_advisory(connection, shared=shared, session=session)
-        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout)
-
-    def release_advisory(
-        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
-    ) -> tuple[bool, int | None]:
-        return mysql_locks.release(connection, key)
-
-    def advisory_holders(
-        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
-    ) -> tuple[int, ...] | None:
-        return mysql_locks.holders(connection, key)
-
-    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
-        return mysql_locks.lock_waits(connection, alias)
-
-    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
-        return mysql_locks.session_database(connection, pid)
-
-    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
-        """The connection id mysqlclient recorded (``thread_id()``, no round trip)."""
-        driver: Any = connection.connection
-        return None if driver is None else int(driver.thread_id())
-
-    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
-        return mysql_locks.signal_target(connection, pid)
-
-    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-        return mysql_locks.signal(connection, pid, terminate=terminate)
-
-    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
-        raise NotSupportedError(
-            f"lock_table() is not supported on {connection.vendor} ({connection.alias!r}): LOCK TABLES commits "
-            "the open transaction (the scope's earlier work included) and holds its locks until UNLOCK TABLES, "
-            "past the end of the scope, so it cannot be a lock of the scope's transaction; lock the rows instead "
-            "(scope.lock_all(), or scope.lock() of the rows the decision reads), or use scope.advisory_lock() "
-            "for one key the writers of the table agree on"
-        )
-
-    def bound_lock_waits(
-        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
-    ) -> TimeoutToken:
-        # DDL waits for metadata locks (lock_wait_timeout), data statements for row locks
-        # (innodb_lock_wait_timeout); both are session variables in whole seconds, restored by the caller.
-        wanted: dict[str, float | int] = {
-            "lock_wait_timeout": lock_wait_seconds(lock_timeout),
-            "innodb_lock_wait_timeout": lock_wait_seconds(lock_timeout),
-        }
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
-            row = cursor.fetchone()
-            assert row is not None
-            previous = dict(zip(wanted, row, strict=True))
-            _set(cursor, wanted)
-        return TimeoutToken(previous)
-
-    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        _restore(connection, token.previous)
-
-
-class MySQLBackend(_NamedLocks, Backend):
-    """The lock waits (``innodb_lock_wait_timeout``, ``lock_wait_timeout``) and statement time of a session.
-
-    ``max_statement_time`` on MariaDB, ``max_execution_time`` on MySQL.
-
-    Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the
-    whole transaction) does not revert ``SET SESSION``. So a scope reads the session values, sets its own, and
-    puts the previous ones back once its transaction or savepoint has ended, after success and after failure
-    alike: nothing reaches the next user of the connection, and an enclosing scope gets its own value back.
-    """
+class MySQLFeatures(Features):
+    """``SKIP LOCKED`` from MariaDB 10.6/MySQL 8, session-scoped timeouts, ``GET_LOCK`` named locks, no table locks."""
 
     claims_name = "MariaDB 10.6+/MySQL 8"
+    advisory_locks_end_with_transaction = False  # GET_LOCK locks are the session's: the scope releases them
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
         """``SKIP LOCKED``: MariaDB 10.6, MySQL 8.0.1."""
@@ -168,6 +81,25 @@ class MySQLBackend(_NamedLocks, Backend):
         if row[0]:
             return ["the server is read-only (read_only=ON): locked scopes here raise ReadOnlyDatabase"]
         return []
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe ``GET_LOCK`` named locks for ``lockkit_capabilities``."""
+        return (
+            "GET_LOCK/RELEASE_LOCK named locks (per database, released at scope end), exclusive only, "
+            "waits bounded by GET_LOCK's own timeout (fractions of a second)"
+        )
+
+
+class MySQLTransactions(Transactions):
+    """The lock waits (``innodb_lock_wait_timeout``, ``lock_wait_timeout``) and statement time of a session.
+
+    ``max_statement_time`` on MariaDB, ``max_execution_time`` on MySQL.
+
+    Neither server has a transaction-scoped form of these settings, and a rollback (to a savepoint or of the
+    whole transaction) does not revert ``SET SESSION``. So a scope reads the session values, sets its own, and
+    puts the previous ones back once its transaction or savepoint has ended, after success and after failure
+    alike: nothing reaches the next user of the connection, and an enclosing scope gets its own value back.
+    """
 
     def apply_timeouts(
         self,
@@ -198,6 +130,102 @@ class MySQLBackend(_NamedLocks, Backend):
             _set(cursor, wanted)
         return previous
 
+    def after_transaction_end(
+        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
+    ) -> None:
+        """Put the previous session values back; close the connection if that fails outside a transaction.
+
+        On every path, including a body that ended the transaction with its own ``BEGIN``, ``COMMIT``,
+        ``ROLLBACK`` or ``SET autocommit`` (the savepoint is then gone and Django marks the block for rollback).
+        """
+        _restore(connection, token.previous)
+
+
+class MySQLLocks(Locks):
+    """``GET_LOCK``/``RELEASE_LOCK``: session-level named locks, so the scope releases them itself; exclusive only.
+
+    No table locks (``LOCK TABLES`` commits the transaction); DDL's lock waits bounded by session variables.
+    """
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Refuse ``shared=True``: ``GET_LOCK`` locks are exclusive."""
+        if shared:
+            raise NotSupportedError(
+                f"shared advisory locks are not supported on {connection.vendor} ({connection.alias!r}): "
+                "GET_LOCK locks are exclusive"
+            )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """``GET_LOCK(name, timeout)``: the wait is bounded by its own timeout (0 with ``nowait``)."""
+        self.check_advisory(connection, shared=shared, session=session)
+        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """``RELEASE_LOCK(name)``: release this session's hold."""
+        return mysql_locks.release(connection, key)
+
+    def advisory_holders(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[int, ...] | None:
+        """The other connection holding ``key`` (``IS_USED_LOCK``), if any."""
+        return mysql_locks.holders(connection, key)
+
+    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
+        """Refuse every mode: ``LOCK TABLES`` cannot be a lock of the scope's transaction."""
+        raise NotSupportedError(
+            f"lock_table() is not supported on {connection.vendor} ({connection.alias!r}): LOCK TABLES commits "
+            "the open transaction (the scope's earlier work included) and holds its locks until UNLOCK TABLES, "
+            "past the end of the scope, so it cannot be a lock of the scope's transaction; lock the rows instead "
+            "(scope.lock_all(), or scope.lock() of the rows the decision reads), or use scope.advisory_lock() "
+            "for one key the writers of the table agree on"
+        )
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """Set ``lock_wait_timeout`` and ``innodb_lock_wait_timeout`` for the session, in whole seconds."""
+        # DDL waits for metadata locks (lock_wait_timeout), data statements for row locks
+        # (innodb_lock_wait_timeout); both are session variables in whole seconds, restored by the caller.
+        wanted: dict[str, float | int] = {
+            "lock_wait_timeout": lock_wait_seconds(lock_timeout),
+            "innodb_lock_wait_timeout": lock_wait_seconds(lock_timeout),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in wanted))
+            row = cursor.fetchone()
+            assert row is not None
+            previous = dict(zip(wanted, row, strict=True))
+            _set(cursor, wanted)
+        return TimeoutToken(previous)
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the session variables back (closing the connection if that fails outside a transaction)."""
+        _restore(connection, token.previous)
+
+
+class MySQLSessions(Sessions):
+    """Connection ids, ``information_schema.processlist``, the InnoDB lock-wait views and ``KILL``."""
+
+    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
+        """The connection id mysqlclient recorded (``thread_id()``, no round trip)."""
+        driver: Any = connection.connection
+        return None if driver is None else int(driver.thread_id())
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """``information_schema.processlist``: the database session ``pid`` is connected to."""
+        return mysql_locks.session_database(connection, pid)
+
     def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
         """``max_statement_time`` (MariaDB, seconds) / ``max_execution_time`` (MySQL, milliseconds), 0 = none."""
         mariadb = bool(getattr(connection, "mysql_is_mariadb", False))
@@ -209,21 +237,30 @@ class MySQLBackend(_NamedLocks, Backend):
         value = float(row[0]) if row and row[0] else 0.0
         return (value if mariadb else value / 1000) or None
 
-    def after_transaction_end(
-        self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
-    ) -> None:
-        """Put the previous session values back; close the connection if that fails outside a transaction.
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Read the InnoDB lock-wait views, ``GET_LOCK`` and metadata-lock waits of this database."""
+        return mysql_locks.lock_waits(connection, alias)
 
-        On every path, including a body that ended the transaction with its own ``BEGIN``, ``COMMIT``,
-        ``ROLLBACK`` or ``SET autocommit`` (the savepoint is then gone and Django marks the block for rollback).
-        """
-        _restore(connection, token.previous)
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        """``information_schema.processlist``: the database, command and user of session ``pid``."""
+        return mysql_locks.signal_target(connection, pid)
 
-    # -- the testing toolkit ---------------------------------------------------------------------------------
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """``KILL QUERY`` or ``KILL CONNECTION`` session ``pid``."""
+        return mysql_locks.signal(connection, pid, terminate=terminate)
 
     def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
         """``CONNECTION_ID()``, ``KILL QUERY`` and the InnoDB lock-wait views (MariaDB's or MySQL 8's)."""
         return mysql_locks.MARIADB if getattr(connection, "mysql_is_mariadb", False) else mysql_locks.MYSQL
+
+
+class MySQLBackend(Backend):
+    """MariaDB's and MySQL's parts (mysqlclient)."""
+
+    features_class = MySQLFeatures
+    transactions_class = MySQLTransactions
+    locks_class = MySQLLocks
+    sessions_class = MySQLSessions
 
 
 def _set(cursor: object, values: Mapping[str, str | float | int]) -> None:

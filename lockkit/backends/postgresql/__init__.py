@@ -1,5 +1,17 @@
 """PostgreSQL: transaction-scoped timeouts, the one-message opening, advisory locks, lock waits, claims SQL."""
 
-from lockkit.backends.postgresql.backend import PostgreSQLBackend
+from lockkit.backends.postgresql.backend import (
+    PostgreSQLBackend,
+    PostgreSQLFeatures,
+    PostgreSQLLocks,
+    PostgreSQLSessions,
+    PostgreSQLTransactions,
+)
 
-__all__ = ["PostgreSQLBackend"]
+__all__ = [
+    "PostgreSQLBackend",
+    "PostgreSQLFeatures",
+    "PostgreSQLLocks",
+    "PostgreSQLSessions",
+    "PostgreSQLTransactions",
+]

@@ -1,4 +1,4 @@
-"""PostgreSQL: transaction-scoped ``lock_timeout``/``statement_timeout`` through ``set_config(name, value, true)``.
+"""PostgreSQL's parts: transaction-scoped ``lock_timeout``/``statement_timeout`` (``set_config(name, value, true)``).
 
 https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADMIN-SET and
 https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIMEOUT
@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error, NotSupportedError
 
-from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.base import (
+    Backend,
+    ContentionSQL,
+    Features,
+    Locks,
+    Sessions,
+    TimeoutToken,
+    Transactions,
+)
 from lockkit.backends.postgresql import locks as postgresql_locks
 from lockkit.backends.postgresql import opening
 from lockkit.validation import milliseconds
@@ -68,18 +76,12 @@ _PQTRANS_ACTIVE = 1
 _PQTRANS_INERROR = 3
 
 
-class PostgreSQLBackend(Backend):
-    """Timeouts with ``is_local = true``: they end with the transaction.
-
-    Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in the same round trip and puts them
-    back when it ends; on error the savepoint rollback reverts them by itself.
-
-    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` at entry, in one message (see
-    ``lockkit.backends.postgresql.opening``); on psycopg2 they are two statements.
-    """
+class PostgreSQLFeatures(Features):
+    """Transaction-scoped timeouts, advisory and table locks that end with the transaction, one-message sends."""
 
     claims_name = "PostgreSQL"
-    watches_failed_statements = False  # libpq's transaction status says it (aborted_by), no wrapper needed
+    watches_failed_statements = False  # libpq's transaction status says it (tx.aborted_by), no wrapper needed
+    lock_waits_bound_end_with_transaction = True
 
     def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
         """Say how timeouts apply here: ``set_config(..., true)``, transaction-scoped."""
@@ -101,6 +103,34 @@ class PostgreSQLBackend(Backend):
         if row[1] == "on":
             return ["default_transaction_read_only is on: locked scopes here raise ReadOnlyDatabase"]
         return []
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe PostgreSQL advisory locks for ``lockkit_capabilities``."""
+        return (
+            "pg_advisory_xact_lock (scope) / pg_advisory_lock (session=True), exclusive and shared, "
+            "bigint or (int, int) keys, waits bounded by lock_timeout"
+        )
+
+    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe ``lock_table`` here: ``LOCK TABLE``, transaction-scoped."""
+        return "LOCK TABLE ... IN <mode> MODE [NOWAIT], all eight modes, until the transaction ends"
+
+    def sends_one_message(self, connection: BaseDatabaseWrapper) -> bool:
+        """The driver is psycopg 3 (Django's ``Database`` module); its cursor's binding is read on connecting."""
+        wrapper: Any = connection  # Django's PostgreSQL wrapper (django-stubs types it as the base class)
+        return bool(wrapper.Database.__name__ == "psycopg")
+
+
+class PostgreSQLTransactions(Transactions):
+    """Timeouts with ``is_local = true``: they end with the transaction.
+
+    Nothing reaches the next user of a pooled connection. A nested scope (a savepoint) reads the enclosing values in
+    the same round trip and puts them back when it ends; on error the savepoint rollback reverts them by itself.
+
+    An outermost scope on psycopg 3 sends its ``BEGIN`` and its ``set_config`` at entry, in one message (see
+    ``lockkit.backends.postgresql.opening``); on psycopg2 they are two statements. A connection lost at COMMIT is
+    resolved with ``pg_xact_status``.
+    """
 
     def apply_timeouts(
         self,
@@ -160,126 +190,6 @@ class PostgreSQLBackend(Backend):
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {setters}", [item for pair in token.previous.items() for item in pair])
 
-    # -- advisory locks, inspection, bounded DDL (SQL in postgresql_locks) -----------------------------------
-
-    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        """Describe PostgreSQL advisory locks for ``lockkit_capabilities``."""
-        return (
-            "pg_advisory_xact_lock (scope) / pg_advisory_lock (session=True), exclusive and shared, "
-            "bigint or (int, int) keys, waits bounded by lock_timeout"
-        )
-
-    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
-        """Every form exists on PostgreSQL; none on CockroachDB or YugabyteDB reached through this backend.
-
-        Raises:
-            NotSupportedError: the server is a distributed SQL database (``distributed_sql``).
-        """
-        connection.ensure_connection()
-        other = distributed_sql(connection)
-        if other is not None:
-            raise NotSupportedError(
-                f"advisory locks are not supported on {other} ({connection.alias!r}): it has no pg_advisory_lock "
-                "functions lockkit can rely on; lock a row instead"
-            )
-
-    def acquire_advisory(
-        self,
-        connection: BaseDatabaseWrapper,
-        key: AdvisoryKey,
-        *,
-        shared: bool,
-        session: bool,
-        nowait: bool,
-        timeout: float | None,
-    ) -> tuple[bool, int | None]:
-        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set."""
-        # The wait is bounded by the transaction's lock_timeout, which the caller's scope has set.
-        return postgresql_locks.acquire(connection, key, shared=shared, session=session, nowait=nowait)
-
-    def release_advisory(
-        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
-    ) -> tuple[bool, int | None]:
-        """``pg_advisory_unlock``: release one hold of a session-level lock."""
-        return postgresql_locks.release(connection, key, shared=shared)
-
-    def advisory_holders(
-        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
-    ) -> tuple[int, ...] | None:
-        """The sessions ``pg_locks`` shows holding ``key`` (exclusively, for a ``shared`` request)."""
-        return postgresql_locks.holders(connection, key, shared=shared)
-
-    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
-        """Read ``pg_locks`` and ``pg_blocking_pids()`` for the sessions of this database."""
-        return postgresql_locks.lock_waits(connection, alias)
-
-    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
-        """``pg_stat_activity``: the database session ``pid`` is connected to."""
-        return postgresql_locks.session_database(connection, pid)
-
-    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
-        """``pg_stat_activity``: the database and the ``backend_type`` of session ``pid``."""
-        return postgresql_locks.signal_target(connection, pid)
-
-    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
-        """``pg_cancel_backend`` or ``pg_terminate_backend``, of a client backend of this database only."""
-        return postgresql_locks.signal(connection, pid, terminate=terminate)
-
-    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        """Describe ``lock_table`` here: ``LOCK TABLE``, transaction-scoped."""
-        return "LOCK TABLE ... IN <mode> MODE [NOWAIT], all eight modes, until the transaction ends"
-
-    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
-        """Every mode is supported: ``LOCK TABLE`` always ends with the transaction."""
-
-    def lock_tables(
-        self, connection: BaseDatabaseWrapper, tables: list[str], mode: TableLockMode, *, nowait: bool
-    ) -> None:
-        """``LOCK TABLE ... IN <mode> MODE [NOWAIT]``, partitions included; waits obey ``lock_timeout``."""
-        postgresql_locks.lock_tables(connection, tables, mode, nowait=nowait)
-
-    def check_prioritize(self, connection: BaseDatabaseWrapper) -> None:
-        """Supported: ``pg_blocking_pids()`` names a session's blockers."""
-
-    def session_pid(self, connection: BaseDatabaseWrapper) -> int:
-        """``pg_backend_pid()``."""
-        return postgresql_locks.session_pid(connection)
-
-    def client_blockers(self, connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
-        """``pg_blocking_pids(pid)``, client backends of this database only, once ``pid`` waited ``waited`` s."""
-        return postgresql_locks.client_blockers(connection, pid, waited=waited)
-
-    lock_waits_bound_end_with_transaction = True
-
-    def bound_lock_waits(
-        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
-    ) -> TimeoutToken:
-        """``set_config('lock_timeout', ..., is_local)``: transaction-scoped inside a transaction."""
-        # is_local = true ends with the transaction by itself; outside one it is the session's, restored after.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, %s)",
-                [f"{milliseconds(lock_timeout)}ms", in_transaction],
-            )
-            row = cursor.fetchone()
-        assert row is not None
-        return TimeoutToken({"lock_timeout": row[0]})
-
-    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
-        """Put the session-level ``lock_timeout`` back (closing the connection if that fails)."""
-        # Only called for a session-level bound: a transaction-scoped one ends with its transaction.
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('lock_timeout', %s, false)", [token.previous["lock_timeout"]]
-                )
-        except BaseException:
-            if not connection.in_atomic_block:
-                connection.close()
-            raise
-
-    # -- the connection itself: discarding a dead one, resolving a lost COMMIT ------------------------------
-
     def connection_unusable(self, connection: BaseDatabaseWrapper) -> bool:
         """Read the driver's state, no round trip: psycopg marks a connection broken when its socket fails.
 
@@ -288,12 +198,17 @@ class PostgreSQLBackend(Backend):
         driver: Any = connection.connection
         return driver is None or bool(driver.closed or getattr(driver, "broken", False))
 
-    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
-        """``statement_timeout`` as the session has it outside any scope (``pg_settings``, milliseconds)."""
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT setting::float8 FROM pg_settings WHERE name = 'statement_timeout'")
-            row = cursor.fetchone()
-        return float(row[0]) / 1000 if row and row[0] else None
+    def aborted_by(self, connection: BaseDatabaseWrapper) -> str | None:
+        """The driver's transaction status is ``INERROR``: return the connection's last error message.
+
+        Both drivers expose libpq's ``PQtransactionStatus`` and ``PQerrorMessage`` as ``info.transaction_status``
+        and ``info.error_message`` (psycopg 3; psycopg2 2.8+). See
+        https://www.psycopg.org/psycopg3/docs/api/objects.html#psycopg.ConnectionInfo.transaction_status.
+        """
+        driver: Any = connection.connection
+        if driver is None or int(driver.info.transaction_status) != _PQTRANS_INERROR:
+            return None
+        return str(driver.info.error_message or "").strip()
 
     def cancel_in_flight(self, connection: BaseDatabaseWrapper) -> bool:
         """A statement's reply is pending (libpq's status ``ACTIVE``): send a cancel request.
@@ -308,23 +223,6 @@ class PostgreSQLBackend(Backend):
         with contextlib.suppress(Exception):  # the connection is discarded next in any case
             cancel()
         return True
-
-    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
-        """The backend pid the driver recorded when it connected (``info.backend_pid``, no round trip)."""
-        driver: Any = connection.connection
-        return None if driver is None else int(driver.info.backend_pid)
-
-    def aborted_by(self, connection: BaseDatabaseWrapper) -> str | None:
-        """The driver's transaction status is ``INERROR``: return the connection's last error message.
-
-        Both drivers expose libpq's ``PQtransactionStatus`` and ``PQerrorMessage`` as ``info.transaction_status``
-        and ``info.error_message`` (psycopg 3; psycopg2 2.8+). See
-        https://www.psycopg.org/psycopg3/docs/api/objects.html#psycopg.ConnectionInfo.transaction_status.
-        """
-        driver: Any = connection.connection
-        if driver is None or int(driver.info.transaction_status) != _PQTRANS_INERROR:
-            return None
-        return str(driver.info.error_message or "").strip()
 
     def opening_columns(self, connection: BaseDatabaseWrapper) -> tuple[str, ...]:
         """The transaction id (and the server's identity, once per connection), read by the opening statement.
@@ -392,12 +290,102 @@ class PostgreSQLBackend(Backend):
             time.sleep(pause)
             pause = min(pause * 2, _RESOLVE_PAUSE_MAX)
 
-    # -- lockkit's own statements as one message, and a lost reply -----------------------------------------
 
-    def sends_one_message(self, connection: BaseDatabaseWrapper) -> bool:
-        """The driver is psycopg 3 (Django's ``Database`` module); its cursor's binding is read on connecting."""
-        wrapper: Any = connection  # Django's PostgreSQL wrapper (django-stubs types it as the base class)
-        return bool(wrapper.Database.__name__ == "psycopg")
+class PostgreSQLLocks(Locks):
+    """``pg_advisory_*`` locks, ``LOCK TABLE`` and ``set_config('lock_timeout', ...)``: SQL in ``postgresql_locks``."""
+
+    def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
+        """Every form exists on PostgreSQL; none on CockroachDB or YugabyteDB reached through this backend.
+
+        Raises:
+            NotSupportedError: the server is a distributed SQL database (``distributed_sql``).
+        """
+        connection.ensure_connection()
+        other = distributed_sql(connection)
+        if other is not None:
+            raise NotSupportedError(
+                f"advisory locks are not supported on {other} ({connection.alias!r}): it has no pg_advisory_lock "
+                "functions lockkit can rely on; lock a row instead"
+            )
+
+    def acquire_advisory(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: AdvisoryKey,
+        *,
+        shared: bool,
+        session: bool,
+        nowait: bool,
+        timeout: float | None,
+    ) -> tuple[bool, int | None]:
+        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set."""
+        # The wait is bounded by the transaction's lock_timeout, which the caller's scope has set.
+        return postgresql_locks.acquire(connection, key, shared=shared, session=session, nowait=nowait)
+
+    def release_advisory(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[bool, int | None]:
+        """``pg_advisory_unlock``: release one hold of a session-level lock."""
+        return postgresql_locks.release(connection, key, shared=shared)
+
+    def advisory_holders(
+        self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool
+    ) -> tuple[int, ...] | None:
+        """The sessions ``pg_locks`` shows holding ``key`` (exclusively, for a ``shared`` request)."""
+        return postgresql_locks.holders(connection, key, shared=shared)
+
+    def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
+        """Every mode is supported: ``LOCK TABLE`` always ends with the transaction."""
+
+    def lock_tables(
+        self, connection: BaseDatabaseWrapper, tables: list[str], mode: TableLockMode, *, nowait: bool
+    ) -> None:
+        """``LOCK TABLE ... IN <mode> MODE [NOWAIT]``, partitions included; waits obey ``lock_timeout``."""
+        postgresql_locks.lock_tables(connection, tables, mode, nowait=nowait)
+
+    def bound_lock_waits(
+        self, connection: BaseDatabaseWrapper, lock_timeout: float, *, in_transaction: bool
+    ) -> TimeoutToken:
+        """``set_config('lock_timeout', ..., is_local)``: transaction-scoped inside a transaction."""
+        # is_local = true ends with the transaction by itself; outside one it is the session's, restored after.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, %s)",
+                [f"{milliseconds(lock_timeout)}ms", in_transaction],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        return TimeoutToken({"lock_timeout": row[0]})
+
+    def unbound_lock_waits(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
+        """Put the session-level ``lock_timeout`` back (closing the connection if that fails)."""
+        # Only called for a session-level bound: a transaction-scoped one ends with its transaction.
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, false)", [token.previous["lock_timeout"]]
+                )
+        except BaseException:
+            if not connection.in_atomic_block:
+                connection.close()
+            raise
+
+
+class PostgreSQLSessions(Sessions):
+    """Backend pids, ``pg_stat_activity``, ``pg_locks`` and ``pg_blocking_pids()``: SQL in ``postgresql_locks``."""
+
+    def local_session_id(self, connection: BaseDatabaseWrapper) -> int | None:
+        """The backend pid the driver recorded when it connected (``info.backend_pid``, no round trip)."""
+        driver: Any = connection.connection
+        return None if driver is None else int(driver.info.backend_pid)
+
+    def session_pid(self, connection: BaseDatabaseWrapper) -> int:
+        """``pg_backend_pid()``."""
+        return postgresql_locks.session_pid(connection)
+
+    def session_database(self, connection: BaseDatabaseWrapper, pid: int) -> tuple[str | None, bool, bool]:
+        """``pg_stat_activity``: the database session ``pid`` is connected to."""
+        return postgresql_locks.session_database(connection, pid)
 
     def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
         """``pg_stat_activity``: no session ``pid`` on this server, or one that is idle (no transaction open)."""
@@ -406,11 +394,44 @@ class PostgreSQLBackend(Backend):
             row = cursor.fetchone()
         return row is None or row[0] == "idle"
 
-    # -- the testing toolkit ---------------------------------------------------------------------------------
+    def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
+        """``statement_timeout`` as the session has it outside any scope (``pg_settings``, milliseconds)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setting::float8 FROM pg_settings WHERE name = 'statement_timeout'")
+            row = cursor.fetchone()
+        return float(row[0]) / 1000 if row and row[0] else None
+
+    def lock_waits(self, connection: BaseDatabaseWrapper, alias: str) -> list[LockWait]:
+        """Read ``pg_locks`` and ``pg_blocking_pids()`` for the sessions of this database."""
+        return postgresql_locks.lock_waits(connection, alias)
+
+    def signal_target(self, connection: BaseDatabaseWrapper, pid: int) -> SessionTarget | None:
+        """``pg_stat_activity``: the database and the ``backend_type`` of session ``pid``."""
+        return postgresql_locks.signal_target(connection, pid)
+
+    def signal_session(self, connection: BaseDatabaseWrapper, pid: int, *, terminate: bool) -> bool:
+        """``pg_cancel_backend`` or ``pg_terminate_backend``, of a client backend of this database only."""
+        return postgresql_locks.signal(connection, pid, terminate=terminate)
+
+    def check_prioritize(self, connection: BaseDatabaseWrapper) -> None:
+        """Supported: ``pg_blocking_pids()`` names a session's blockers."""
+
+    def client_blockers(self, connection: BaseDatabaseWrapper, pid: int, *, waited: float) -> list[Session]:
+        """``pg_blocking_pids(pid)``, client backends of this database only, once ``pid`` waited ``waited`` s."""
+        return postgresql_locks.client_blockers(connection, pid, waited=waited)
 
     def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
         """``pg_backend_pid()``, ``pg_cancel_backend()``, ``pg_blocking_pids()`` and ``pg_locks``."""
         return postgresql_locks.POSTGRESQL
+
+
+class PostgreSQLBackend(Backend):
+    """PostgreSQL's parts (psycopg 3 or psycopg2)."""
+
+    features_class = PostgreSQLFeatures
+    transactions_class = PostgreSQLTransactions
+    locks_class = PostgreSQLLocks
+    sessions_class = PostgreSQLSessions
 
 
 # Pauses between two questions about a lost COMMIT's outcome, in seconds (doubling up to the maximum).

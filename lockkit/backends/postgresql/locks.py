@@ -309,7 +309,7 @@ __all__ = [
 ]
 
 
-#: The testing toolkit's SQL (``Backend.contention_sql``).
+#: The testing toolkit's SQL (``PostgreSQLSessions.contention_sql``).
 POSTGRESQL = ContentionSQL(
     name="postgresql",
     session_id="SELECT pg_backend_pid()",

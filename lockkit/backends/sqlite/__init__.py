@@ -1,5 +1,11 @@
 """SQLite: BEGIN IMMEDIATE with the busy timeout as the lock timeout, claims SQL."""
 
-from lockkit.backends.sqlite.backend import SQLiteBackend
+from lockkit.backends.sqlite.backend import (
+    SQLiteBackend,
+    SQLiteFeatures,
+    SQLiteLocks,
+    SQLiteSessions,
+    SQLiteTransactions,
+)
 
-__all__ = ["SQLiteBackend"]
+__all__ = ["SQLiteBackend", "SQLiteFeatures", "SQLiteLocks", "SQLiteSessions", "SQLiteTransactions"]

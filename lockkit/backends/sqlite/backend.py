@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError
 
-from lockkit.backends.base import Backend, ContentionSQL, TimeoutToken
+from lockkit.backends.base import (
+    Backend,
+    ContentionSQL,
+    Features,
+    Locks,
+    Sessions,
+    TimeoutToken,
+    Transactions,
+)
 from lockkit.validation import milliseconds
 
 if TYPE_CHECKING:
@@ -28,7 +36,35 @@ _WRITE_LOCKING_MODES = frozenset({"IMMEDIATE", "EXCLUSIVE"})
 _WRITE_LOCKED: weakref.WeakSet[Atomic] = weakref.WeakSet()
 
 
-class SQLiteBackend(Backend):
+class SQLiteFeatures(Features):
+    """``RETURNING`` from SQLite 3.35, the busy timeout of ``BEGIN IMMEDIATE``, whose write lock covers every key."""
+
+    claims_name = "SQLite 3.35+"
+
+    def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
+        """``RETURNING`` (SQLite 3.35, with its ``INSERT ... RETURNING``)."""
+        return bool(connection.features.can_return_columns_from_insert)
+
+    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
+        """Say how timeouts apply here: the busy timeout of ``BEGIN IMMEDIATE``; no statement timeout."""
+        return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
+
+    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe how SQLite scopes cover advisory locks, for ``lockkit_capabilities``."""
+        return (
+            "inside a scope only: the scope's BEGIN IMMEDIATE write lock already excludes every other scope, "
+            "so it covers every key (no session=True)"
+        )
+
+    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Describe how SQLite scopes cover ``lock_table``, for ``lockkit_capabilities``."""
+        return (
+            "inside a scope only, every mode but ACCESS EXCLUSIVE: the scope's BEGIN IMMEDIATE write lock already "
+            "excludes every other writer (readers go on, as under EXCLUSIVE)"
+        )
+
+
+class SQLiteTransactions(Transactions):
     """``BEGIN IMMEDIATE`` for the outermost scope, with the lock timeout as the busy timeout of that BEGIN.
 
     ``SELECT ... FOR UPDATE`` does not exist on SQLite (Django silently drops ``select_for_update()``), and a
@@ -40,16 +76,6 @@ class SQLiteBackend(Backend):
     ``COMMIT`` (rollback-journal mode, waiting for readers), which uses the connection's ``timeout`` option.
     A nested scope runs in a savepoint of a transaction that already began: it cannot change how that began.
     """
-
-    claims_name = "SQLite 3.35+"
-
-    def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
-        """``RETURNING`` (SQLite 3.35, with its ``INSERT ... RETURNING``)."""
-        return bool(connection.features.can_return_columns_from_insert)
-
-    def timeout_support(self, connection: BaseDatabaseWrapper) -> tuple[str | None, str | None]:
-        """Say how timeouts apply here: the busy timeout of ``BEGIN IMMEDIATE``; no statement timeout."""
-        return "busy timeout of BEGIN IMMEDIATE (the database write lock), whole milliseconds", None
 
     def open_transaction(
         self,
@@ -90,14 +116,9 @@ class SQLiteBackend(Backend):
             if previous_busy is not None and connection.connection is not None:
                 _set_busy_timeout(connection, previous_busy)
 
-    # -- advisory locks: the database write lock covers every key --------------------------------------------
 
-    def advisory_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        """Describe how SQLite scopes cover advisory locks, for ``lockkit_capabilities``."""
-        return (
-            "inside a scope only: the scope's BEGIN IMMEDIATE write lock already excludes every other scope, "
-            "so it covers every key (no session=True)"
-        )
+class SQLiteLocks(Locks):
+    """The database write lock of ``BEGIN IMMEDIATE`` covers every advisory key and every table; the busy timeout."""
 
     def check_advisory(self, connection: BaseDatabaseWrapper, *, shared: bool, session: bool) -> None:
         """Refuse ``session=True``: SQLite has no session-level locks."""
@@ -133,15 +154,6 @@ class SQLiteBackend(Backend):
     ) -> tuple[bool, int | None]:
         """Nothing to release: the write lock ends with the transaction."""
         return True, None  # the write lock ends with the transaction
-
-    # -- table locks: the database write lock covers every mode that lets plain reads through ------------------
-
-    def table_lock_support(self, connection: BaseDatabaseWrapper) -> str | None:
-        """Describe how SQLite scopes cover ``lock_table``, for ``lockkit_capabilities``."""
-        return (
-            "inside a scope only, every mode but ACCESS EXCLUSIVE: the scope's BEGIN IMMEDIATE write lock already "
-            "excludes every other writer (readers go on, as under EXCLUSIVE)"
-        )
 
     def check_table_lock(self, connection: BaseDatabaseWrapper, mode: TableLockMode) -> None:
         """Refuse ``ACCESS EXCLUSIVE`` (SQLite cannot keep readers out), and a transaction without the write lock."""
@@ -183,7 +195,9 @@ class SQLiteBackend(Backend):
                 connection.close()
             raise
 
-    # -- the testing toolkit ---------------------------------------------------------------------------------
+
+class SQLiteSessions(Sessions):
+    """SQLite has no server sessions: nothing to inspect or signal."""
 
     def contention_sql(self, connection: BaseDatabaseWrapper) -> ContentionSQL:
         """SQLite has no sessions to observe: refused with the reason and what to do instead.
@@ -198,6 +212,15 @@ class SQLiteBackend(Backend):
             "or MariaDB/MySQL; on SQLite two scopes simply run one after the other, and a wait longer than "
             "lock_timeout raises LockTimeout"
         )
+
+
+class SQLiteBackend(Backend):
+    """SQLite's parts (Django's ``sqlite3`` backend)."""
+
+    features_class = SQLiteFeatures
+    transactions_class = SQLiteTransactions
+    locks_class = SQLiteLocks
+    sessions_class = SQLiteSessions
 
 
 def _write_locked(connection: BaseDatabaseWrapper) -> bool:

@@ -40,8 +40,8 @@ def claims_sql_for(model: type[Model], alias: str) -> ClaimsSQL:
     connection = connections[alias]
     kind = _BY_VENDOR.get(connection.vendor)
     backend = backend_for(connection)
-    if kind is None or not backend.claims_supported(connection):
-        supported = ", ".join(sorted(b.claims_name for b in vendors() if b.claims_name))
+    if kind is None or not backend.features.claims_supported(connection):
+        supported = ", ".join(sorted(b.features.claims_name for b in vendors() if b.features.claims_name))
         older = f"an older {connection.display_name}" if kind is not None else connection.vendor
         raise NotSupportedError(f"lockkit.claims supports {supported} only; database {alias!r} is {older}")
     return _statements(kind, model, alias)
