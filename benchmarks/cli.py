@@ -49,6 +49,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--only", nargs="+", default=None, help="workload keys to run (default: all)")
+    parser.add_argument(
+        "--procs",
+        nargs="+",
+        default=[],
+        metavar="WORKLOAD=N[,N...]",
+        help="the process counts of a workload, e.g. hot=4,8 claims=2 (default: the workload's own)",
+    )
+    parser.add_argument(
+        "--interleaved",
+        type=int,
+        default=None,
+        metavar="OPS",
+        help="operations per side of each interleaved pair (default 3000, --quick 100; 0, or --only without it, "
+        "skips them)",
+    )
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--warmup-rounds", type=int, default=None)
     parser.add_argument("--duration", type=float, default=None, help="seconds measured per run")
@@ -77,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.rtt <= 100:
         parser.error(f"--rtt must be between 0 and 100 milliseconds, got {args.rtt}")
+    try:
+        args.procs = _procs(args.procs)
+    except ValueError as exc:
+        parser.error(f"--procs: {exc}")
     started = time.monotonic()
     log = _printer()
     target, net = _connect(args)
@@ -170,6 +189,9 @@ def _run_workloads(
     for workload in plan.WORKLOADS:
         if args.only and workload.key not in args.only:
             continue
+        if workload.key in args.procs:
+            counts = args.procs[workload.key]
+            workload = dataclasses.replace(workload, procs=counts, quick_procs=counts)
         absent = {i.key: why for i in workload.impls if i.op and (why := ops.missing(i.op))}
         if absent:
             workload = _restricted(workload, _without(frozenset(absent)))
@@ -198,12 +220,15 @@ def _select1(
 
 
 def _interleaved(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """The pairs alternated operation by operation in one process (skipped with ``--only``)."""
+    """The pairs alternated operation by operation in one process (skipped with ``--only`` unless asked)."""
     from benchmarks import interleaved
 
-    if args.only:
+    operations = args.interleaved
+    if operations is None:
+        operations = 0 if args.only else 100 if args.quick else 3000
+    if operations <= 0:
         return []
-    pairs = interleaved.run(operations=100 if args.quick else 3000)
+    pairs = interleaved.run(operations=operations)
     for pair in pairs:
         t = pair["time_ratio"]
         log(f"interleaved: {pair['label']}: {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})")
@@ -307,6 +332,28 @@ def _write(
         f"wrote {out / 'benchmarks.md'}, {out / f'{stem}.json'}"
         + (f", {out / f'{stem}.png'}" if drawn else "")
     )
+
+
+def _procs(given: list[str]) -> dict[str, tuple[int, ...]]:
+    """``["hot=4,8", "claims=2"]`` as ``{"hot": (4, 8), "claims": (2,)}``.
+
+    Raises:
+        ValueError: an unknown workload or a count that is not a positive integer.
+    """
+    keys = {workload.key for workload in plan.WORKLOADS}
+    found: dict[str, tuple[int, ...]] = {}
+    for item in given:
+        key, _, counts = item.partition("=")
+        if key not in keys:
+            raise ValueError(f"unknown workload {key!r} in {item!r} (one of {', '.join(sorted(keys))})")
+        try:
+            numbers = tuple(int(n) for n in counts.split(","))
+        except ValueError:
+            raise ValueError(f"{item!r}: process counts are integers, as in hot=4,8") from None
+        if not numbers or min(numbers) < 1:
+            raise ValueError(f"{item!r}: process counts are positive")
+        found[key] = numbers
+    return found
 
 
 def _restricted(workload: plan.Workload, keep: Callable[[plan.Impl], bool]) -> plan.Workload:

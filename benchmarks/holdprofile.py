@@ -1,12 +1,13 @@
 """Where a hot row's lock hold goes: the Python that runs between the locking statement's reply and the COMMIT.
 
-Under contention every waiter pays this window, so it is profiled on its own. A Django ``execute_wrapper`` (the
-documented hook) opens the window when the ``SELECT ... FOR UPDATE`` returns; ``sys.setprofile`` then times every
-call until the COMMIT is on its way: the call of psycopg's ``Connection.commit`` after a plain ``save()``, or the
-``Connection.wait`` that sends the row's ``UPDATE`` (carrying the COMMIT) after ``save_with_commit()``. Time inside
-psycopg's ``Connection.wait`` before that (the ``UPDATE``'s own round trip on the ``save()`` path: psycopg's
-send, the server, the reply) is counted apart and not traced inside. The tracer's own cost inflates every figure
-(about a microsecond per call), so read them as a ranking and a count of calls, not as absolute costs.
+Under contention every waiter pays this window, so it is profiled on its own. A ``sys.setprofile`` tracer runs
+around each operation and watches psycopg: the window opens when psycopg's ``Connection.wait`` returns the reply of
+a statement containing ``FOR UPDATE``, and closes when the COMMIT is on its way: the call of psycopg's
+``Connection.commit`` after a plain ``save()``, or the ``Connection.wait`` that sends ``UPDATE ...; COMMIT`` after
+``locked_update``'s decision. (No ``execute_wrapper``: ``locked_update`` takes its scope path when one is installed.)
+Time inside psycopg's ``Connection.wait`` before that (the ``UPDATE``'s own round trip on the ``save()`` path:
+psycopg's send, the server, the reply) is counted apart and not traced inside. The tracer's own cost inflates every
+figure (about a microsecond per call), so read them as a ranking and a count of calls, not as absolute costs.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import psycopg
-from django.db import connection, connections
+from django.db import connections
 
 from benchmarks import ops
 
@@ -28,9 +28,10 @@ from benchmarks import ops
 MODES: dict[str, str] = {
     "reserve_hand": "commit",
     "reserve_lockkit": "commit",
-    "reserve_swc": "update",
+    "reserve_locked_update": "update",
 }
 _COMMIT_CODE = psycopg.Connection.commit.__code__
+_EXECUTE_CODE = psycopg.Cursor.execute.__code__  # Django's cursors (client- or server-binding) inherit it
 _WAIT_CODE = psycopg.Connection.wait.__code__
 _WAIT = "psycopg Connection.wait (send, server, reply)"
 _ROOT = str(Path(__file__).resolve().parents[1]) + "/"
@@ -42,6 +43,7 @@ class _Window:
     def __init__(self, end: str) -> None:
         self.end = end
         self.active = False
+        self.locking = False  # the statement being executed, before the window, contains FOR UPDATE
         self.update_sent = False
         self.stack: list[list[Any]] = []  # [key, start, child time]
         self.inside_wait = 0  # calls open inside psycopg's wait (not traced one by one)
@@ -52,19 +54,19 @@ class _Window:
         self.started = 0.0
         self.total = 0.0
         self.windows = 0
+        self.windows_left = True
 
-    def open(self) -> None:
-        self.active, self.update_sent, self.stack, self.inside_wait = True, False, [], 0
-        self.started = time.perf_counter()
-        sys.setprofile(self.trace)
+    def open(self, now: float) -> None:
+        self.active, self.locking, self.update_sent, self.stack, self.inside_wait = True, False, False, [], 0
+        self.started = now
 
     def close(self, now: float) -> None:
-        sys.setprofile(None)
         while self.stack:
             self._pop(now)
         self.total += now - self.started
         self.windows += 1
         self.active = False
+        self.windows_left = False  # one window per operation
 
     def _pop(self, now: float) -> None:
         key, start, child = self.stack.pop()
@@ -79,6 +81,12 @@ class _Window:
 
     def trace(self, frame: FrameType, event: str, arg: Any) -> None:
         now = time.perf_counter()
+        if not self.active:  # before the window (or after it closed): watch for the locking statement's reply
+            if event == "call" and frame.f_code is _EXECUTE_CODE and self.windows_left:
+                self.locking = "FOR UPDATE" in _query(frame)
+            elif event == "return" and frame.f_code is _WAIT_CODE and self.locking:
+                self.open(time.perf_counter())
+            return
         if self.inside_wait:
             if event in ("call", "c_call"):
                 self.inside_wait += 1
@@ -89,6 +97,8 @@ class _Window:
             return
         if event == "call":
             code = frame.f_code
+            if code is _EXECUTE_CODE and _query(frame).lstrip().upper().startswith("UPDATE"):
+                self.update_sent = True
             if code is _WAIT_CODE:
                 if self.end == "update" and self.update_sent:
                     self.close(now)
@@ -115,20 +125,15 @@ def profile(name: str, count: int, top: int = 15) -> dict[str, Any]:
     for _ in range(max(1, count // 10)):
         op()
     window = _Window(MODES[name])
-
-    def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        if window.active and window.end == "update" and sql.lstrip().upper().startswith("UPDATE"):
-            window.update_sent = True
-        result = execute(sql, params, many, context)
-        if not window.active and "FOR UPDATE" in sql:
-            window.open()
-        return result
-
-    with connection.execute_wrapper(wrapper):
-        for _ in range(count):
+    for _ in range(count):
+        window.windows_left = True
+        sys.setprofile(window.trace)
+        try:
             op()
-            if window.active:  # the operation ended without the expected send: never leave the tracer on
-                window.close(time.perf_counter())
+        finally:
+            sys.setprofile(None)
+        if window.active:  # the operation ended without the expected send: the window ends with it
+            window.close(time.perf_counter())
     connections.close_all()
     n = window.windows or 1
     entries: list[dict[str, Any]] = [
@@ -158,6 +163,14 @@ def profile(name: str, count: int, top: int = 15) -> dict[str, Any]:
         "lockkit_top": own_code[:top],
         "lockkit_own_us": sum(e["own_us_per_op"] for e in python if e["function"].startswith("lockkit/")),
     }
+
+
+def _query(frame: FrameType) -> str:
+    """The text psycopg's ``Cursor.execute`` was called with (empty for a composed query)."""
+    query = frame.f_locals.get("query")
+    if isinstance(query, bytes):
+        return query.decode(errors="replace")
+    return query if isinstance(query, str) else ""
 
 
 def _short(filename: str) -> str:

@@ -28,10 +28,10 @@ PAIRS: tuple[tuple[str, str, str, str], ...] = (
         "lockkit save() / hand-written reservation, uncontended",
     ),
     (
-        "swc",
-        "reserve_swc",
+        "lupdate",
+        "reserve_locked_update",
         "reserve_hand",
-        "lockkit save_with_commit() / hand-written reservation, uncontended",
+        "lockkit.locked_update() / hand-written reservation, uncontended",
     ),
     (
         "claims",

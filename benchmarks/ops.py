@@ -74,23 +74,16 @@ def reserve_lockkit_scope(pk: int) -> None:
         item.save(update_fields=["available", "reserved"])
 
 
-@lockkit.locked_operation(lock_timeout=5)
-def reserve_swc(pk: int) -> None:
-    """``@locked_operation`` with ``save_with_commit``: the ``UPDATE`` travels with the ``COMMIT`` (3 round trips)."""
-    scope = lockkit.current_scope()
-    item = scope.get(Item, pk=pk)
-    item.available -= 1
-    item.reserved += 1
-    scope.save_with_commit(item, update_fields=["available", "reserved"])
+def _reserve_one(item: Item) -> dict[str, int]:
+    """``locked_update``'s decision: one unit from ``available`` to ``reserved``, or refuse when none is left."""
+    if item.available < 1:
+        raise RuntimeError(f"item {item.pk} ran out of stock")
+    return {"available": item.available - 1, "reserved": item.reserved + 1}
 
 
-def reserve_swc_scope(pk: int) -> None:
-    """The ``locked()`` context manager with ``save_with_commit`` (no retry wrapper)."""
-    with lockkit.locked(lock_timeout=5) as scope:
-        item = scope.get(Item, pk=pk)
-        item.available -= 1
-        item.reserved += 1
-        scope.save_with_commit(item, update_fields=["available", "reserved"])
+def reserve_locked_update(pk: int) -> None:
+    """``lockkit.locked_update``: the opening with the locking ``SELECT``, then ``UPDATE ...; COMMIT`` (2 messages)."""
+    lockkit.locked_update(Item.objects.filter(pk=pk), _reserve_one, lock_timeout=5)
 
 
 def reserve_guarded_update(pk: int) -> None:
@@ -247,10 +240,9 @@ BUILDERS: dict[str, Builder] = {
     "hot_hand": _hot(reserve_hand),
     "hot_lockkit": _hot(reserve_lockkit),
     "hot_guarded": _hot(decrement_guarded),
-    "reserve_swc": _uncontended(reserve_swc),
-    "reserve_swc_scope": _uncontended(reserve_swc_scope),
+    "reserve_locked_update": _uncontended(reserve_locked_update),
     "reserve_guarded_update": _uncontended(reserve_guarded_update),
-    "hot_swc": _hot(reserve_swc),
+    "hot_locked_update": _hot(reserve_locked_update),
     "hot_guarded_update": _hot(reserve_guarded_update),
     "reserve_lockkit_scope": _uncontended(reserve_lockkit_scope),
     "order_hand_sorted": _orders(order_hand_sorted),
@@ -264,9 +256,8 @@ BUILDERS: dict[str, Builder] = {
 
 #: Operations on APIs an older lockkit lacks: the attribute each needs (``missing()`` names them).
 _NEEDS: dict[str, tuple[object, str]] = {
-    "reserve_swc": (lockkit.LockScope, "save_with_commit"),
-    "reserve_swc_scope": (lockkit.LockScope, "save_with_commit"),
-    "hot_swc": (lockkit.LockScope, "save_with_commit"),
+    "reserve_locked_update": (lockkit, "locked_update"),
+    "hot_locked_update": (lockkit, "locked_update"),
     "reserve_guarded_update": (lockkit, "guarded_update"),
     "hot_guarded_update": (lockkit, "guarded_update"),
 }

@@ -53,8 +53,7 @@ class Workload:
 
 HAND = "hand-written Django"
 PGBENCH = "pgbench (same SQL, prepared)"
-SWC = "lockkit, scope.save_with_commit() (UPDATE with the COMMIT)"
-SWC_SCOPE = "lockkit locked() + save_with_commit() (no retry wrapper)"
+LOCKED_UPDATE = "lockkit.locked_update() (opening + SELECT ... FOR UPDATE; then UPDATE ...; COMMIT)"
 GUARDED_UPDATE = "lockkit.guarded_update() (BEGIN; set_config; UPDATE ... RETURNING; COMMIT in one message)"
 
 WORKLOADS: tuple[Workload, ...] = (
@@ -79,13 +78,12 @@ WORKLOADS: tuple[Workload, ...] = (
                 counted="reserve_lockkit_scope",
                 server="reserve",
             ),
-            Impl("swc", SWC, op="reserve_swc", trips=3, counted="reserve_swc", server="reserve"),
             Impl(
-                "swc_scope",
-                SWC_SCOPE,
-                op="reserve_swc_scope",
-                trips=3,
-                counted="reserve_swc_scope",
+                "lupdate",
+                LOCKED_UPDATE,
+                op="reserve_locked_update",
+                trips=2,
+                counted="reserve_locked_update",
                 server="reserve",
             ),
             Impl(
@@ -104,13 +102,12 @@ WORKLOADS: tuple[Workload, ...] = (
         pairs=(
             ("lockkit", "hand"),
             ("scope", "hand"),
-            ("swc", "hand"),
-            ("swc_scope", "hand"),
+            ("lupdate", "hand"),
             ("gupdate", "hand"),
-            ("swc", "lockkit"),
+            ("lupdate", "lockkit"),
             ("lockkit", "scope"),
             ("lockkit", "pgbench"),
-            ("swc", "pgbench"),
+            ("lupdate", "pgbench"),
             ("hand", "pgbench"),
         ),
     ),
@@ -128,7 +125,15 @@ WORKLOADS: tuple[Workload, ...] = (
                 held=2,
                 server="hot",
             ),
-            Impl("swc", SWC, op="hot_swc", trips=3, counted="reserve_swc", held=1, server="hot"),
+            Impl(
+                "lupdate",
+                LOCKED_UPDATE,
+                op="hot_locked_update",
+                trips=2,
+                counted="reserve_locked_update",
+                held=1,
+                server="hot",
+            ),
             Impl(
                 "gupdate",
                 GUARDED_UPDATE,
@@ -144,12 +149,12 @@ WORKLOADS: tuple[Workload, ...] = (
         quick_procs=(1, 4),
         unit="reservations",
         pairs=(
-            ("swc", "hand"),
+            ("lupdate", "hand"),
             ("gupdate", "hand"),
             ("lockkit", "hand"),
-            ("swc", "lockkit"),
+            ("lupdate", "lockkit"),
             ("lockkit", "pgbench"),
-            ("swc", "pgbench"),
+            ("lupdate", "pgbench"),
             ("hand", "pgbench"),
         ),
     ),
@@ -192,11 +197,11 @@ WORKLOADS: tuple[Workload, ...] = (
                 server="hot_guarded",
             ),
             Impl(
-                "swc",
-                "lockkit locked path, save_with_commit()",
-                op="hot_swc",
-                trips=3,
-                counted="reserve_swc",
+                "lupdate",
+                "lockkit.locked_update() (locked path, the UPDATE with the COMMIT)",
+                op="hot_locked_update",
+                trips=2,
+                counted="reserve_locked_update",
                 held=1,
                 server="hot",
             ),
@@ -224,7 +229,7 @@ WORKLOADS: tuple[Workload, ...] = (
         pairs=(
             ("guarded", "lockkit"),
             ("gupdate", "lockkit"),
-            ("gupdate", "swc"),
+            ("gupdate", "lupdate"),
             ("gupdate", "guarded"),
             ("guarded", "pgbench"),
             ("gupdate", "pgbench"),

@@ -21,25 +21,23 @@ OPERATIONS: dict[str, str] = {
     "reserve_hand": "hand-written reservation (atomic + SET LOCAL + select_for_update().get() + save)",
     "reserve_lockkit": "lockkit reservation, @locked_operation",
     "reserve_lockkit_scope": "lockkit reservation, locked() context manager",
-    "reserve_swc": "lockkit reservation, @locked_operation + scope.save_with_commit()",
-    "reserve_swc_scope": "lockkit reservation, locked() + scope.save_with_commit()",
+    "reserve_locked_update": "lockkit.locked_update() reservation (opening + locking SELECT; UPDATE ...; COMMIT)",
     "reserve_guarded_update": "lockkit.guarded_update() (guarded UPDATE ... RETURNING with its transaction)",
     "hot_guarded": "guarded UPDATE, Django .update() in autocommit",
     "claim_hand": "hand-written claim loop, one job (claim + guarded completion UPDATE)",
     "claim_one": "lockkit claim_next(limit=1) + complete, one job",
     "claim_batch": "lockkit claim_next(limit=20) + complete_many, one batch",
 }
-#: What the model predicts (issue 25): the report prints it next to the count.
+#: What the model predicts (issues 25 and 32): the report prints it next to the count.
 EXPECTED: dict[str, int] = {
     "reserve_hand": 5,
     "reserve_lockkit": 4,
     "reserve_lockkit_scope": 4,
-    "reserve_swc": 3,
-    "reserve_swc_scope": 3,
+    "reserve_locked_update": 2,
     "reserve_guarded_update": 1,
     "hot_guarded": 1,
     "claim_hand": 5,
-    "claim_one": 2,
+    "claim_one": 2,  # one message per call
     "claim_batch": 2,
 }
 COUNT = 20
