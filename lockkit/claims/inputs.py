@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -13,7 +13,6 @@ from django.db.models import CompositePrimaryKey, DecimalField, Field, Model, Q,
 from django.db.models.sql import UpdateQuery
 
 from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
-from lockkit.claims.sql import exprshape
 from lockkit.claims.value import Claim
 from lockkit.errors import AliasMismatch
 from lockkit.scopes import aliases
@@ -178,7 +177,7 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
             )
         assert isinstance(field, Field)
         check_storable(field, value, f"{name}[{field_name!r}]", alias)
-        if hasattr(value, "resolve_expression") and not _resolved_before(model, field.name, value):
+        if hasattr(value, "resolve_expression"):
             try:  # as the UPDATE compiler will, so an unknown field fails here rather than mid-statement
                 resolved = value.resolve_expression(UpdateQuery(model), allow_joins=False, for_save=True)
             except FieldError as exc:
@@ -192,29 +191,8 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
                     f"({type(value).__name__}): an UPDATE writes each row from its own values; compute the "
                     "value first, or use a subquery (Subquery(...))"
                 )
-            _remember_resolved(model, field.name, value)
         checked[field.name] = value
     return checked
-
-
-# (model, field name, expression shape) of set= expressions that resolved and were accepted: an expression of the
-# same shape names the same fields and functions (exprshape), so it resolves alike and is not resolved again.
-_ACCEPTED: dict[tuple[Any, str, Hashable], None] = {}
-_MAX_ACCEPTED = 1024
-
-
-def _resolved_before(model: type[Model], field_name: str, value: object) -> bool:
-    form = exprshape.shape(value)
-    return form is not None and (model, field_name, form) in _ACCEPTED
-
-
-def _remember_resolved(model: type[Model], field_name: str, value: object) -> None:
-    form = exprshape.shape(value)
-    if form is None:
-        return
-    if len(_ACCEPTED) >= _MAX_ACCEPTED:
-        _ACCEPTED.clear()
-    _ACCEPTED[(model, field_name, form)] = None
 
 
 def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:

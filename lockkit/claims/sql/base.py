@@ -9,20 +9,23 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, Q, QuerySet, Value
-from django.db.models.expressions import BaseExpression, CombinedExpression
+from django.db.models.expressions import BaseExpression, Combinable
+from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
+from django.utils import timezone
 
 from lockkit._engine.message import Row, read_rows
 from lockkit.backends.sql import relations
 from lockkit.claims.sql.memo import PerQueryset
-from lockkit.claims.sql.setclause import SetClauses
 from lockkit.claims.sql.table import ClaimTable
 from lockkit.errorcodes.translate import translating
 
@@ -59,24 +62,12 @@ _NEXT_TOKEN = F("claim_token") + 1
 _NEXT_ATTEMPT = F("attempts") + 1
 
 
-def _is_lease_end(value: object) -> bool:
-    """Whether ``value`` is ``lease_end()``'s expression: the clock plus an interval (one parameter)."""
-    return (
-        type(value) is CombinedExpression
-        and value.lhs is CLOCK
-        and value.connector == "+"
-        and type(value.rhs) is Value
-        and type(value.rhs.value) is timedelta
-    )
-
-
-# ``UPDATE ... SET`` compiled once per model, alias and shape of the assignments (``setclause``); lockkit's own
-# constant expressions are recognised by identity, so they are built once here and reused by every claim.
-_SET_CLAUSES = SetClauses(
-    {"next token": _NEXT_TOKEN, "clock": CLOCK, "next attempt": _NEXT_ATTEMPT}, _is_lease_end
-)
 # claim_next's locking SELECT, compiled once per caller queryset object (``memo``).
 _SELECTS: PerQueryset[tuple[str, list[Any]] | None] = PerQueryset()
+#: Plain values whose prepared parameter depends only on their type and value (never on the time zone).
+_PLAIN = (str, int, bool, type(None))
+#: The most ``UPDATE ... SET`` compilations a ``ClaimsSQL`` keeps (a worker sends a few; the rest compile per call).
+_MAX_UPDATES = 64
 
 
 class ClaimsSQL(abc.ABC):
@@ -95,19 +86,8 @@ class ClaimsSQL(abc.ABC):
         self.alias = table.alias
         #: Whether the table is schema-qualified (then named by an alias in the locking clause); fixed per alias.
         self.qualified = relations.is_qualified(table.model, table.alias)
-        #: Statement texts built from already compiled parts, by those parts (a few shapes per worker).
-        self._texts: dict[Hashable, str] = {}
-
-    def text(self, key: Hashable, build: Callable[[], str]) -> str:
-        """The statement ``build()`` makes for ``key`` (the compiled parts it joins), built once per key."""
-        try:
-            return self._texts[key]
-        except KeyError:
-            pass
-        statement = build()
-        if len(self._texts) < _MAX_TEXTS:
-            self._texts[key] = statement
-        return statement
+        #: Django's ``UPDATE ... SET`` for identical assignments (``update``): text, parameters, the values.
+        self._updates: dict[Hashable, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
 
     # -- the database clock and the values every claim writes ------------------------------------------------
 
@@ -136,8 +116,12 @@ class ClaimsSQL(abc.ABC):
         return sql, list(params)
 
     def lease_end(self, lease: float) -> BaseExpression:
-        """``<now> + <lease seconds>`` (the interval travels as a parameter)."""
-        return self.now() + Value(timedelta(seconds=lease), output_field=DurationField())
+        """``<now> + <lease seconds>`` (the interval travels as a parameter), one object per clock and lease.
+
+        A worker claims and renews with the same lease every time, so its assignments are the same objects on
+        every call and ``update()`` finds Django's compilation of them.
+        """
+        return _lease_end(self.now(), lease)
 
     def claim_assignments(self, worker: str, lease: float, extra: dict[str, Any]) -> dict[str, Any]:
         """What every claim writes: worker, next token, lease, one more attempt, and the caller's fields."""
@@ -208,14 +192,30 @@ class ClaimsSQL(abc.ABC):
     # -- shared building blocks ------------------------------------------------------------------------------
 
     def update(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
-        """``UPDATE <table> SET <assignments>`` (no ``WHERE``), compiled by Django once per shape (``setclause``).
+        """``UPDATE <table> SET <assignments>`` (no ``WHERE``), as Django's update compiler writes it.
 
         Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``,
-        ``Case``, functions); a field name it does not know raises ``FieldError`` here, before anything runs.
-        The compiled text is kept per model, alias and shape of the assignments, and the parameters re-made per
-        call (every value stays a parameter).
+        ``Case``, functions); every value is a parameter. Django's output is kept for identical assignments only
+        (``_identical``): the same fields, each value a ``str``/``int``/``bool``/``None`` of the same type and
+        value, or the very same expression object (lockkit's clock, next token and lease ends are built once), in
+        the same time zone. A worker's claims and completions are such calls; anything else compiles per call.
+
+        Raises:
+            django.core.exceptions.FieldError: a field name Django does not know.
         """
-        return _SET_CLAUSES.compile(self.table.model, self.alias, values)
+        key = _identical(values)
+        kept = None if key is None else self._updates.get(key)
+        if kept is not None:
+            return kept[0], list(kept[1])
+        query = UpdateQuery(self.table.model)
+        query.add_update_values(values)
+        sql, params = query.get_compiler(self.alias).as_sql()
+        if key is not None:
+            if len(self._updates) >= _MAX_UPDATES:
+                self._updates.clear()
+            # The values are kept with it, so an expression's id in the key names that object while it is kept.
+            self._updates[key] = (sql, tuple(params), tuple(values.values()))
+        return sql, list(params)
 
     def picked_pks(
         self,
@@ -290,5 +290,23 @@ class ClaimsSQL(abc.ABC):
             return read_rows(cursor.cursor)
 
 
-#: The most statement texts a ``ClaimsSQL`` keeps (a worker uses a few shapes; more are built per call).
-_MAX_TEXTS = 256
+def _identical(values: dict[str, Any]) -> Hashable | None:
+    """What makes two assignments identical for Django's compiler (see ``ClaimsSQL.update``); ``None``: not kept."""
+    key: list[Hashable] = []
+    expressions = False
+    for name, value in values.items():
+        if type(value) in _PLAIN:
+            key.append((name, type(value), value))
+        elif isinstance(value, BaseExpression | Combinable):
+            key.append((name, id(value)))
+            expressions = True
+        else:
+            return None
+    if expressions:  # what an expression compiles to may depend on the time zone (Trunc, Extract)
+        key.append((settings.USE_TZ, timezone.get_current_timezone_name()))
+    return tuple(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _lease_end(clock: Expression, lease: float) -> BaseExpression:
+    return clock + Value(timedelta(seconds=lease), output_field=DurationField())

@@ -30,6 +30,10 @@ class UTCTimestamp(Func):
     output_field = DateTimeField()
 
 
+# One object each, reused by every claim (``ClaimsSQL.update`` keeps Django's compilation of the same objects).
+_UTC_CLOCK, _CLOCK = UTCTimestamp(), Now()
+
+
 class MySQLClaimsSQL(SerialClaimsSQL):
     """MariaDB 10.6+ and MySQL 8: ``SELECT ... FOR UPDATE SKIP LOCKED``, ``UPDATE``, then read the rows back.
 
@@ -40,7 +44,7 @@ class MySQLClaimsSQL(SerialClaimsSQL):
 
     def now(self) -> Expression:
         """``UTC_TIMESTAMP(6)`` with ``USE_TZ`` (values are stored as naive UTC), else Django's ``Now()``."""
-        return UTCTimestamp() if settings.USE_TZ else Now()
+        return _UTC_CLOCK if settings.USE_TZ else _CLOCK
 
     def claim_next(
         self,

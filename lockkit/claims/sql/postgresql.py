@@ -6,15 +6,12 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable, Sequence
-from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import DurationField, Expression, Field, QuerySet, Value
-from django.db.models.expressions import BaseExpression
+from django.db.models import Expression, Field, QuerySet
 
 from lockkit._engine import message
 from lockkit._engine.message import Row
@@ -30,10 +27,6 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
     def now(self) -> Expression:
         """``statement_timestamp()`` (see ``StatementTimestamp``): one shared expression, reused by every claim."""
         return CLOCK
-
-    def lease_end(self, lease: float) -> BaseExpression:
-        """``statement_timestamp() + <lease seconds>``, one expression per lease length (never changed after)."""
-        return _lease_end(lease)
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
         """Execute one statement; inside a claims call outside any transaction, as one message with its opening.
@@ -83,25 +76,16 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
             # Not for a schema-qualified table: its SELECT names the table by an alias (``FOR UPDATE OF`` refuses
             # a qualified name), so SQL of the caller's naming the table itself (``.extra()``, ``RawSQL``) would
             # bind to the outer UPDATE and correlate the subquery, run once per row. The CTE form refuses it.
-            statement = self.text(
-                ("claim_one", update, select, tuple(fields), expired),
-                lambda: (
-                    f"{update} WHERE {table.pk_of()} = ({select}) "
-                    f"AND {claimable} RETURNING {self.returning(fields)}"
-                ),
-            )
+            statement = f"{update} WHERE {table.pk_of()} = ({select}) AND {claimable} RETURNING {self.returning(fields)}"
             rows, _ = self.run(statement, [*set_params, *select_params])
             return rows
-        statement = self.text(
-            ("claim_many", update, select, tuple(fields), expired),
-            lambda: (
-                f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
-                f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
-                f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
-                f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
-                f"AND {claimable} "
-                f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
-            ),
+        statement = (
+            f'WITH "lockkit_picked" (pk) AS MATERIALIZED ({select}), '
+            f'"lockkit_ordered" (pk, position) AS MATERIALIZED '
+            f'(SELECT pk, row_number() OVER () FROM "lockkit_picked") '
+            f'{update} FROM "lockkit_ordered" WHERE {table.pk_of()} = "lockkit_ordered".pk '
+            f"AND {claimable} "
+            f'RETURNING {self.returning(fields)}, "lockkit_ordered".position AS "position"'
         )
         rows, _ = self.run(statement, [*select_params, *set_params])
         rows.sort(key=lambda row: int(row["position"]))
@@ -126,16 +110,13 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         if len(pks) == 1:
             # Parenthesised: a client-side bound negative number is written `-9223372036854775808`, and without
             # them `::` would bind before the minus and cast the out-of-range 9223372036854775808.
-            statement = self.text(
-                ("fence_one", update),
-                lambda: (
-                    f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
-                    f"AND {table.column('claim_token')} = (%s)::bigint "
-                    f"AND {table.column('claimed_by')} = (%s)::text "
-                    f"AND {table.column('lease_expires_at')} IS NOT NULL "
-                    f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
-                    f'{table.column("lease_expires_at")} AS "lease_expires_at"'
-                ),
+            statement = (
+                f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
+                f"AND {table.column('claim_token')} = (%s)::bigint "
+                f"AND {table.column('claimed_by')} = (%s)::text "
+                f"AND {table.column('lease_expires_at')} IS NOT NULL "
+                f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
+                f'{table.column("lease_expires_at")} AS "lease_expires_at"'
             )
             rows, _ = self.run(statement, [*set_params, pks[0], tokens[0], workers[0]])
             return rows
@@ -171,17 +152,14 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
             return [], None
         update, set_params = self.update(values)
         table = self.table
-        statement = self.text(
-            ("renew_worker", update, select),
-            lambda: (
-                f'WITH "lockkit_renewed" AS ({update} WHERE {table.pk_of()} IN ({select}) '
-                f"AND {table.column('claimed_by')} = (%s)::text "
-                f"AND {table.column('lease_expires_at')} > statement_timestamp() "
-                f'RETURNING {table.pk_of()} AS "pk", {table.column("claim_token")} AS "claim_token") '
-                f'SELECT "lockkit_renewed".pk AS "pk", "lockkit_renewed".claim_token AS "claim_token", '
-                f'statement_timestamp() AS "now" FROM (SELECT 1) AS "lockkit_one" '
-                f'LEFT JOIN "lockkit_renewed" ON true'
-            ),
+        statement = (
+            f'WITH "lockkit_renewed" AS ({update} WHERE {table.pk_of()} IN ({select}) '
+            f"AND {table.column('claimed_by')} = (%s)::text "
+            f"AND {table.column('lease_expires_at')} > statement_timestamp() "
+            f'RETURNING {table.pk_of()} AS "pk", {table.column("claim_token")} AS "claim_token") '
+            f'SELECT "lockkit_renewed".pk AS "pk", "lockkit_renewed".claim_token AS "claim_token", '
+            f'statement_timestamp() AS "now" FROM (SELECT 1) AS "lockkit_one" '
+            f'LEFT JOIN "lockkit_renewed" ON true'
         )
         rows, _ = self.run(statement, [*set_params, *select_params, worker])
         clock = rows[0]["now"] if rows else None
@@ -207,9 +185,3 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         )
         rows, _ = self.run(statement, [*select_params, *set_params])
         return [row["pk"] for row in rows]
-
-
-@functools.lru_cache(maxsize=64)
-def _lease_end(lease: float) -> BaseExpression:
-    """``CLOCK + <lease>``: a worker claims with the same lease every time, so the expression is built once."""
-    return CLOCK + Value(timedelta(seconds=lease), output_field=DurationField())

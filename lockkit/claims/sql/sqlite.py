@@ -15,6 +15,10 @@ from lockkit._engine.message import Row
 from lockkit.claims.sql.serial import SerialClaimsSQL
 
 
+# One object, reused by every claim (``ClaimsSQL.update`` keeps Django's compilation of the same objects).
+_CLOCK = Now()
+
+
 class SQLiteClaimsSQL(SerialClaimsSQL):
     """SQLite 3.35+: ``BEGIN IMMEDIATE`` serialises the writers; ``UPDATE ... RETURNING``.
 
@@ -26,7 +30,7 @@ class SQLiteClaimsSQL(SerialClaimsSQL):
 
     def now(self) -> Expression:
         """Django's ``Now()``: ``STRFTIME('%Y-%m-%d %H:%M:%f', 'now')``, UTC, as Django stores datetimes."""
-        return Now()
+        return _CLOCK
 
     def lock_clause(self, *, skip_locked: bool) -> str:
         """Nothing: the transaction already holds the database write lock."""
