@@ -13,7 +13,8 @@ from django.db.models import CompositePrimaryKey, DecimalField, Field, Model, Q,
 from django.db.models.sql import UpdateQuery
 
 from lockkit.backends.sql import exprshape
-from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
+from lockkit.backends.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
+from lockkit.claims.mixin import Claimable
 from lockkit.claims.value import Claim
 from lockkit.errors import AliasMismatch
 from lockkit.scopes import aliases
