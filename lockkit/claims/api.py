@@ -1,9 +1,9 @@
 """Claiming jobs, handing expired claims back, and finding a worker's claims (PostgreSQL, MariaDB/MySQL, SQLite).
 
 Claims are made in short transactions that commit before the caller works on the job; every later write by the
-worker is fenced by the claim's token (``heartbeats.py``, ``ending.py``, ``fencing.py``). Each function sends its ``lockkit.signals`` claim signal where the work is
-done (only when the signal has receivers), and has its awaitable twin right after it (``aclaim_next``...), run
-whole on one thread by ``lockkit.aio.awaitable``. See docs/claims.md.
+worker is fenced by the claim's token (``heartbeats.py``, ``ending.py``, ``fencing.py``). Each function sends its
+``lockkit.signals`` claim signal where the work is done (only when the signal has receivers), and has its awaitable
+twin right after it (``aclaim_next``...), run whole on one thread by ``lockkit.aio.awaitable``. See docs/claims.md.
 """
 
 from __future__ import annotations

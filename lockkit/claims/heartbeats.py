@@ -33,7 +33,7 @@ logger = logging.getLogger("lockkit.claims")
 DEFAULT_FRACTION = 1 / 3
 
 #: A beat older than this many intervals is not trusted by ``heartbeat_every.holds()``: the thread could not beat
-#: (the process was stopped, the database was unreachable or a renewal waited on a lock), so a fresh beat is made first.
+#: (the process was stopped, the database was unreachable or a renewal waited on a lock), so it beats first.
 STALE_AFTER = 1.5
 
 
@@ -423,7 +423,7 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
         return dict(held)
 
     def wait_for_beat(self, timeout: float) -> bool:
-        """Block until a beat has succeeded since the block was entered (for tests and start-up); ``False`` on timeout."""
+        """Block until a beat has succeeded since the block was entered (tests, start-up); ``False`` on timeout."""
         return self._beaten.wait(timeout)
 
     def __enter__(self) -> heartbeat_every:

@@ -275,10 +275,11 @@ def test_heartbeat_every_keeps_the_claims_and_tells_which_were_lost(alias: str) 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_heartbeat_every_raises_on_exit_when_the_latest_beat_failed() -> None:
+@pytest.mark.parametrize("form", ["queryset", "claim"])
+def test_heartbeat_every_raises_on_exit_when_the_latest_beat_failed(form: str) -> None:
     jobs = Job.objects.all()
     _jobs("default", 1)
-    claim_next(jobs, worker="w1", lease=5)
+    (made,) = claim_next(jobs, worker="w1", lease=5)
     table = connections["default"].ops.quote_name(Job._meta.db_table)
     started = threading.Event()
     release_lock = threading.Event()
@@ -297,7 +298,10 @@ def test_heartbeat_every_raises_on_exit_when_the_latest_beat_failed() -> None:
         holder = in_thread(lock_table)
         assert started.wait(10)
         with pytest.raises(LockTimeout) as failed:
-            with heartbeat_every(jobs, worker="w1", lease=5, interval=0.3) as beat:
+            beating = heartbeat_every(jobs, worker="w1", lease=5, interval=0.3)
+            if form == "claim":  # the same object, renewing one claim with heartbeat()
+                beating = heartbeat_every(made, interval=0.3)
+            with beating as beat:
                 deadline = db_now("default") + timedelta(seconds=10)
                 while beat.error is None:
                     assert db_now("default") < deadline
@@ -305,6 +309,8 @@ def test_heartbeat_every_raises_on_exit_when_the_latest_beat_failed() -> None:
         release_lock.set()
         holder.result(timeout=10)
     assert failed.value is beat.error
+    assert beat.lost == set()  # a failed beat loses nothing: the claim is still held
+    heartbeat(made)
 
 
 # -- a lost reply of claim_next(expired=True) ------------------------------------------------------------------
