@@ -6,7 +6,10 @@ the outermost atomic block. Start with ``locked()`` and ``locked_operation()``.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
+
+from django.core.exceptions import AppRegistryNotReady, ImproperlyConfigured
 
 from lockkit import (
     inspection as inspection,  # ``lockkit.inspection.blocking()`` after a bare ``import lockkit``
@@ -86,45 +89,24 @@ __all__ = [
     "prioritize",
 ]
 
-# lockkit.claims defines a model mixin, which needs Django's app registry: its names are imported on
-# first use (``lockkit.claim_next``), not when lockkit is imported (e.g. from settings). They stay out of
-# ``__all__`` so that ``from lockkit import *`` never triggers that import. For precise types, import them
-# from ``lockkit.claims``.
-_CLAIM_NAMES = frozenset(
-    {
-        "Claim",
-        "Claimable",
-        "Claimed",
-        "aclaim",
-        "aclaim_next",
-        "acomplete",
-        "acomplete_many",
-        "aheartbeat",
-        "aheartbeat_worker",
-        "aheld_by",
-        "areclaim_expired",
-        "arelease",
-        "arelease_many",
-        "claim",
-        "claim_next",
-        "complete",
-        "complete_many",
-        "fenced",
-        "heartbeat",
-        "heartbeat_every",
-        "heartbeat_worker",
-        "held_by",
-        "reclaim_expired",
-        "release",
-        "release_many",
-        "worker_heartbeat",
-    }
-)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _CLAIM_NAMES:
-        from lockkit import claims
+    """``lockkit.claim_next`` and every other name of ``lockkit.claims.__all__``, imported on first use.
 
-        return getattr(claims, name)
+    ``lockkit.claims`` defines a model mixin, which needs Django's app registry: it is imported on first use, not
+    when lockkit is imported (e.g. from settings), and its names stay out of ``__all__`` so that ``from lockkit import
+    *`` never triggers that import. For precise types, import them from ``lockkit.claims``.
+    """
+    # A submodule's name is the import system asking before it imports the submodule (``from lockkit import x``).
+    if not name.startswith("_") and find_spec(f"{__name__}.{name}") is None:
+        try:
+            from lockkit import claims
+        except (AppRegistryNotReady, ImproperlyConfigured) as not_ready:  # settings not set up yet
+            raise AttributeError(
+                f"module 'lockkit' has no attribute {name!r} before Django's app registry is ready (the names of "
+                f"lockkit.claims, such as lockkit.claim_next, need it): {not_ready}"
+            ) from not_ready
+        # Built when lockkit.claims is imported, out of mypy's sight (see lockkit/claims/__init__.py).
+        if name in claims.__all__:  # type: ignore[attr-defined]
+            return getattr(claims, name)
     raise AttributeError(f"module 'lockkit' has no attribute {name!r}")

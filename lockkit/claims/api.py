@@ -1,16 +1,15 @@
-"""Claiming jobs and everything a worker does with a claim afterwards (PostgreSQL, MariaDB/MySQL, SQLite).
+"""Claiming jobs, handing expired claims back, and finding a worker's claims (PostgreSQL, MariaDB/MySQL, SQLite).
 
 Claims are made in short transactions that commit before the caller works on the job; every later write by the
-worker is fenced by the claim's token. Each function sends its ``lockkit.signals`` claim signal where the work is
-done (only when the signal has receivers), and has its awaitable twin right after it (``aclaim_next``...), run
-whole on one thread by ``lockkit.aio.awaitable``. See docs/claims.md.
+worker is fenced by the claim's token (``heartbeats.py``, ``ending.py``, ``fencing.py``). Each function sends its
+``lockkit.signals`` claim signal where the work is done (only when the signal has receivers), and has its awaitable
+twin right after it (``aclaim_next``...), run whole on one thread by ``lockkit.aio.awaitable``. See docs/claims.md.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal, overload
 
@@ -23,8 +22,8 @@ from lockkit.aio import awaitable
 from lockkit.claims import inputs, runner
 from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.sql.base import CLAIM_COLUMNS
-from lockkit.claims.value import Claim, Claimed, instances, stale_reason
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, StaleClaim
+from lockkit.claims.value import Claim, Claimed, instances
+from lockkit.errors import ConnectionLost
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.scope import current_scope
 from lockkit.validation import Duration, flag
@@ -323,303 +322,6 @@ def _claimed_by_lost_call(
     return rows
 
 
-def _fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
-    """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
-
-    Live means the row still carries the claim's token and is claimed. Returns ``{pk: lease_expires_at}`` of
-    the rows written.
-
-    Raises:
-        StaleClaim: a claim is no longer live (nothing was written).
-    """
-    first = claims[0]
-    model, alias = first.model, first.alias
-    inputs.alias_for(alias, model._base_manager.all())
-    statements = claims_sql_for(model, alias)
-    pks = inputs.prepared_pks(claims, alias)
-    tokens, workers = [c.token for c in claims], [c.worker for c in claims]
-    resolving: list[ConnectionLost] = []
-
-    def work() -> list[Any]:
-        return statements.fenced_update(pks, tokens, workers, values)
-
-    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
-        # The reply was lost: once the session that sent it has ended, the same fenced statement says what
-        # happened (written now: the first did not commit; stale with the row already ended as asked: it did).
-        runner.await_session_end(alias, message, lost)
-        resolving.append(lost)
-        return runner.in_one_message(alias, lock_timeout, work)
-
-    rows = runner.in_one_message(alias, lock_timeout, work, resolve)
-    written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
-    if len(written) != len(claims):
-        # The statement writes all rows or none, so nothing was written here.
-        live = {row["pk"] for row in rows}
-        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
-        holders, reasons, already_done = _now_holding(stale, values)
-        if resolving and not live:
-            # No claim is live any more: the lost statement may have ended them (all or none).
-            if already_done and len(stale) == len(claims):
-                return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
-            raise runner.unknown(alias, resolving[0]) from resolving[0]
-        # A claim still live after the re-send: the lost statement (all rows or none) wrote nothing; stale.
-        listing = "; ".join(
-            f"pk={c.pk!r} token={c.token} worker={c.worker!r}: {reasons[c.pk]}" for c in stale
-        )
-        done = " (already ended with these values)" if already_done else ""
-        error = StaleClaim(
-            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done}: {listing}; "
-            "nothing was written",
-            alias=alias,
-            claims=stale,
-            holders=holders,
-            already_done=already_done,
-        )
-        events.claims_event(signals.claim_stale, Claim, stale, error=error)
-        raise error
-    return written
-
-
-def _now_holding(
-    stale: tuple[Claim, ...], values: dict[str, Any]
-) -> tuple[dict[Any, tuple[str, int] | None], dict[Any, str], bool]:
-    """Who holds the stale claims' rows now, what happened to each (in words), and whether they hold ``values``.
-
-    Read after the fenced statement found them stale (the error path only); plain values are compared, not
-    expressions.
-    """
-    first = stale[0]
-    plain = {
-        name: value
-        for name, value in values.items()
-        if name != "lease_expires_at" and not hasattr(value, "resolve_expression")
-    }
-    fields = ["pk", "claim_token", "claimed_by", "lease_expires_at", *plain]
-    found = first.model._base_manager.using(first.alias).filter(pk__in=[c.pk for c in stale]).values(*fields)
-    # Keyed by the pk as the field makes it: a claim's pk may be a str where the row's is a UUID (MariaDB, SQLite).
-    to_python = first.model._meta.pk.to_python
-    rows = {to_python(row["pk"]): row for row in found}
-    holders: dict[Any, tuple[str, int] | None] = {}
-    reasons: dict[Any, str] = {}
-    already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
-    for claim in stale:
-        row = rows.get(to_python(claim.pk))
-        if row is None or row["lease_expires_at"] is None:
-            holders[claim.pk] = None
-        else:
-            holders[claim.pk] = (str(row["claimed_by"]), int(row["claim_token"]))
-        now: tuple[int, str, bool | None] | None = None
-        if row is not None:  # a claimed row's lease is not compared with the clock here: "claimed" is enough
-            claimed = None if row["lease_expires_at"] is None else True
-            now = (int(row["claim_token"]), str(row["claimed_by"]), claimed)
-        reasons[claim.pk] = stale_reason(claim, now) or "it carries this claim again (it changed meanwhile)"
-        already_done = already_done and (
-            row is not None
-            and row["lease_expires_at"] is None
-            and row["claim_token"] == claim.token
-            and row["claimed_by"] == claim.worker
-            and all(_stored(first.model, name, value) == row[name] for name, value in plain.items())
-        )
-    return holders, reasons, already_done
-
-
-def _stored(model: type[Any], name: str, value: Any) -> Any:
-    """``value`` as the field reads it back (``5`` for a ``CharField`` is ``"5"``); itself when it cannot say."""
-    try:
-        return model._meta.get_field(name).to_python(value)
-    except Exception:
-        return value
-
-
-def heartbeat(
-    claim: Claim,
-    *,
-    lease: Duration | None = None,
-    lock_timeout: Duration | None = FROM_SETTINGS,
-) -> Claim:
-    """Renew a claim's lease from now, on the database clock, if the claim still holds its row.
-
-    Call it periodically while working, well within the lease, so ``reclaim_expired`` leaves the job alone. A
-    claim whose lease has lapsed but that no ``reclaim_expired`` has handed back is still live and is renewed:
-    its token proves no one else was given the job.
-
-    Safe to repeat: renewing a live claim twice only moves its lease again. So a heartbeat whose connection was
-    lost, even at COMMIT with the outcome unknown, is sent again on a fresh connection: a worker keeps its job
-    through a server restart or a pooler dropping its idle connection.
-
-    Args:
-        claim: The claim to renew.
-        lease: The new lease in seconds (``int``/``float``) or a ``timedelta``; default the claim's ``lease``.
-        lock_timeout: Seconds the row lock may be waited for; default ``settings.LOCKKIT["LOCK_TIMEOUT"]``.
-
-    Returns:
-        A new ``Claim`` with the new ``lease_expires_at`` (and ``lease``).
-
-    Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid (each message names
-            ``claim.<field>``; a pk its column would not store unchanged included), or ``lease`` is not a
-            positive duration.
-        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
-        LockTimeout: another session held the row longer than the lock timeout (nothing was written).
-        ConnectionLost: the database stayed unreachable for the retry policy's ``reconnect_within``.
-    """
-    held = inputs.claim(claim)
-    seconds = held.lease if lease is None else inputs.lease(lease)
-    values = {"lease_expires_at": claims_sql_for(held.model, held.alias).lease_end(seconds)}
-    try:
-        written = _fenced_update((held,), values, lock_timeout)
-    except CommitOutcomeUnknown:
-        written = _fenced_update(
-            (held,), values, lock_timeout
-        )  # idempotent: renew again, on a new connection
-    return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
-
-
-aheartbeat = awaitable(heartbeat)
-
-
-def complete(
-    claim: Claim, *, set: dict[str, Any] | None = None, lock_timeout: Duration | None = FROM_SETTINGS
-) -> None:
-    """End a claim because the job is done, writing ``set`` (e.g. ``{"state": "done"}``) in one statement.
-
-    Fenced: the write happens only if the row still carries the claim's token and is claimed. Call it inside
-    your own ``transaction.atomic()`` together with the job's result writes to make them commit (or fail)
-    together.
-
-    Args:
-        claim: The claim to end.
-        set: Fields to write with the completion (values or expressions); ``None`` for none.
-        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
-            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
-
-    Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
-            field that cannot be set or a value its column cannot store.
-        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
-    """
-    # Validated once (complete_many would check it again).
-    _end((inputs.claim(claim),), set, lock_timeout, signals.claim_completed)
-
-
-acomplete = awaitable(complete)
-
-
-def complete_many(
-    claims: Iterable[Claim],
-    *,
-    set: dict[str, Any] | None = None,
-    lock_timeout: Duration | None = FROM_SETTINGS,
-) -> None:
-    """End many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
-
-    Args:
-        claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
-        set: Fields to write to every row (values or expressions); ``None`` for none.
-        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
-            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
-
-    Raises:
-        TypeError, ValueError: not an iterable of ``Claim``, an invalid claim, claims of different
-            models/aliases or repeated rows, a bad ``set``.
-        StaleClaim: at least one claim no longer holds its row; ``.claims`` lists those; nothing was written.
-    """
-    _end(inputs.claims(claims), set, lock_timeout, signals.claim_completed)
-
-
-acomplete_many = awaitable(complete_many)
-
-
-def release(
-    claim: Claim,
-    *,
-    set: dict[str, Any] | None = None,
-    attempted: bool = True,
-    lock_timeout: Duration | None = FROM_SETTINGS,
-) -> None:
-    """Give a job back unfinished, writing ``set`` (e.g. ``{"state": "pending"}``) in one fenced statement.
-
-    The row becomes free for ``claim``/``claim_next`` again (if it matches their querysets); ``attempts``
-    keeps counting, unless ``attempted=False``.
-
-    Args:
-        claim: The claim to end.
-        set: Fields to write with the release (values or expressions); ``None`` for none.
-        attempted: ``False`` for a job given back without being started (a worker stopping with claimed jobs
-            it never ran): the same statement takes the claim's attempt back (``attempts = attempts - 1``), so a
-            job given back again and again never reaches a ``max_attempts``.
-        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
-            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
-
-    Raises:
-        TypeError, ValueError: ``claim`` is not a ``Claim`` or one of its values is invalid, or ``set`` names a
-            field that cannot be set or a value its column cannot store.
-        StaleClaim: the row no longer carries this claim's token and worker (nothing was written).
-    """
-    if not isinstance(attempted, bool):
-        raise TypeError(f"attempted must be a bool, not {type(attempted).__name__}")
-    # Validated once (release_many would check it again).
-    _end((inputs.claim(claim),), set, lock_timeout, signals.claim_released, attempted=attempted)
-
-
-arelease = awaitable(release)
-
-
-def release_many(
-    claims: Iterable[Claim],
-    *,
-    set: dict[str, Any] | None = None,
-    lock_timeout: Duration | None = FROM_SETTINGS,
-) -> None:
-    """Release many claims of one model and alias in one statement; all are written, or none (``StaleClaim``).
-
-    The same statement as ``complete_many`` (both end the claims); the two names say what ``set`` means.
-
-    Args:
-        claims: Claims of one model on one alias, each row at most once; an empty iterable writes nothing.
-        set: Fields to write to every row (values or expressions); ``None`` for none.
-        lock_timeout: Seconds (or a ``timedelta``) a lock may be waited for; default
-            ``settings.LOCKKIT["LOCK_TIMEOUT"]``; ``None`` leaves the connection's own setting.
-
-    Raises:
-        TypeError, ValueError, StaleClaim: as ``complete_many``.
-    """
-    _end(inputs.claims(claims), set, lock_timeout, signals.claim_released)
-
-
-arelease_many = awaitable(release_many)
-
-
-def _end(
-    claims: tuple[Claim, ...],
-    values: dict[str, Any] | None,
-    lock_timeout: Any,
-    signal: Any,
-    *,
-    attempted: bool = True,
-) -> None:
-    """End claims: the one implementation of ``complete_many`` and ``release_many``.
-
-    Completing and releasing write the same thing (the claim ends: ``lease_expires_at = NULL``, plus the
-    caller's ``set``); they differ only in what the caller's ``set`` says about the job.
-    """
-    if not claims:
-        if values is not None and not isinstance(values, dict):
-            raise TypeError(f"set must be a dict of field names to values, not {type(values).__name__}")
-        return  # no model to check the field names against, and nothing to write
-    model = claims[0].model
-    alias = claims[0].alias
-    assignments = {"lease_expires_at": None, **inputs.assignments(model, values, "set", alias)}
-    if not attempted:
-        if "attempts" in assignments:
-            raise ValueError(
-                "set must not name attempts with attempted=False (the release takes the attempt back)"
-            )
-        assignments["attempts"] = F("attempts") - 1
-    _fenced_update(claims, assignments, lock_timeout)
-    events.claims_event(signal, Claim, claims)
-
-
 def reclaim_expired(
     queryset: QuerySet[Any],
     *,
@@ -785,3 +487,15 @@ aheld_by = awaitable(held_by)
 
 def _expression(value: Any, field: Any) -> Any:
     return value if hasattr(value, "resolve_expression") else Value(value, output_field=field)
+
+
+__all__ = [
+    "aclaim",
+    "aclaim_next",
+    "aheld_by",
+    "areclaim_expired",
+    "claim",
+    "claim_next",
+    "held_by",
+    "reclaim_expired",
+]

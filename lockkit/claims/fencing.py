@@ -1,21 +1,25 @@
-"""``fenced(claim)``: a locked scope whose writes commit only while the claim still holds its row.
+"""Fenced writes: ``fenced(claim)``, and the one statement every later write of a claimed row runs.
 
-Database effects written in the block (and a ``complete()`` in it) commit together, once per job, even across a
-lease expiry and a reclaim; external effects (e-mail, HTTP) stay at-least-once. See docs/claims.md.
+``fenced(claim)`` is a locked scope whose writes commit only while the claim holds its row: database effects written
+in it (and a ``complete()`` in it) commit together, once per job, even across a lease expiry and a reclaim; external
+effects (e-mail, HTTP) stay at-least-once. ``fenced_update`` is the statement ``heartbeat()``, ``complete()`` and
+``release()`` write with. See docs/claims.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
-from lockkit.claims import inputs
+from lockkit import events, signals
+from lockkit.claims import inputs, runner
 from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.value import Claim, stale_reason
-from lockkit.errors import StaleClaim
+from lockkit.errors import ConnectionLost, StaleClaim
 from lockkit.scopes import unlocked
 from lockkit.scopes.scope import LockScope, locked
 
@@ -78,3 +82,114 @@ def fenced(claim: Claim) -> Iterator[LockScope]:
 def _stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str | None:
     """Why ``row`` (token, worker, lease-not-expired) does not carry ``claim``, or ``None`` when it does."""
     return stale_reason(claim, row)
+
+
+def fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
+    """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
+
+    Live means the row still carries the claim's token and is claimed. Returns ``{pk: lease_expires_at}`` of
+    the rows written.
+
+    Raises:
+        StaleClaim: a claim is no longer live (nothing was written).
+    """
+    first = claims[0]
+    model, alias = first.model, first.alias
+    inputs.alias_for(alias, model._base_manager.all())
+    statements = claims_sql_for(model, alias)
+    pks = inputs.prepared_pks(claims, alias)
+    tokens, workers = [c.token for c in claims], [c.worker for c in claims]
+    resolving: list[ConnectionLost] = []
+
+    def work() -> list[Any]:
+        return statements.fenced_update(pks, tokens, workers, values)
+
+    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+        # The reply was lost: once the session that sent it has ended, the same fenced statement says what
+        # happened (written now: the first did not commit; stale with the row already ended as asked: it did).
+        runner.await_session_end(alias, message, lost)
+        resolving.append(lost)
+        return runner.in_one_message(alias, lock_timeout, work)
+
+    rows = runner.in_one_message(alias, lock_timeout, work, resolve)
+    written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
+    if len(written) != len(claims):
+        # The statement writes all rows or none, so nothing was written here.
+        live = {row["pk"] for row in rows}
+        stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
+        holders, reasons, already_done = _now_holding(stale, values)
+        if resolving and not live:
+            # No claim is live any more: the lost statement may have ended them (all or none).
+            if already_done and len(stale) == len(claims):
+                return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
+            raise runner.unknown(alias, resolving[0]) from resolving[0]
+        # A claim still live after the re-send: the lost statement (all rows or none) wrote nothing; stale.
+        listing = "; ".join(
+            f"pk={c.pk!r} token={c.token} worker={c.worker!r}: {reasons[c.pk]}" for c in stale
+        )
+        done = " (already ended with these values)" if already_done else ""
+        error = StaleClaim(
+            f"{len(stale)} of {len(claims)} {model.__name__} claim(s) no longer hold their row{done}: {listing}; "
+            "nothing was written",
+            alias=alias,
+            claims=stale,
+            holders=holders,
+            already_done=already_done,
+        )
+        events.claims_event(signals.claim_stale, Claim, stale, error=error)
+        raise error
+    return written
+
+
+def _now_holding(
+    stale: tuple[Claim, ...], values: dict[str, Any]
+) -> tuple[dict[Any, tuple[str, int] | None], dict[Any, str], bool]:
+    """Who holds the stale claims' rows now, what happened to each (in words), and whether they hold ``values``.
+
+    Read after the fenced statement found them stale (the error path only); plain values are compared, not
+    expressions.
+    """
+    first = stale[0]
+    plain = {
+        name: value
+        for name, value in values.items()
+        if name != "lease_expires_at" and not hasattr(value, "resolve_expression")
+    }
+    fields = ["pk", "claim_token", "claimed_by", "lease_expires_at", *plain]
+    found = first.model._base_manager.using(first.alias).filter(pk__in=[c.pk for c in stale]).values(*fields)
+    # Keyed by the pk as the field makes it: a claim's pk may be a str where the row's is a UUID (MariaDB, SQLite).
+    to_python = first.model._meta.pk.to_python
+    rows = {to_python(row["pk"]): row for row in found}
+    holders: dict[Any, tuple[str, int] | None] = {}
+    reasons: dict[Any, str] = {}
+    already_done = "lease_expires_at" in values and values["lease_expires_at"] is None
+    for claim in stale:
+        row = rows.get(to_python(claim.pk))
+        if row is None or row["lease_expires_at"] is None:
+            holders[claim.pk] = None
+        else:
+            holders[claim.pk] = (str(row["claimed_by"]), int(row["claim_token"]))
+        now: tuple[int, str, bool | None] | None = None
+        if row is not None:  # a claimed row's lease is not compared with the clock here: "claimed" is enough
+            claimed = None if row["lease_expires_at"] is None else True
+            now = (int(row["claim_token"]), str(row["claimed_by"]), claimed)
+        reasons[claim.pk] = stale_reason(claim, now) or "it carries this claim again (it changed meanwhile)"
+        already_done = already_done and (
+            row is not None
+            and row["lease_expires_at"] is None
+            and row["claim_token"] == claim.token
+            and row["claimed_by"] == claim.worker
+            and all(_stored(first.model, name, value) == row[name] for name, value in plain.items())
+        )
+    return holders, reasons, already_done
+
+
+def _stored(model: type[Any], name: str, value: Any) -> Any:
+    """``value`` as the field reads it back (``5`` for a ``CharField`` is ``"5"``); itself when it cannot say."""
+    try:
+        return model._meta.get_field(name).to_python(value)
+    except Exception:
+        return value
+
+
+__all__ = ["StaleClaim", "fenced"]

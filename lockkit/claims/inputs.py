@@ -12,7 +12,8 @@ from django.db import connections, models, router
 from django.db.models import CompositePrimaryKey, DecimalField, Field, Model, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 
-from lockkit.claims.mixin import CLAIM_FIELDS, WORKER_MAX_LENGTH, Claimable
+from lockkit.claims.mixin import Claimable
+from lockkit.claims.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
 from lockkit.claims.value import Claim
 from lockkit.errors import AliasMismatch
 from lockkit.scopes import aliases

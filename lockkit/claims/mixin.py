@@ -9,7 +9,7 @@ from django.db import models
 
 from lockkit.claims.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
 
-__all__ = ["CLAIM_FIELDS", "WORKER_MAX_LENGTH", "Claimable"]
+__all__ = ["CLAIM_FIELDS", "Claimable"]
 
 
 class Claimable(models.Model):

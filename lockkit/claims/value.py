@@ -150,4 +150,4 @@ def stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str 
     return None
 
 
-__all__ = ["stale_reason"]
+__all__ = ["Claim", "Claimed"]

@@ -1,7 +1,8 @@
 """The worker's claims on task rows: claiming ready tasks and tasks whose lease expired, in one statement.
 
 Built on lockkit.claims' ``claim_next(..., expired=True)``; the worker's heartbeat is ``lockkit.claims``'
-``worker_heartbeat`` itself (its ``holds()`` refuses to answer from a beat the worker slept through).
+``heartbeat_every(queryset, worker=...)`` itself (its ``holds()`` refuses to answer from a beat the worker slept
+through).
 """
 
 from __future__ import annotations

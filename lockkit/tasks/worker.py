@@ -29,7 +29,7 @@ from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
-from lockkit.claims import Claim, Claimed, complete, complete_many, release, worker_heartbeat
+from lockkit.claims import Claim, Claimed, complete, complete_many, heartbeat_every, release
 from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
 from lockkit.tasks import arguments, results, running
@@ -122,7 +122,7 @@ class Worker:
         self._pending: queue.Queue[Claimed[Any]] = queue.Queue()
         self._busy = 0
         self._busy_lock = threading.Lock()
-        self._beat: worker_heartbeat | None = None
+        self._beat: heartbeat_every | None = None
         self._local = threading.local()
         # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
         self._ended: dict[Any, tuple[Claim, float]] = {}
@@ -158,7 +158,6 @@ class Worker:
         Returns:
             What was done.
         """
-        every = self.lease / 3
         # One task at a time runs on the main thread: no hand-off between threads (each costs up to the GIL's
         # switch interval, 5 ms); signal handlers still run between the task's bytecodes and only set a flag.
         runners = [
@@ -180,7 +179,8 @@ class Worker:
         # and the handler runs at once, rather than when the main thread next runs Python code.
         masked = _block_stop_signals()
         try:
-            beat = worker_heartbeat(mine, worker=self.worker_id, lease=self.lease, every=every).__enter__()
+            # Beats every third of the lease (the default interval).
+            beat = heartbeat_every(mine, worker=self.worker_id, lease=self.lease).__enter__()
             self._beat = beat
             for runner in runners:
                 runner.start()
@@ -566,7 +566,7 @@ class Worker:
         self._settled_by = last
         held = self._beat.held
         with self._ended_lock:
-            settled = [pk for pk, (_, at) in self._ended.items() if last - at > self._beat.every]
+            settled = [pk for pk, (_, at) in self._ended.items() if last - at > self._beat.interval]
             lost = [self._ended[pk][0] for pk in settled if held.get(pk) == self._ended[pk][0].token]
             for pk in settled:
                 del self._ended[pk]
@@ -608,7 +608,7 @@ class _NotRecorded(Exception):
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def _stop_beating(beat: worker_heartbeat) -> None:
+def _stop_beating(beat: heartbeat_every) -> None:
     """Stop the heartbeat; a failure of its last beat is logged, not raised (the claims ended or will expire)."""
     try:
         beat.__exit__(None, None, None)

@@ -521,9 +521,20 @@ def test_lockkit_imports_without_the_app_registry_and_reexports_lazily() -> None
         "import sys, lockkit\n"
         "assert 'lockkit.claims' not in sys.modules\n"
         "assert lockkit.StaleClaim.__mro__[1] is lockkit.LockError\n"
+        # Before the app registry is ready a claims name is an AttributeError (hasattr() stays safe), saying why.
+        "assert not hasattr(lockkit, 'claim_next') and not hasattr(lockkit, 'no_such_name')\n"
+        "try:\n"
+        "    lockkit.claim_next\n"
+        "except AttributeError as error:\n"
+        "    assert 'app registry' in str(error), error\n"
         "import django; django.setup()\n"
+        "from lockkit import claims\n"
         "from lockkit.claims import claim_next\n"
         "assert lockkit.claim_next is claim_next and lockkit.Claimable.__name__ == 'Claimable'\n"
+        "assert all(getattr(lockkit, name) is getattr(claims, name) for name in claims.__all__)\n"
+        "assert not hasattr(lockkit, 'no_such_name') and not hasattr(lockkit, 'api')\n"
+        # from lockkit import * never imports lockkit.claims: only the error class, defined in lockkit.errors, is shared.
+        "assert set(claims.__all__) & set(lockkit.__all__) == {'StaleClaim'}\n"
     )
     env_settings = {"DJANGO_SETTINGS_MODULE": "lockkit_tests.settings"}
     import os

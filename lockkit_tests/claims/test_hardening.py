@@ -28,7 +28,7 @@ from lockkit.claims import (
     complete,
     complete_many,
     heartbeat,
-    heartbeat_worker,
+    heartbeat_held,
     reclaim_expired,
     release,
     release_many,
@@ -268,7 +268,7 @@ def test_every_claims_call_works_on_a_schema_qualified_table() -> None:
     _expire(QueuedJob, taken.pk)
     many = claim_next(QueuedJob.objects.exclude(state="done"), worker="w3", lease=60, limit=2, expired=True)
     assert [c.pk for c in many] == [taken.pk]
-    assert heartbeat_worker(QueuedJob.objects.all(), worker="w3", lease=90) == {taken.pk: many[0].token}
+    assert heartbeat_held(QueuedJob.objects.all(), worker="w3", lease=90) == {taken.pk: many[0].token}
 
 
 @pytest.mark.usefixtures("queue_schema")

@@ -1,4 +1,4 @@
-"""claim_next(expired=True), heartbeat_worker() and worker_heartbeat(): the pieces of a worker's own loop."""
+"""claim_next(expired=True), heartbeat_held() and heartbeat_every(queryset, worker=...): a worker's own loop."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from lockkit.claims import (
     claim_next,
     complete,
     heartbeat,
-    heartbeat_worker,
+    heartbeat_every,
+    heartbeat_held,
     release,
-    worker_heartbeat,
 )
 from lockkit.errors import LockTimeout
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
@@ -133,11 +133,11 @@ def test_expired_must_be_a_bool(value: Any) -> None:
     assert len(queries) == 0
 
 
-# -- heartbeat_worker ----------------------------------------------------------------------------------------
+# -- heartbeat_held ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("alias", VENDORS)
-def test_heartbeat_worker_renews_every_held_claim_and_reports_the_rest_lost(alias: str) -> None:
+def test_heartbeat_held_renews_every_held_claim_and_reports_the_rest_lost(alias: str) -> None:
     pks = _jobs(alias, 5)
     jobs = Job.objects.using(alias)
     mine = claim_next(jobs, worker="w1", lease=5, limit=4)
@@ -147,7 +147,7 @@ def test_heartbeat_worker_renews_every_held_claim_and_reports_the_rest_lost(alia
     complete(mine[2])  # ended by its worker: not held
     before = db_now(alias)
     with CaptureQueriesContext(connections[alias]) as queries:
-        held = heartbeat_worker(jobs, worker="w1", lease=60)
+        held = heartbeat_held(jobs, worker="w1", lease=60)
     assert held == {mine[0].pk: mine[0].token, mine[3].pk: mine[3].token}
     if alias == "default":
         assert len(queries) == 1  # one statement (one message with its BEGIN and COMMIT)
@@ -156,8 +156,8 @@ def test_heartbeat_worker_renews_every_held_claim_and_reports_the_rest_lost(alia
         assert rows[pk]["lease_expires_at"] >= before + timedelta(seconds=59)
     assert rows[stolen.pk]["claim_token"] == stolen.token
     complete(mine[0])  # the tokens are unchanged: the claims still work
-    assert heartbeat_worker(jobs.filter(pk__in=[pks[0], pks[1]]), worker="w1", lease=60) == {}
-    assert heartbeat_worker(jobs.none(), worker="w1", lease=60) == {}
+    assert heartbeat_held(jobs.filter(pk__in=[pks[0], pks[1]]), worker="w1", lease=60) == {}
+    assert heartbeat_held(jobs.none(), worker="w1", lease=60) == {}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -174,48 +174,69 @@ def test_heartbeat_worker_renews_every_held_claim_and_reports_the_rest_lost(alia
         ({"worker": "w", "lease": "5"}, TypeError, "lease"),
     ],
 )
-def test_heartbeat_worker_refuses_bad_arguments_before_sql(kwargs: Any, error: Any, match: str) -> None:
+def test_heartbeat_held_refuses_bad_arguments_before_sql(kwargs: Any, error: Any, match: str) -> None:
     with CaptureQueriesContext(connections["default"]) as queries:
         with pytest.raises(error, match=match):
-            heartbeat_worker(Job, **kwargs)
+            heartbeat_held(Job, **kwargs)
         with pytest.raises(TypeError, match="model_or_queryset"):
-            heartbeat_worker(object(), worker="w", lease=5)
+            heartbeat_held(object(), worker="w", lease=5)
         with pytest.raises(ValueError, match="model_or_queryset must not be sliced"):
-            heartbeat_worker(Job.objects.all()[:3], worker="w", lease=5)
-        with pytest.raises(TypeError, match="every"):
-            worker_heartbeat(Job, worker="w", lease=5, every=True)
+            heartbeat_held(Job.objects.all()[:3], worker="w", lease=5)
+        with pytest.raises(TypeError, match="interval"):
+            heartbeat_every(Job, worker="w", lease=5, interval=True)
         with pytest.raises(TypeError, match="claim"):
-            worker_heartbeat(Job, worker="w", lease=5, every=1).holds("not a claim")  # type: ignore[arg-type]
+            heartbeat_every(Job, worker="w", lease=5, interval=1).holds("not a claim")  # type: ignore[arg-type]
     assert len(queries) == 0
 
 
-# -- worker_heartbeat ----------------------------------------------------------------------------------------
+# -- heartbeat_every(queryset, worker=...) -------------------------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"lease": 5, "every": 5}, "every must be shorter"),
-        ({"lease": 5, "every": 0}, "every"),
-        ({"lease": 5, "every": -1}, "every"),
-        ({"lease": 0, "every": 1}, "lease"),
-        ({"lease": 5, "every": float("nan")}, "every"),
+        ({"lease": 5, "interval": 5}, "interval must be shorter"),
+        ({"lease": 5, "interval": 0}, "interval"),
+        ({"lease": 5, "interval": -1}, "interval"),
+        ({"lease": 0, "interval": 1}, "lease"),
+        ({"lease": 5, "interval": float("nan")}, "interval"),
     ],
 )
-def test_worker_heartbeat_validates_before_sql(kwargs: Any, match: str) -> None:
+def test_heartbeat_every_validates_before_sql(kwargs: Any, match: str) -> None:
     with CaptureQueriesContext(connections["default"]) as queries:
         with pytest.raises(ValueError, match=match):
-            worker_heartbeat(Job, worker="w", **kwargs)
+            heartbeat_every(Job, worker="w", **kwargs)
+    assert len(queries) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_every_needs_a_worker_and_lease_with_a_queryset_and_neither_with_a_claim() -> None:
+    (made,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="w", lease=6)
+    with CaptureQueriesContext(connections["default"]) as queries:
+        with pytest.raises(TypeError, match="worker and lease are required with a queryset"):
+            heartbeat_every(Job, lease=5)
+        with pytest.raises(TypeError, match="worker and lease are required with a queryset"):
+            heartbeat_every(Job, worker="w")
+        with pytest.raises(TypeError, match="worker and using are for a queryset"):
+            heartbeat_every(made, worker="w")
+        with pytest.raises(TypeError, match="worker and using are for a queryset"):
+            heartbeat_every(made, using="default")
+        with pytest.raises(TypeError, match="target"):
+            heartbeat_every(object(), worker="w", lease=5)
+        assert heartbeat_every(Job, worker="w", lease=6).interval == pytest.approx(2)  # a third of the lease
+        one = heartbeat_every(made)
+        assert one.interval == pytest.approx(2)
+        assert (one.lease, one.worker, one.claim, one.held) == (6, "w", made, {made.pk: made.token})
     assert len(queries) == 0
 
 
 @pytest.mark.parametrize("alias", VENDORS)
-def test_worker_heartbeat_keeps_the_claims_and_tells_which_were_lost(alias: str) -> None:
+def test_heartbeat_every_keeps_the_claims_and_tells_which_were_lost(alias: str) -> None:
     jobs = Job.objects.using(alias)
     pks = _jobs(alias, 3)
     claims = claim_next(jobs, worker="w1", lease=1, limit=3)
-    with worker_heartbeat(jobs, worker="w1", lease=1, every=0.2) as beat:
+    with heartbeat_every(jobs, worker="w1", lease=1, interval=0.2) as beat:
         assert beat.wait_for_beat(10)
         assert all(beat.holds(c) for c in claims)
         complete(claims[0])  # ended by the worker: not lost
@@ -254,10 +275,11 @@ def test_worker_heartbeat_keeps_the_claims_and_tells_which_were_lost(alias: str)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_worker_heartbeat_raises_on_exit_when_the_latest_beat_failed() -> None:
+@pytest.mark.parametrize("form", ["queryset", "claim"])
+def test_heartbeat_every_raises_on_exit_when_the_latest_beat_failed(form: str) -> None:
     jobs = Job.objects.all()
     _jobs("default", 1)
-    claim_next(jobs, worker="w1", lease=5)
+    (made,) = claim_next(jobs, worker="w1", lease=5)
     table = connections["default"].ops.quote_name(Job._meta.db_table)
     started = threading.Event()
     release_lock = threading.Event()
@@ -276,7 +298,10 @@ def test_worker_heartbeat_raises_on_exit_when_the_latest_beat_failed() -> None:
         holder = in_thread(lock_table)
         assert started.wait(10)
         with pytest.raises(LockTimeout) as failed:
-            with worker_heartbeat(jobs, worker="w1", lease=5, every=0.3) as beat:
+            beating = heartbeat_every(jobs, worker="w1", lease=5, interval=0.3)
+            if form == "claim":  # the same object, renewing one claim with heartbeat()
+                beating = heartbeat_every(made, interval=0.3)
+            with beating as beat:
                 deadline = db_now("default") + timedelta(seconds=10)
                 while beat.error is None:
                     assert db_now("default") < deadline
@@ -284,6 +309,8 @@ def test_worker_heartbeat_raises_on_exit_when_the_latest_beat_failed() -> None:
         release_lock.set()
         holder.result(timeout=10)
     assert failed.value is beat.error
+    assert beat.lost == set()  # a failed beat loses nothing: the claim is still held
+    heartbeat(made)
 
 
 # -- a lost reply of claim_next(expired=True) ------------------------------------------------------------------
@@ -316,26 +343,26 @@ def test_a_lost_reply_of_an_expired_claim_returns_exactly_the_rows_it_claimed(
 
 
 @pytest.mark.parametrize("alias", vendor_params())
-def test_heartbeat_worker_waits_for_a_claim_being_written_never_reports_it_lost(alias: str) -> None:
+def test_heartbeat_held_waits_for_a_claim_being_written_never_reports_it_lost(alias: str) -> None:
     _jobs(alias, 3)
     jobs = Job.objects.using(alias)
     mine = claim_next(jobs, worker="w1", lease=30, limit=3)
     poll = 0.15 if alias == "mariadb" else 0.005
     with hold_lock(jobs.filter(pk=mine[1].pk), timeout=20) as holder:  # e.g. the worker's own fenced() block
-        beating = in_thread(heartbeat_worker, jobs, worker="w1", lease=60)
+        beating = in_thread(heartbeat_held, jobs, worker="w1", lease=60)
         wait_until_blocked(holder, contenders=beating, poll=poll)
     assert beating.result(timeout=10) == {c.pk: c.token for c in mine}
 
 
 @pytest.mark.django_db(transaction=True)
-def test_worker_heartbeat_is_entered_once_and_refuses_a_mismatched_alias() -> None:
-    beat = worker_heartbeat(Job, worker="w", lease=5, every=1)
+def test_heartbeat_every_is_entered_once_and_refuses_a_mismatched_alias() -> None:
+    beat = heartbeat_every(Job, worker="w", lease=5, interval=1)
     with beat:
         pass
     with pytest.raises(RuntimeError, match="entered once"):
         beat.__enter__()
     with pytest.raises(AliasMismatch):
-        worker_heartbeat(Job.objects.using("other"), worker="w", lease=5, every=1, using="default")
+        heartbeat_every(Job.objects.using("other"), worker="w", lease=5, interval=1, using="default")
     assert beat.error is None
     assert beat.last_beat is not None  # it beat on entry
     (theirs,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="someone else", lease=5)
@@ -376,7 +403,7 @@ def test_a_killed_workers_claims_expire_and_are_claimed_again_with_an_attempt_co
 @pytest.mark.django_db(transaction=True)
 def test_a_beat_whose_connection_was_terminated_carries_on_on_a_new_one() -> None:
     (claim,) = claim_next(Job.objects.filter(pk__in=_jobs("default", 1)), worker="w1", lease=2)
-    with worker_heartbeat(Job, worker="w1", lease=2, every=0.2) as beat:
+    with heartbeat_every(Job, worker="w1", lease=2, interval=0.2) as beat:
         assert beat.wait_for_beat(10)
         with connections["default"].cursor() as cursor:
             cursor.execute(
@@ -397,15 +424,15 @@ def test_a_beat_whose_connection_was_terminated_carries_on_on_a_new_one() -> Non
 # -- holds() never answers from a beat the worker slept through ------------------------------------------------
 
 
-def _wait_until_stale(beat: worker_heartbeat, alias: str) -> None:
+def _wait_until_stale(beat: heartbeat_every, alias: str) -> None:
     """Wait (bounded) until the latest successful beat is older than ``holds()`` trusts: the thread cannot beat."""
-    from lockkit.claims.workerbeat import STALE_AFTER
+    from lockkit.claims.heartbeats import STALE_AFTER
 
     deadline = db_now(alias) + timedelta(seconds=10)
     while True:
         last = beat.last_beat
         assert last is not None
-        if time.monotonic() - last > STALE_AFTER * beat.every and beat.error is not None:
+        if time.monotonic() - last > STALE_AFTER * beat.interval and beat.error is not None:
             return
         assert db_now(alias) < deadline, "the heartbeat kept beating while its rows were locked"
         threading.Event().wait(0.05)
@@ -422,7 +449,7 @@ def test_holds_beats_first_when_the_latest_beat_is_too_old_and_refuses_a_claim_t
     (mine,) = claim_next(jobs, worker="w1", lease=30)
     # The beat waits at most 0.3 s for a row lock; it beats every 0.4 s, so holds() trusts a beat for 0.6 s.
     with override_settings(LOCKKIT={"LOCK_TIMEOUT": 0.3}):
-        with worker_heartbeat(jobs, worker="w1", lease=30, every=0.4) as beat:
+        with heartbeat_every(jobs, worker="w1", lease=30, interval=0.4) as beat:
             assert beat.wait_for_beat(10)
             assert beat.holds(mine)
             # Another session takes the job (as a worker would once the lease ran out) and keeps the row locked:
@@ -451,7 +478,7 @@ def test_holds_answers_true_after_a_pause_when_the_claim_survived_it(alias: str)
     (pk,) = _jobs(alias, 1)
     (mine,) = claim_next(jobs, worker="w1", lease=30)
     with override_settings(LOCKKIT={"LOCK_TIMEOUT": 0.3}):
-        with worker_heartbeat(jobs, worker="w1", lease=30, every=0.4) as beat:
+        with heartbeat_every(jobs, worker="w1", lease=30, interval=0.4) as beat:
             assert beat.wait_for_beat(10)
             with hold_lock(jobs.filter(pk=pk), timeout=30):
                 _wait_until_stale(beat, alias)

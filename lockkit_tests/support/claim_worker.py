@@ -72,14 +72,14 @@ def run_docs_loop(database_names: dict[str, str], source: str, slot: str) -> Non
 
 
 def claim_and_beat(database_names: dict[str, str], pipe: Connection, lease: float, every: float) -> None:
-    """Claim every pending job under ``worker_heartbeat``, report the claims after two beats, then wait to be killed."""
+    """Claim every pending job under ``heartbeat_every``, report the claims after two beats, then wait to be killed."""
     setup_django(database_names)
-    from lockkit.claims import claim_next, worker_heartbeat
+    from lockkit.claims import claim_next, heartbeat_every
     from lockkit_tests.models import Job
 
     jobs = Job.objects.all()
     claims = claim_next(jobs.filter(state="pending"), worker="beating", lease=lease, limit=10)
-    with worker_heartbeat(jobs, worker="beating", lease=lease, every=every) as beat:
+    with heartbeat_every(jobs, every, worker="beating", lease=lease) as beat:
         assert beat.wait_for_beat(30)
         first = beat.last_beat
         while beat.last_beat == first:
