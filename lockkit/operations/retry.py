@@ -166,10 +166,11 @@ class RetryPolicy:
     def retrying(self, *, spent: float = 0.0) -> tenacity.Retrying:
         """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them).
 
-        Composed of tenacity strategies: ``retry_if_exception(should_retry)``; the stop conditions "``attempts``
-        locking failures" | "``reconnect_within`` seconds of lost connections" (| ``stop_before_delay`` of the
-        ``deadline``); the waits "full jitter after a locking failure" + "equal jitter after a lost connection"
-        (each is 0 after the other kind). The strategies that count read one ``_Attempts`` record of the call.
+        Composed of tenacity strategies: a ``retry_base`` predicate of the ``retry_on`` kinds (``should_retry``);
+        the stop conditions "``attempts`` locking failures" | "``reconnect_within`` seconds of lost connections"
+        (| ``stop_before_delay`` of the ``deadline``), a ``stop_any``; the waits "full jitter after a locking
+        failure" + "equal jitter after a lost connection" (each is 0 after the other kind). The strategies that
+        count (a lost connection does not count against ``attempts``) read one ``_Attempts`` record of the call.
 
         Args:
             spent: Seconds the call already spent before this ``Retrying`` starts its clock (its first attempt,
