@@ -15,9 +15,11 @@ Keys:
     ``LOCK_TIMEOUT`` (seconds, default 5.0): the ``lock_timeout`` of a scope that does not set one; ``None`` leaves
         the connection's own setting alone (not recommended: it is unbounded by default on PostgreSQL).
     ``STATEMENT_TIMEOUT`` (seconds, default ``None``): the ``statement_timeout`` of a scope that does not set one.
-    ``RETRY``: the retry policy of a ``locked_operation`` that does not set one: a ``RetryPolicy``, a tenacity
-        ``Retrying``, a dict of ``RetryPolicy`` keyword arguments, or ``None`` for no retries.
-        Default: ``RetryPolicy()``.
+    ``RETRY``: the retry policy of a ``locked_operation`` or ``guarded_update`` that does not set one, and of the
+        claims calls and ``advisory_lock`` (with their own retried kinds; its ``reconnect_within`` bounds how long
+        every one of them retries a lost or refused connection): a ``RetryPolicy``, a tenacity ``Retrying``, a dict
+        of ``RetryPolicy`` keyword arguments, or ``None`` for no retries. Read through
+        ``lockkit.operations.retry.from_settings``. Default: ``RetryPolicy()``.
     ``OBSERVERS`` (default ``[]``): dotted paths of callables run once, without arguments, when the ``lockkit``
         app is ready (it must be in ``INSTALLED_APPS``), e.g. ``"lockkit.contrib.prometheus.install"`` and
         ``"lockkit.contrib.otel.install"``.

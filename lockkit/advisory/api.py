@@ -19,12 +19,16 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
+from lockkit._engine.liveness import discard_after_loss
+from lockkit._engine.transaction import in_transaction
 from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKey, advisory_key
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
-from lockkit.errors import LockError
+from lockkit.errorcodes.translate import translating
+from lockkit.errors import ConnectionLost, Failure, LockError
+from lockkit.operations.retry import call_with_retry, from_settings
 from lockkit.scopes.aliases import check_alias
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.scope import Locked, locked, refuse_unsupported
@@ -43,6 +47,11 @@ class _Entry:
 
 
 _entries: ContextVar[tuple[_Entry, ...]] = ContextVar("lockkit_advisory_entries", default=())
+
+#: The kinds taking an advisory lock retries: a connection lost (or refused) before the lock was taken. A lock
+#: timeout is the caller's to decide on. Attempts, waits and ``reconnect_within`` come from
+#: ``settings.LOCKKIT["RETRY"]``; ``None`` there: no retries.
+RETRIED = frozenset({Failure.CONNECTION_LOST})
 
 
 class AdvisoryLock:
@@ -78,13 +87,38 @@ class AdvisoryLock:
         return locked(alias, nowait=self.nowait, lock_timeout=self.lock_timeout)
 
     def __enter__(self) -> HeldLock:
-        """Take the lock (in a new scope, or session-level) and return the ``HeldLock``."""
+        """Take the lock (in a new scope, or session-level) and return the ``HeldLock``.
+
+        Outside any transaction, a connection lost or refused before the lock was taken (nothing is held then) is
+        retried as ``settings.LOCKKIT["RETRY"]`` retries a lost connection (``RETRIED``).
+        """
         alias = check_alias(self.using if self.using is not None else DEFAULT_DB_ALIAS)
-        connection = connections[alias]
-        backend_for(connection).locks.check_advisory(connection, shared=self.shared, session=self.session)
-        entry = _Entry(self, None, None)
         if self.session:
             _warn_if_pooled(alias)
+        # Inside a transaction a lost connection took the caller's transaction with it: never retried here.
+        setting = None if in_transaction(connections[alias]) else from_settings(retry_on=RETRIED)
+        if setting is None:
+            entry = self._take(alias, 1)
+        else:
+            take = functools.partial(self._take, alias)
+            entry = call_with_retry(setting, take, alias=alias, operation="lockkit.advisory_lock")
+        _entries.set((*_entries.get(), entry))
+        assert entry.held is not None
+        return entry.held
+
+    def _take(self, alias: str, number: int) -> _Entry:
+        """One attempt at taking the lock: the entry holding it, or the error (nothing held)."""
+        connection = connections[alias]
+        backend = backend_for(connection)
+        try:
+            # Connects (PostgreSQL): a server refusing connections is a ConnectionLost, as a scope's opening is.
+            with translating(alias, nowait=self.nowait, attempts=number):
+                backend.locks.check_advisory(connection, shared=self.shared, session=self.session)
+        except ConnectionLost:
+            discard_after_loss(alias)
+            raise
+        entry = _Entry(self, None, None)
+        if self.session:
             held: HeldLock | None = None
             try:
                 # A short transaction only to bound the wait (transaction-scoped lock_timeout); the lock outlives
@@ -116,9 +150,7 @@ class AdvisoryLock:
                 scope_cm.__exit__(type(exc), exc, exc.__traceback__)
                 raise
             entry.scope = scope_cm
-        _entries.set((*_entries.get(), entry))
-        assert entry.held is not None
-        return entry.held
+        return entry
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -176,8 +208,10 @@ def advisory_lock(
     (``pg_advisory_lock``) in a short transaction that only bounds the wait, runs the block outside any
     transaction (for management commands, migrations and cron jobs that commit as they go), and releases it when
     the block exits, however it exits; if the process dies, the server drops the lock with the session. Also a
-    decorator: ``@advisory_lock("nightly-report", session=True)``. It never retries; inside a
-    ``locked_operation`` a ``LockTimeout`` is retried like any other. See
+    decorator: ``@advisory_lock("nightly-report", session=True)``. Outside any transaction, a connection lost or
+    refused before the lock was taken is retried for ``settings.LOCKKIT["RETRY"]``'s ``reconnect_within`` (5 s by
+    default), like a scope's; nothing else is retried: inside a ``locked_operation`` a ``LockTimeout`` is retried
+    like any other. See
     https://www.postgresql.org/docs/current/explicit-locking.html#ADVISORY-LOCKS and
     https://mariadb.com/kb/en/get_lock/.
 
@@ -203,6 +237,8 @@ def advisory_lock(
         LockNotAvailable: with ``nowait``, another session holds the key (the message names the key and the
             holder's server session id).
         LockTimeout: the key was not granted within ``lock_timeout`` (the message names the key and the holder).
+        ConnectionLost: the connection was lost, or the server refused it, before the key was taken, on every
+            attempt for ``settings.LOCKKIT["RETRY"]``'s ``reconnect_within`` (once inside a transaction).
         AdvisoryLockLost: (``session=True``) at exit, the session that took the lock no longer held it (the
             connection was replaced, or a transaction-mode pooler served the block from another server session).
     """

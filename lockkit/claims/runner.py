@@ -2,7 +2,8 @@
 
 Two forms, both bounded by the lock timeout (``settings.LOCKKIT["LOCK_TIMEOUT"]`` or the call's ``lock_timeout=``),
 both discarding a dead connection before they start and retrying a deadlock, a serialization failure and a
-connection lost before anything was sent:
+connection lost before anything was sent (``RETRIED``) as ``settings.LOCKKIT["RETRY"]`` says: its attempts, waits,
+deadline, hooks and ``reconnect_within``, read per call (``retry_setting``):
 
 - ``in_one_message``: a call of one statement, outside the caller's transaction, on a vendor that can send it as
   one message with its opening and ``COMMIT`` (PostgreSQL on psycopg 3): one round trip. A reply lost after the
@@ -26,21 +27,18 @@ from lockkit.backends import backend_for
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure
 from lockkit.operations.operation import locked_operation
-from lockkit.operations.retry import RetryPolicy, call_with_retry
+from lockkit.operations.retry import RetrySetting, call_with_retry, from_settings, reconnect_budget
 from lockkit.scopes.options import ScopeOptions
-from lockkit.validation import duration, milliseconds
+from lockkit.validation import milliseconds
 
 T = TypeVar("T")
 
-# Retried in a fresh transaction: a connection lost before COMMIT, and a deadlock or serialization failure (the
-# database rolled the whole transaction back: on MariaDB a claim is two statements and InnoDB's next-key locks can
-# deadlock it against a completion; under REPEATABLE READ a concurrent claim of the same row is a serialization
-# failure). A lock timeout is the caller's to decide on.
-_RETRIED = RetryPolicy(
-    retry_on={Failure.CONNECTION_LOST, Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE}
-)
-#: Seconds a lost reply is worked on (reconnecting, waiting for the old session to end) before it is unknown.
-RESOLVE_WITHIN = duration(_RETRIED.reconnect_within, "reconnect_within")
+#: The kinds a claims call retries, in a fresh transaction: a connection lost before COMMIT, and a deadlock or
+#: serialization failure (the database rolled the whole transaction back: on MariaDB a claim is two statements and
+#: InnoDB's next-key locks can deadlock it against a completion; under REPEATABLE READ a concurrent claim of the same
+#: row is a serialization failure). A lock timeout is the caller's to decide on. Everything else (attempts, waits,
+#: deadline, hooks, ``reconnect_within``) comes from ``settings.LOCKKIT["RETRY"]``; ``None`` there: no retries.
+RETRIED = frozenset({Failure.CONNECTION_LOST, Failure.DEADLOCK_DETECTED, Failure.SERIALIZATION_FAILURE})
 
 #: Decorated operations by (alias, lock timeout type and value, call site); a few per process in practice.
 _OPERATIONS: dict[Hashable, Callable[[Callable[[], Any]], Any]] = {}
@@ -63,8 +61,9 @@ def in_one_message(
     Raises:
         TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
         LockTimeout: a lock was waited for longer than the lock timeout (nothing was written).
-        ConnectionLost: the connection was lost before sending, on every attempt for ``reconnect_within`` seconds.
-        DeadlockDetected, SerializationFailure: on each of the policy's 3 attempts.
+        ConnectionLost: the connection was lost (or refused) before sending, on every attempt for the setting's
+            ``reconnect_within`` seconds.
+        DeadlockDetected, SerializationFailure: on each attempt ``settings.LOCKKIT["RETRY"]`` allows (3 by default).
         CommitOutcomeUnknown: the reply was lost and the rows cannot say what happened.
     """
     lock, statement = ScopeOptions.build(using=alias, lock_timeout=lock_timeout).timeouts()
@@ -110,8 +109,15 @@ def in_one_message(
                 raise unknown(alias, lost) from lost
             return resolve(message, lost)
 
-    name = getattr(work, "__qualname__", "claims")
-    return call_with_retry(_RETRIED, attempt, alias=alias, operation=name)
+    setting = retry_setting()
+    if setting is None:
+        return attempt(1)
+    return call_with_retry(setting, attempt, alias=alias, operation=getattr(work, "__qualname__", "claims"))
+
+
+def retry_setting() -> RetrySetting:
+    """The retry setting of a claims call: ``settings.LOCKKIT["RETRY"]`` retrying the ``RETRIED`` kinds, per call."""
+    return from_settings(retry_on=RETRIED)
 
 
 def unknown(alias: str, lost: ConnectionLost) -> CommitOutcomeUnknown:
@@ -128,14 +134,15 @@ def unknown(alias: str, lost: ConnectionLost) -> CommitOutcomeUnknown:
 def await_session_end(alias: str, message: Any, lost: ConnectionLost) -> None:
     """Wait until the server session a lost message went on has ended its transaction, or is gone.
 
-    Asked on a fresh connection (reconnecting through a restart) for up to ``RESOLVE_WITHIN`` seconds, so that the
-    rows read afterwards cannot change behind the reader's back: an idle session has committed or rolled back, and
-    a session that no longer exists (terminated, or another server after a failover) writes nothing more.
+    Asked on a fresh connection (reconnecting through a restart) for up to the retry setting's ``reconnect_within``
+    seconds (``settings.LOCKKIT["RETRY"]``; 5 by default), so that the rows read afterwards cannot change behind the
+    reader's back: an idle session has committed or rolled back, and a session that no longer exists (terminated,
+    or another server after a failover) writes nothing more.
 
     Raises:
         CommitOutcomeUnknown: the session was still in its transaction, or the server unreachable, when time ran out.
     """
-    deadline = time.monotonic() + RESOLVE_WITHIN
+    deadline = time.monotonic() + reconnect_budget(retry_setting())
     pause = _PAUSE
     while True:
         connection = connections[alias]
@@ -174,8 +181,9 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
     Raises:
         TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
         LockTimeout: a lock was waited for longer than the lock timeout.
-        ConnectionLost: the connection was lost on every attempt for ``reconnect_within`` seconds.
-        DeadlockDetected, SerializationFailure: on each of the policy's 3 attempts.
+        ConnectionLost: the connection was lost (or refused) on every attempt for the setting's ``reconnect_within``
+            seconds.
+        DeadlockDetected, SerializationFailure: on each attempt ``settings.LOCKKIT["RETRY"]`` allows (3 by default).
         CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
     """
     operation = _operation(alias, lock_timeout, work)
@@ -191,8 +199,9 @@ def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callab
     without being kept, so it raises as always.
     """
     name = getattr(work, "__qualname__", "claims")
+    retry = retry_setting()  # the same object until the settings change
     # Keyed by the type too: ``True == 1``, and a bool must still be refused.
-    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, name)
+    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, name, retry)
     try:
         return _OPERATIONS[key]
     except KeyError:
@@ -209,7 +218,7 @@ def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callab
     # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
     no_key = connections[alias].features.has_select_for_no_key_update
     operation: Callable[[Callable[[], Any]], Any] = locked_operation(
-        using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=_RETRIED
+        using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=retry
     )(run)
     if key is not None and len(_OPERATIONS) < _MAX_OPERATIONS:
         _OPERATIONS[key] = operation

@@ -21,8 +21,8 @@ from lockkit.backends import backend_for
 from lockkit.backends.sql.rows import instances
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost
-from lockkit.operations.operation import _policy, locked_operation
-from lockkit.operations.retry import call_with_retry, check_retry
+from lockkit.operations.operation import locked_operation
+from lockkit.operations.retry import call_with_retry, check_retry, setting_for
 from lockkit.scopes import aliases
 from lockkit.scopes.options import FROM_SETTINGS, Default, ScopeOptions
 from lockkit.scopes.scope import current_scope
@@ -91,7 +91,8 @@ def guarded_update(
             nothing was written. Retried when the policy retries lock timeouts.
         lockkit.errors.DeadlockDetected: a deadlock on every attempt the policy allows (40P01).
         lockkit.errors.StatementTimeout: the statement ran longer than ``statement_timeout`` (57014).
-        lockkit.errors.ConnectionLost: the connection was lost before the statement was sent, on every attempt.
+        lockkit.errors.ConnectionLost: the connection was lost, or the server refused it, before the statement was
+            sent, on every attempt for the policy's ``reconnect_within`` seconds (5 by default).
         lockkit.errors.CommitOutcomeUnknown: the connection was lost after the message (with its ``COMMIT``) was
             sent: the update may have committed. Not retried.
         django.db.IntegrityError: the update broke a constraint; nothing was written.
@@ -242,7 +243,14 @@ def _on_postgresql(
 
     def attempt(number: int) -> list[M]:
         discard_if_dead(alias)
-        message = one_message.begin(connection, timeouts)
+        try:
+            # Connects if needed: a server that refuses connections (down, shutting down, during a failover) is a
+            # ConnectionLost before anything was sent, retried like one.
+            with translating(alias, nowait=False, attempts=number):
+                message = one_message.begin(connection, timeouts)
+        except ConnectionLost:
+            discard_after_loss(alias)
+            raise
         if message is None:  # the connection it made is not in autocommit (a project's own setting)
             return _operation(alias, options, None, lambda: _run_returning(queryset, alias, statement))
         try:
@@ -264,7 +272,7 @@ def _on_postgresql(
             ) from lost
         return instances(queryset.model, alias, [list(row.values()) for row in rows])
 
-    setting = _policy(policy)  # its own, else settings.LOCKKIT["RETRY"], as locked operations read it
+    setting = setting_for(policy)  # its own, else settings.LOCKKIT["RETRY"], as locked operations read it
     if setting is None:
         return attempt(1)
     return call_with_retry(setting, attempt, alias=alias, operation="lockkit.guarded_update")

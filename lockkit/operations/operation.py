@@ -14,20 +14,25 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 import tenacity
 from django.db import connections, models
 
-from lockkit import conf, events
+from lockkit import events
 from lockkit._engine.transaction import in_transaction
 from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
 from lockkit.operations.naming import operation_name
-from lockkit.operations.retry import RetryPolicy, RetrySetting, call_with_retry, check_retry, logger
+from lockkit.operations.retry import (
+    RetryPolicy,
+    RetrySetting,
+    call_with_retry,
+    check_retry,
+    from_settings,
+    logger,
+)
 from lockkit.scopes.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
 from lockkit.scopes.scope import ScopeBlock, active_blocks, refuse_unsupported
 
 P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
-
-_DEFAULT_POLICY = RetryPolicy()
 
 
 class _Committed(BaseException):
@@ -140,15 +145,9 @@ class LockedFunction(Protocol[P, R_co]):
         ...
 
 
-def _retry_setting(value: object) -> RetrySetting:
-    return check_retry(value, "LOCKKIT['RETRY']")
-
-
 def _policy(option: RetrySetting | Default) -> RetrySetting:
     """The operation's retry setting: its own, else ``settings.LOCKKIT["RETRY"]`` (cached), else the default."""
-    if isinstance(option, Default):
-        return conf.resolved("RETRY", _DEFAULT_POLICY, _retry_setting)
-    return option
+    return from_settings() if isinstance(option, Default) else option
 
 
 def _unwrap(error: BaseException) -> BaseException:

@@ -7,6 +7,8 @@ safe to share between threads), and most calls never need one. https://tenacity.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -18,9 +20,10 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from lockkit import events
+from lockkit import conf, events
 from lockkit.errorcodes.table import code_of
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
+from lockkit.scopes.options import Default
 from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
@@ -143,85 +146,179 @@ class RetryPolicy:
 
         ``CommitOutcomeUnknown`` never is: the work may have committed.
         """
-        if isinstance(exc, CommitOutcomeUnknown):
-            return False
-        return isinstance(exc, LockError) and exc.failure is not None and exc.failure in self.retry_on
+        return _classified_as(exc, self._kinds())
+
+    def _kinds(self) -> frozenset[Failure]:
+        assert isinstance(self.retry_on, frozenset)  # normalised by __post_init__
+        return self.retry_on
+
+    def copy(self, **changes: Any) -> RetryPolicy:
+        """Return a copy of this policy with ``changes`` (field names and values), validated like a new one.
+
+        Like tenacity's ``Retrying.copy()``: ``policy.copy(retry_on={Failure.DEADLOCK_DETECTED})``.
+
+        Raises:
+            TypeError: an unknown field name, or a value of the wrong type.
+            ValueError: a value ``RetryPolicy`` refuses.
+        """
+        return dataclasses.replace(self, **changes)
 
     def retrying(self, *, spent: float = 0.0) -> tenacity.Retrying:
         """Build a fresh ``tenacity.Retrying`` for one call (no hooks: ``build_retrying`` adds them).
+
+        Composed of tenacity strategies: a ``retry_base`` predicate of the ``retry_on`` kinds (``should_retry``);
+        the stop conditions "``attempts`` locking failures" | "``reconnect_within`` seconds of lost connections"
+        (| ``stop_before_delay`` of the ``deadline``), a ``stop_any``; the waits "full jitter after a locking
+        failure" + "equal jitter after a lost connection" (each is 0 after the other kind). The strategies that
+        count (a lost connection does not count against ``attempts``) read one ``_Attempts`` record of the call.
 
         Args:
             spent: Seconds the call already spent before this ``Retrying`` starts its clock (its first attempt,
                 when the ``Retrying`` is built only after that attempt failed); deducted from ``deadline``.
         """
-        budget = _Budget(self)
-        stop: Callable[[tenacity.RetryCallState], bool] = budget.stop
+        attempts = _Attempts()
+        stop: tenacity.stop.stop_base = _StopAfterFailures(self.attempts, attempts) | _StopReconnectingAfter(
+            self._seconds("reconnect_within"), attempts
+        )
         if self.deadline is not None:
-            stop = _either(budget.stop, tenacity.stop_before_delay(self._seconds("deadline") - spent))
+            stop = stop | tenacity.stop_before_delay(self._seconds("deadline") - spent)
+        wait = _WaitFullJitter(self._seconds("wait_initial"), self._seconds("wait_max"), attempts) + (
+            _WaitEqualJitter(RECONNECT_WAIT_INITIAL, RECONNECT_WAIT_MAX, attempts)
+        )
         return tenacity.Retrying(
             stop=stop,
-            wait=budget.wait,
-            retry=tenacity.retry_if_exception(self.should_retry),
+            wait=wait,
+            retry=_RetryClassified(self._kinds()),
             reraise=True,
         )
 
 
-class _Budget:
-    """One call's retry budget, built per call (it counts), like the ``Retrying`` it serves.
+def _classified_as(exc: BaseException | None, kinds: frozenset[Failure]) -> bool:
+    """Whether ``exc`` is a classified lockkit error of one of ``kinds`` that may be retried.
 
-    Locking failures count against ``attempts`` and wait with full jitter; lost connections count against
-    ``reconnect_within`` and wait with equal jitter.
+    ``CommitOutcomeUnknown`` never may: the work may have committed.
+    """
+    if isinstance(exc, CommitOutcomeUnknown):
+        return False
+    return isinstance(exc, LockError) and exc.failure is not None and exc.failure in kinds
+
+
+class _RetryClassified(tenacity.retry_base):
+    """Retry an attempt that raised a classified lockkit error of one of ``kinds`` (never a result)."""
+
+    def __init__(self, kinds: frozenset[Failure]) -> None:
+        self.kinds = kinds
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        """Whether the attempt ``retry_state`` reports failed with a retried kind."""
+        outcome = retry_state.outcome
+        return outcome is not None and outcome.failed and _classified_as(outcome.exception(), self.kinds)
+
+
+class _Attempts:
+    """What one call's failed attempts were, as tenacity reports them: its strategies' shared record.
+
+    Built per call, like the ``Retrying`` it serves. Every strategy that counts brings it up to date with the call
+    state it is asked about (``seen``), so the record does not depend on which strategies tenacity asks (``|``
+    stops at the first condition that holds) or in which order: each attempt is counted once.
+
+    Attributes:
+        failures: Failed attempts other than a lost connection.
+        losses: Consecutive lost connections, up to the last attempt (0 when it failed otherwise).
+        first_loss: Seconds from the ``Retrying``'s start to the call's first lost connection, or ``None``.
     """
 
-    def __init__(self, policy: RetryPolicy) -> None:
-        self.attempts = policy.attempts
-        self.wait_initial = policy._seconds("wait_initial")
-        self.wait_max = policy._seconds("wait_max")
-        self.reconnect_within = policy._seconds("reconnect_within")
-        self.failures = 0  # failures other than a lost connection
-        self.losses = 0  # consecutive lost connections
+    def __init__(self) -> None:
+        self.failures = 0
+        self.losses = 0
         self.first_loss: float | None = None
-        self._counted = 0  # the attempt number last counted (tenacity asks wait, then stop, per attempt)
+        self._counted = 0  # the attempt number last counted
 
-    def _count(self, state: tenacity.RetryCallState) -> None:
-        if state.attempt_number == self._counted:
-            return
-        self._counted = state.attempt_number
-        error = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(error, ConnectionLost):
-            self.losses += 1
-            if self.first_loss is None:
-                self.first_loss = state.seconds_since_start or 0.0
-        else:
-            self.losses = 0
-            self.failures += 1
+    def seen(self, state: tenacity.RetryCallState) -> _Attempts:
+        """Count the attempt ``state`` reports, once; return the record."""
+        if state.attempt_number != self._counted:
+            self._counted = state.attempt_number
+            if self.lost(state):
+                self.losses += 1
+                if self.first_loss is None:
+                    self.first_loss = state.seconds_since_start or 0.0
+            else:
+                self.losses = 0
+                self.failures += 1
+        return self
 
-    def stop(self, state: tenacity.RetryCallState) -> bool:
-        self._count(state)
-        if self.losses:
-            assert self.first_loss is not None
-            return (state.seconds_since_start or 0.0) - self.first_loss >= self.reconnect_within
-        return self.failures >= self.attempts
-
-    def wait(self, state: tenacity.RetryCallState) -> float:
-        self._count(state)
-        if self.losses:
-            cap = min(RECONNECT_WAIT_MAX, RECONNECT_WAIT_INITIAL * 2.0 ** (self.losses - 1))
-            return cap / 2 + random.uniform(0, cap / 2)  # jitter, not cryptography
-        cap = min(self.wait_max, self.wait_initial * 2.0 ** (self.failures - 1))
-        return random.uniform(0, cap)
+    @staticmethod
+    def lost(state: tenacity.RetryCallState) -> bool:
+        """Whether the attempt ``state`` reports lost its connection."""
+        return state.outcome is not None and isinstance(state.outcome.exception(), ConnectionLost)
 
 
-def _either(
-    first: Callable[[tenacity.RetryCallState], bool], second: Callable[[tenacity.RetryCallState], bool]
-) -> Callable[[tenacity.RetryCallState], bool]:
-    """A stop condition that holds when either holds (both are always asked: the budget counts)."""
+class _StopAfterFailures(tenacity.stop.stop_base):
+    """Stop once ``attempts`` attempts have failed other than by losing their connection."""
 
-    def stop(state: tenacity.RetryCallState) -> bool:
-        one, two = first(state), second(state)
-        return one or two
+    def __init__(self, attempts: int, record: _Attempts) -> None:
+        self.attempts = attempts
+        self.record = record
 
-    return stop
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        """Whether the call has made its last attempt."""
+        return self.record.seen(retry_state).failures >= self.attempts
+
+
+class _StopReconnectingAfter(tenacity.stop.stop_base):
+    """Stop on a lost connection ``within`` seconds or more after the call's first one."""
+
+    def __init__(self, within: float, record: _Attempts) -> None:
+        self.within = within
+        self.record = record
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        """Whether the last attempt lost its connection after the reconnect budget ran out."""
+        record = self.record.seen(retry_state)
+        if not record.losses:
+            return False
+        assert record.first_loss is not None  # set with the first loss
+        return (retry_state.seconds_since_start or 0.0) - record.first_loss >= self.within
+
+
+class _WaitFullJitter(tenacity.wait.wait_base):
+    """After a locking failure: a random 0 to ``min(maximum, initial * 2 ** (n - 1))`` seconds (n-th failure).
+
+    0 after a lost connection. "Full jitter": https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/
+    """
+
+    def __init__(self, initial: float, maximum: float, record: _Attempts) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.record = record
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        """Seconds to wait before the next attempt."""
+        record = self.record.seen(retry_state)
+        if record.losses:
+            return 0.0
+        cap = min(self.maximum, self.initial * 2.0 ** (record.failures - 1))
+        return random.uniform(0, cap)  # jitter, not cryptography
+
+
+class _WaitEqualJitter(tenacity.wait.wait_base):
+    """After the n-th lost connection in a row: ``cap = min(maximum, initial * 2 ** (n - 1))``, half fixed, half random.
+
+    "Equal jitter": never near zero, so that a restarting server has time to come back. 0 after any other failure.
+    """
+
+    def __init__(self, initial: float, maximum: float, record: _Attempts) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.record = record
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        """Seconds to wait before the next attempt."""
+        record = self.record.seen(retry_state)
+        if not record.losses:
+            return 0.0
+        cap = min(self.maximum, self.initial * 2.0 ** (record.losses - 1))
+        return cap / 2 + random.uniform(0, cap / 2)  # jitter, not cryptography
 
 
 RetrySetting = RetryPolicy | tenacity.Retrying | None
@@ -243,6 +340,78 @@ def check_retry(value: object, name: str = "retry") -> RetrySetting:
     raise TypeError(
         f"{name} must be a lockkit.RetryPolicy, a tenacity.Retrying or None, not {type(value).__name__}"
     )
+
+
+#: The policy of a call that sets none in a project that sets no ``settings.LOCKKIT["RETRY"]``.
+DEFAULT_POLICY = RetryPolicy()
+
+
+def retrying_only(setting: RetrySetting, retry_on: Collection[Failure]) -> RetrySetting:
+    """The same retry setting, retrying only the ``retry_on`` kinds: an entry point's own kinds on a project policy.
+
+    A ``RetryPolicy`` is copied with ``retry_on`` (its attempts, waits, deadline, ``reconnect_within`` and hooks
+    kept); a tenacity ``Retrying`` is copied with a retry predicate of those kinds (its stop and wait kept);
+    ``None`` (no retries) stays ``None``.
+
+    Raises:
+        TypeError, ValueError: (a ``RetryPolicy``) ``retry_on`` is not a collection of ``Failure`` it may retry.
+    """
+    if setting is None:
+        return None
+    if isinstance(setting, RetryPolicy):
+        return setting.copy(retry_on=retry_on)
+    return setting.copy(retry=_RetryClassified(frozenset(retry_on)))
+
+
+def _project_setting(value: object) -> RetrySetting:
+    return check_retry(value, "LOCKKIT['RETRY']")
+
+
+@functools.cache
+def _project_setting_only(retry_on: frozenset[Failure]) -> Callable[[object], RetrySetting]:
+    """The converter of ``settings.LOCKKIT["RETRY"]`` narrowed to ``retry_on``.
+
+    One function per set of kinds, so that ``lockkit.conf`` keeps its result until the settings change.
+    """
+
+    def convert(value: object) -> RetrySetting:
+        return retrying_only(_project_setting(value), retry_on)
+
+    return convert
+
+
+def from_settings(*, retry_on: Collection[Failure] | None = None) -> RetrySetting:
+    """The project's retry setting, ``settings.LOCKKIT["RETRY"]`` (default ``RetryPolicy()``), read per call.
+
+    Read through ``lockkit.conf``: validated once, kept until the settings change (``override_settings`` works).
+
+    Args:
+        retry_on: The kinds the caller retries instead of the setting's own (``retrying_only``); default: its own.
+
+    Raises:
+        lockkit.conf.SettingTypeError, lockkit.conf.SettingValueError: ``settings.LOCKKIT["RETRY"]`` is invalid.
+    """
+    convert = _project_setting if retry_on is None else _project_setting_only(frozenset(retry_on))
+    return conf.resolved("RETRY", DEFAULT_POLICY, convert)
+
+
+def setting_for(option: object) -> RetrySetting:
+    """A call's retry setting: its own ``retry=`` (checked), or ``from_settings()`` for ``FROM_SETTINGS``.
+
+    Raises:
+        TypeError: ``option`` is not a ``RetryPolicy``, a tenacity ``Retrying``, a dict, ``None`` or the default.
+        lockkit.conf.SettingTypeError, lockkit.conf.SettingValueError: ``settings.LOCKKIT["RETRY"]`` is invalid.
+    """
+    return from_settings() if isinstance(option, Default) else check_retry(option)
+
+
+def reconnect_budget(setting: RetrySetting) -> float:
+    """Seconds a call with ``setting`` works on a lost connection: reconnecting, resolving a lost reply.
+
+    A ``RetryPolicy``'s ``reconnect_within``; the default policy's for a tenacity ``Retrying`` or ``None``.
+    """
+    policy = setting if isinstance(setting, RetryPolicy) else DEFAULT_POLICY
+    return policy._seconds("reconnect_within")
 
 
 def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: float) -> RetryEvent:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,13 @@ from django.db import connection, transaction
 
 import lockkit
 from lockkit import Failure, LockTimeout, RetryEvent, RetryPolicy
+from lockkit.operations.retry import (
+    DEFAULT_RETRY_ON,
+    call_with_retry,
+    from_settings,
+    reconnect_budget,
+    retrying_only,
+)
 from lockkit.testing import backend_pid, hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Stock
 from lockkit_tests.support.util import InsufficientStock, raise_sqlstate, reserve, show
@@ -336,3 +344,156 @@ def test_tenacity_result_predicate_retries() -> None:
 
     assert op() == "ok"
     assert calls == [1, 2]
+
+
+# -- how a RetryPolicy builds its tenacity Retrying (no database: the attempts raise lockkit's errors) ----------
+
+
+def _stops(stop: object) -> list[object]:
+    """The stop conditions a ``|`` combination holds, flattened."""
+    if isinstance(stop, tenacity.stop.stop_any):
+        return [inner for each in stop.stops for inner in _stops(each)]
+    return [stop]
+
+
+def test_the_policy_retrying_is_composed_of_tenacity_strategies() -> None:
+    retrying = RetryPolicy(deadline=2.0).retrying(spent=0.5)
+    assert isinstance(retrying.stop, tenacity.stop.stop_any)  # built with |
+    stops = _stops(retrying.stop)
+    assert len(stops) == 3
+    assert all(isinstance(stop, tenacity.stop.stop_base) for stop in stops)
+    (deadline,) = [stop for stop in stops if isinstance(stop, tenacity.stop_before_delay)]
+    assert deadline.max_delay == pytest.approx(1.5)  # the deadline less what the first attempt spent
+    assert isinstance(retrying.wait, tenacity.wait.wait_combine)  # built with +
+    assert all(isinstance(wait, tenacity.wait.wait_base) for wait in retrying.wait.wait_funcs)
+    assert isinstance(retrying.retry, tenacity.retry_base)
+    assert retrying.reraise
+    without_deadline = RetryPolicy().retrying()
+    assert len(_stops(without_deadline.stop)) == 2
+    assert not any(isinstance(stop, tenacity.stop_before_delay) for stop in _stops(without_deadline.stop))
+    assert RetryPolicy().retrying().stop is not without_deadline.stop  # per call: nothing shared
+
+
+def _failing(kinds: list[type[lockkit.LockError]], calls: list[int]) -> Any:
+    """An attempt that raises ``kinds`` in turn (the last one for ever after)."""
+
+    def attempt(number: int) -> None:
+        calls.append(number)
+        raise kinds[min(len(calls), len(kinds)) - 1]("injected", alias="default")
+
+    return attempt
+
+
+def test_lost_connections_do_not_count_against_attempts() -> None:
+    events: list[RetryEvent] = []
+    given_up: list[RetryEvent] = []
+    policy = RetryPolicy(
+        attempts=2, wait_initial=0.001, before_retry=events.append, on_give_up=given_up.append
+    )
+    lost, deadlock = lockkit.ConnectionLost, lockkit.DeadlockDetected
+    calls: list[int] = []
+    with pytest.raises(lockkit.DeadlockDetected) as info:  # the last classified error, never RetryError
+        call_with_retry(
+            policy, _failing([lost, lost, deadlock, lost, deadlock], calls), alias="default", operation="x"
+        )
+    assert calls == [1, 2, 3, 4, 5]  # two locking failures (attempts=2), three losses in between
+    assert info.value.attempts == 5
+    assert [event.failure for event in events] == [
+        Failure.CONNECTION_LOST,
+        Failure.CONNECTION_LOST,
+        Failure.DEADLOCK_DETECTED,
+        Failure.CONNECTION_LOST,
+    ]
+    assert [(event.attempt, event.failure) for event in given_up] == [(5, Failure.DEADLOCK_DETECTED)]
+    # Waits: equal jitter after the n-th loss in a row (half of the cap fixed), full jitter after a failure.
+    first, second, failure, again = (event.wait for event in events)
+    assert 0.025 <= first <= 0.05
+    assert 0.05 <= second <= 0.1
+    assert 0 <= failure <= 0.001
+    assert 0.025 <= again <= 0.05  # the losses in a row start again from the first wait
+
+
+def test_lost_connections_are_retried_for_reconnect_within_from_the_first_loss() -> None:
+    events: list[RetryEvent] = []
+    policy = RetryPolicy(attempts=1, reconnect_within=0.4, before_retry=events.append)
+    calls: list[int] = []
+    started = time.monotonic()
+    with pytest.raises(lockkit.ConnectionLost) as info:
+        call_with_retry(policy, _failing([lockkit.ConnectionLost], calls), alias="default", operation="x")
+    took = time.monotonic() - started
+    assert 0.4 <= took < 0.4 + 0.5 + 0.3  # the budget, at most one more wait (0.5 s at most), some slack
+    assert len(calls) >= 3
+    assert info.value.attempts == len(calls)
+    assert len(events) == len(calls) - 1
+    caps = [min(0.5, 0.05 * 2 ** (n - 1)) for n in range(1, len(events) + 1)]
+    assert all(cap / 2 <= event.wait <= cap for event, cap in zip(events, caps, strict=True))
+
+
+def test_a_deadline_stops_losses_and_failures_alike() -> None:
+    policy = RetryPolicy(attempts=100, wait_initial=0.01, wait_max=0.01, reconnect_within=30, deadline=0.3)
+    calls: list[int] = []
+    started = time.monotonic()
+    with pytest.raises(lockkit.ConnectionLost):
+        call_with_retry(
+            policy,
+            _failing([lockkit.DeadlockDetected, lockkit.ConnectionLost], calls),
+            alias="default",
+            operation="x",
+        )
+    assert time.monotonic() - started < 0.3 + 0.5 + 0.3
+    assert len(calls) >= 2
+
+
+def test_commit_outcome_unknown_and_unlisted_kinds_are_never_retried() -> None:
+    for kind in (lockkit.CommitOutcomeUnknown, lockkit.LockNotAvailable):
+        calls: list[int] = []
+        with pytest.raises(kind):
+            call_with_retry(RetryPolicy(), _failing([kind], calls), alias="default", operation="x")
+        assert calls == [1]
+
+
+def test_copy_makes_a_validated_variant() -> None:
+    policy = RetryPolicy(attempts=5, reconnect_within=30)
+    narrowed = policy.copy(retry_on={Failure.DEADLOCK_DETECTED})
+    assert narrowed == RetryPolicy(attempts=5, reconnect_within=30, retry_on={Failure.DEADLOCK_DETECTED})
+    assert policy.retry_on == frozenset(DEFAULT_RETRY_ON)  # unchanged: a frozen value
+    with pytest.raises(ValueError, match="attempts"):
+        policy.copy(attempts=0)
+    with pytest.raises(TypeError):
+        policy.copy(tries=2)
+
+
+def test_retrying_only_keeps_a_settings_budget_with_an_entry_points_kinds() -> None:
+    kinds = {Failure.CONNECTION_LOST}
+    assert retrying_only(None, kinds) is None
+    policy = RetryPolicy(attempts=4, reconnect_within=12)
+    assert retrying_only(policy, kinds) == policy.copy(retry_on=kinds)
+    user = tenacity.Retrying(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_none())
+    narrowed = retrying_only(user, kinds)
+    assert isinstance(narrowed, tenacity.Retrying)
+    assert narrowed is not user
+    assert narrowed.stop is user.stop
+    assert narrowed.wait is user.wait
+    calls: list[int] = []
+    with pytest.raises(lockkit.DeadlockDetected):  # not a kind the entry point retries
+        call_with_retry(narrowed, _failing([lockkit.DeadlockDetected], calls), alias="default", operation="x")
+    assert calls == [1]
+    with pytest.raises(lockkit.ConnectionLost):  # retried, within the user's own stop
+        call_with_retry(
+            narrowed, _failing([lockkit.ConnectionLost], calls := []), alias="default", operation="x"
+        )
+    assert calls == [1, 2, 3]
+
+
+def test_from_settings_is_read_per_call_and_kept_until_the_settings_change(settings: Any) -> None:
+    settings.LOCKKIT = {"RETRY": {"reconnect_within": 30}}
+    claims = from_settings(retry_on={Failure.CONNECTION_LOST})
+    assert claims == RetryPolicy(reconnect_within=30, retry_on={Failure.CONNECTION_LOST})
+    assert from_settings(retry_on={Failure.CONNECTION_LOST}) is claims  # validated once
+    assert from_settings() == RetryPolicy(reconnect_within=30)
+    assert reconnect_budget(claims) == 30.0
+    settings.LOCKKIT = {"RETRY": None}
+    assert from_settings(retry_on={Failure.CONNECTION_LOST}) is None
+    assert reconnect_budget(None) == 5.0
+    settings.LOCKKIT = {}
+    assert from_settings() == RetryPolicy()
