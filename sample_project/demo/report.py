@@ -167,7 +167,8 @@ def throughput_note(
     if not results or any(t is None for t in measured.values()):
         return ["(round trips not counted: libpq tracing is not available with this psycopg)"]
     per = "; ".join(
-        f"{LABELS[name]} {t.per_call:g} round trips, the row locked during {t.lock_held:g}, "
+        f"{LABELS[name]} {t.per_call:g} round trip{'' if t.per_call == 1 else 's'}, "
+        f"the row locked during {t.lock_held:g}, "
         f"{t.ms_per_call:.1f} ms, {t.cpu_ms_per_call:.2f} ms of client CPU"
         for name, t in measured.items()
         if t is not None
@@ -230,7 +231,14 @@ def _why(name: str, other: str, first: RoundTrips, second: RoundTrips, ratio: fl
     )
     if (ratio > 1.05) == fewer and abs(ratio - 1) > 0.05:
         return f"{lock}, and reservations of one SKU queue behind that lock"
+    # The lock would make it faster (or slower) and this run says otherwise: client CPU, if it points the other
+    # way; else the machine's load.
+    if (cpu > 1.1) if fewer else (cpu < 0.9):
+        return (
+            f"{lock}, yet that did not show in this run: it spends {cpu:.2f}x the client CPU per reservation, "
+            f"which counts more than the lock when {workers} worker processes share {cores} cores"
+        )
     return (
-        f"{lock}, yet that did not show in this run: with {workers} worker processes on {cores} cores the client "
-        f"CPU per reservation ({cpu:.2f}x) and the machine's load weigh more than the lock here"
+        f"{lock} and spends {cpu:.2f}x the client CPU per reservation, yet that did not show in this run: the "
+        "gap comes from the machine's load during each run, not from the code (run again to see it move)"
     )

@@ -90,17 +90,27 @@ def test_the_throughput_note_says_only_what_the_figures_show() -> None:
     lines = throughput_note(sales, measured, workers=4)
     assert lines[0].startswith("Per uncontended reservation")
     assert "hand-written select_for_update 4 round trips, the row locked during 3" in lines[0]
+    assert "lockkit guarded_update 2 round trips" in lines[0]
+    one = throughput_note(sales[:1], {"hand": RoundTrips(1, 1, 1.0, 1.0)}, workers=4)
+    assert "hand-written select_for_update 1 round trip, the row locked during 1" in one[0]
     # Fewer round trips under the lock, and faster: the lock explains it.
     assert lines[1] == (
         "lockkit locked_update's throughput is 2.00x hand-written select_for_update's: it holds a hot SKU's row "
         "for 1 round trip fewer (2 vs 3), and reservations of one SKU queue behind that lock."
     )
-    # Fewer round trips under the lock, yet slower: said so, not explained away by the lock.
+    # Fewer round trips under the lock and the same client CPU, yet slower: the load, not the lock or the code.
     assert lines[2].startswith(
         "lockkit guarded_update's throughput is 0.80x lockkit locked_update's: it holds"
     )
-    assert "1 round trip fewer (1 vs 2), yet that did not show in this run" in lines[2]
+    assert "1 round trip fewer (1 vs 2) and spends 1.00x the client CPU" in lines[2]
+    assert "yet that did not show in this run: the gap comes from the machine's load" in lines[2]
     assert len(lines) == 3
+    # ... or more client CPU: that is what the note names.
+    costly = {**measured, "guarded": _trips(1, cpu=1.5)}
+    assert (
+        "it spends 1.50x the client CPU per reservation, which counts more than the lock"
+        in (throughput_note(sales, costly, workers=4)[2])
+    )
 
     # The same lock hold: client CPU, or the machine's load.
     same = {"hand": _trips(2), "lockkit": _trips(2, cpu=1.5), "guarded": _trips(2, cpu=1.5)}
