@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sample_project.demo.bootstrap import DATABASE_URL_ENV, SETTINGS_MODULE
 from sample_project.demo.flash_sale import LABELS, SaleResult, audit_stock, reset_stock
-from sample_project.demo.orders import load_orders, starting_stock
+from sample_project.demo.orders import load_orders, sale_of, starting_stock
 from sample_project.demo.report import sale_table
 from sample_project.demo.runner import DemoOptions
 from sample_project.demo.stats import Totals, WorkerStats
@@ -99,8 +99,7 @@ def _client(
             stats.first_error = stats.first_error or f"{type(exc).__name__}: {exc}"
         else:
             if response.status == 200:
-                stats.successes += 1
-                stats.units += quantity
+                stats.confirm(sku, quantity)
             elif response.status == 409:
                 stats.refusals += 1
             elif response.status == 503:
@@ -143,7 +142,8 @@ def run_http_sale(
     if any(thread.is_alive() for thread in threads):
         raise ServerError(f"the HTTP clients had not finished after {timeout:.0f}s")
     progress(sum(s.operations for s in shares))
-    return SaleResult(implementation, Totals.of(shares), audit_stock(stock))
+    totals = Totals.of(shares)
+    return SaleResult(implementation, totals, audit_stock(stock, totals.confirmed))
 
 
 def run_http_demo(options: DemoOptions, console: Console) -> int:
@@ -153,19 +153,20 @@ def run_http_demo(options: DemoOptions, console: Console) -> int:
     stock = starting_stock(orders, options.stock_ratio)
     clients = 2 * options.workers
     results: list[SaleResult] = []
-    columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
         gunicorn(options.url, workers=options.workers) as address,
         Progress(*columns, console=console) as bar,
     ):
         for implementation in options.implementations:
-            task = bar.add_task(f"HTTP sale: {LABELS[implementation]}", total=len(orders))
+            placed, starting = sale_of(implementation, orders, options.stock_ratio, options.naive_orders)
+            task = bar.add_task(f"HTTP sale: {LABELS[implementation]}", total=len(placed))
             results.append(
                 run_http_sale(
                     address,
                     implementation,
-                    orders,
-                    stock,
+                    placed,
+                    starting,
                     clients=clients,
                     progress=lambda done, task=task: bar.update(task, completed=done),  # type: ignore[misc]
                 )

@@ -12,6 +12,9 @@ from sample_project.inventory.validation import check_quantity, check_sku
 Order = tuple[str, int]
 
 ORDERS_FILE = Path(__file__).with_name("orders.csv")
+#: Orders the naive sale places by default (the first ones, against their own starting stock): enough to
+#: oversell, briefly. ``demo --naive`` gives it every order.
+NAIVE_ORDERS = 2_000
 
 
 def load_orders(path: Path, limit: int | None = None) -> list[Order]:
@@ -47,3 +50,13 @@ def starting_stock(orders: list[Order], ratio: float) -> dict[str, int]:
     for sku, quantity in orders:
         demand[sku] += quantity
     return {sku: max(1, math.floor(units * ratio)) for sku, units in sorted(demand.items())}
+
+
+def sale_of(
+    implementation: str, orders: list[Order], ratio: float, naive_orders: int | None
+) -> tuple[list[Order], dict[str, int]]:
+    """The orders a sale places and its starting stock: every order, except the naive sale's first
+    ``naive_orders`` (``None``: every order), against their own starting stock."""
+    if implementation == "naive" and naive_orders is not None:
+        orders = orders[:naive_orders]
+    return orders, starting_stock(orders, ratio)

@@ -29,7 +29,15 @@ COUNTED = tuple(f.name for f in fields(Counters) if f.type in ("int", int))
 class WorkerStats(Counters):
     """Counters and latencies of one worker process (sent back to the parent when it finishes)."""
 
+    def confirm(self, sku: str, quantity: int) -> None:
+        """Count a successful reservation of ``quantity`` units of ``sku``."""
+        self.successes += 1
+        self.units += quantity
+        self.confirmed[sku] = self.confirmed.get(sku, 0) + quantity
+
     latencies: list[float] = field(default_factory=list)
+    #: Units each SKU's successful reservations were told they got: what the buyers were promised.
+    confirmed: dict[str, int] = field(default_factory=dict)
     started: float = 0.0
     finished: float = 0.0
 
@@ -38,6 +46,7 @@ class WorkerStats(Counters):
 class Totals(Counters):
     """The sum of a scenario's ``WorkerStats``, with latency percentiles and throughput."""
 
+    confirmed: dict[str, int] = field(default_factory=dict)
     p50_ms: float = math.nan
     p99_ms: float = math.nan
     seconds: float = math.nan
@@ -54,6 +63,8 @@ class Totals(Counters):
             for name in COUNTED:
                 setattr(totals, name, getattr(totals, name) + getattr(w, name))
             latencies.extend(w.latencies)
+            for sku, units in w.confirmed.items():
+                totals.confirmed[sku] = totals.confirmed.get(sku, 0) + units
             totals.first_error = totals.first_error or w.first_error
         if latencies:
             latencies.sort()

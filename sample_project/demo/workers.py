@@ -36,10 +36,16 @@ class Channels:
 def sale_implementations() -> dict[str, Callable[[str, int], int]]:
     """The function each flash-sale implementation calls per order (the demo's tables point at them)."""
     from sample_project.inventory.guarded import reserve_stock_guarded
+    from sample_project.inventory.handwritten import reserve_stock_by_hand
     from sample_project.inventory.naive import reserve_stock_naive
     from sample_project.inventory.services import reserve_stock
 
-    return {"naive": reserve_stock_naive, "guarded": reserve_stock_guarded, "lockkit": reserve_stock}
+    return {
+        "naive": reserve_stock_naive,
+        "hand": reserve_stock_by_hand,
+        "lockkit": reserve_stock,
+        "guarded": reserve_stock_guarded,
+    }
 
 
 def queue_implementations() -> dict[str, tuple[Callable[..., Any], ...]]:
@@ -76,8 +82,7 @@ def sale_worker(
             began = time.perf_counter()
             try:
                 reserve(sku, quantity)
-                stats.successes += 1
-                stats.units += quantity
+                stats.confirm(sku, quantity)
             except InsufficientStock:
                 stats.refusals += 1
             except LockTimeout:

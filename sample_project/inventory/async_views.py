@@ -1,4 +1,4 @@
-"""An async endpoint: ``POST /inventory/reserve-async`` awaits the same locked reservation as ``reserve``.
+"""An async endpoint: ``POST /inventory/reserve-async`` awaits the same reservation as ``reserve``.
 
 An async view cannot run a transaction itself: it awaits the synchronous ``reserve_stock`` whole on one thread
 (``lockkit.aio.awaitable``, the bridge behind ``locked_operation(...).acall``). It opts out of ``ATOMIC_REQUESTS``,

@@ -11,8 +11,9 @@ from typing import Any
 
 from sample_project.inventory.validation import check_flag, check_lines, check_quantity, check_sku
 
-#: ``impl`` values of ``POST /inventory/reserve``: lockkit, the guarded UPDATE, the naive version (demo only).
-IMPLEMENTATIONS = ("lockkit", "guarded", "naive")
+#: ``impl`` values of ``POST /inventory/reserve``: lockkit's ``locked_update`` and ``guarded_update``, then the
+#: hand-written ``select_for_update`` and the naive version (for the demo's comparison).
+IMPLEMENTATIONS = ("lockkit", "guarded", "hand", "naive")
 
 
 @dataclass(frozen=True, kw_only=True)

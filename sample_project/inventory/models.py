@@ -1,4 +1,4 @@
-"""Stock per SKU, and one reservation row per successful reservation (so reserved units can be audited)."""
+"""Stock per SKU, and one reservation row per line of an order (``reserve_order``), so its units can be audited."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Stock(models.Model):
 
 
 class Reservation(models.Model):
-    """``quantity`` units of ``stock`` promised to a customer, written in the decrement's transaction."""
+    """``quantity`` units of ``stock`` promised to a customer, written in the decrement's transaction (an order's line)."""
 
     stock = models.ForeignKey(Stock, on_delete=models.CASCADE, related_name="reservations")
     quantity = models.PositiveIntegerField()

@@ -1,8 +1,9 @@
 """DO NOT COPY: the read-then-write reservation the demo compares lockkit against.
 
-It reads the count, decides in Python, and writes the computed value back. Two requests that read the same
-count both succeed and the second write overwrites the first (a lost update): units are promised that were
-never taken from stock. The check constraint cannot catch it, because every value written is non-negative.
+It reads the count, decides in Python, and writes the computed value back, in two autocommit statements. Two
+requests that read the same count both succeed and the second write overwrites the first (a lost update): units
+are promised that were never taken from stock. The check constraint cannot catch it, because every value written
+is non-negative.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from django.db import router
 
 from sample_project.inventory.errors import InsufficientStock
-from sample_project.inventory.models import Reservation, Stock
+from sample_project.inventory.models import Stock
 from sample_project.inventory.validation import check_quantity, check_sku
 
 
@@ -24,5 +25,4 @@ def reserve_stock_naive(sku: str, quantity: int) -> int:
         raise InsufficientStock(sku, quantity, stock.available)
     stock.available -= quantity
     stock.save(update_fields=["available"], using=alias)
-    Reservation.objects.using(alias).create(stock_id=sku, quantity=quantity)
     return stock.available

@@ -1,14 +1,15 @@
-"""Reserving stock with lockkit: lock the rows that decide, check, write, commit; retried as a whole.
+"""Reserving stock with lockkit: lock the row that decides, decide in Python, write, commit; retried as a whole.
 
-``reserve_stock`` locks one ``Stock`` row; ``reserve_order`` locks several in primary-key order, so concurrent
-orders with overlapping SKUs queue behind each other instead of deadlocking. The last ``UPDATE`` goes to the
-database with the ``COMMIT`` (``scope.save_with_commit``), the fastest correct form. For the one-counter case a
-guarded decrement (``sample_project.inventory.guarded``) is cheaper; docs/sample_project.md compares them.
+``reserve_stock`` is ``lockkit.locked_update``: on PostgreSQL two round trips (the locking ``SELECT``, then
+``UPDATE ...; COMMIT``), the fastest correct form when Python decides. ``reserve_order`` locks several rows in
+primary-key order in a locked operation and records a ``Reservation`` row per line in the same transaction, so
+concurrent orders with overlapping SKUs queue behind each other instead of deadlocking. docs/usage.md ("Which form
+for which job") and docs/sample_project.md compare them with hand-written code and ``guarded_update``.
 """
 
 from __future__ import annotations
 
-from lockkit import LockScope, current_scope, locked_operation
+from lockkit import LockScope, current_scope, locked_operation, locked_update
 from sample_project.inventory.errors import InsufficientStock
 from sample_project.inventory.models import Reservation, Stock
 from sample_project.inventory.validation import check_flag, check_lines, check_quantity, check_sku
@@ -17,8 +18,9 @@ from sample_project.inventory.validation import check_flag, check_lines, check_q
 def reserve_stock(sku: str, quantity: int, *, nowait: bool = False) -> int:
     """Reserve ``quantity`` units of ``sku`` and return the units left.
 
-    Runs in its own locked transaction, retried on deadlock, serialization failure and lock timeout when it
-    owns the transaction; inside an outer ``atomic()`` (``ATOMIC_REQUESTS``) it makes one attempt and raises.
+    One ``lockkit.locked_update``: the row is locked, checked in Python and written, and the transaction commits;
+    retried as a whole on deadlock, serialization failure and lock timeout when it owns the transaction. Inside an
+    outer ``atomic()`` (``ATOMIC_REQUESTS``) it makes one attempt in a savepoint and raises.
 
     Args:
         sku: The SKU (the ``Stock`` primary key).
@@ -37,11 +39,21 @@ def reserve_stock(sku: str, quantity: int, *, nowait: bool = False) -> int:
         lockkit.LockNotAvailable: ``nowait`` and the row is locked by another transaction.
         lockkit.LockTimeout, lockkit.DeadlockDetected: still failing after the retries.
     """
-    return _RESERVE[check_flag(nowait, "nowait")](check_sku(sku), check_quantity(quantity))
+    check_sku(sku)
+    check_quantity(quantity)
+
+    def change(stock: Stock) -> dict[str, int]:
+        # Runs while the row is locked: decide from the row only (no query: lockkit refuses one).
+        if stock.available < quantity:
+            raise InsufficientStock(sku, quantity, stock.available)
+        return {"available": stock.available - quantity}
+
+    written = locked_update(Stock.objects.filter(pk=sku), change, nowait=check_flag(nowait, "nowait"))
+    return written.available
 
 
 def reserve_order(lines: object) -> dict[str, int]:
-    """Reserve every line of an order in one transaction: all lines or none.
+    """Reserve every line of an order in one transaction, with a ``Reservation`` row per line: all lines or none.
 
     Rows are locked in primary-key order (``LockScope.lock_all``), so two orders sharing SKUs, in any order,
     wait for each other instead of deadlocking.
@@ -61,17 +73,6 @@ def reserve_order(lines: object) -> dict[str, int]:
     return _reserve_order(check_lines(lines))
 
 
-def _reserve(sku: str, quantity: int) -> int:
-    scope = current_scope()
-    return _take(scope, [scope.get(Stock, pk=sku)], {sku: quantity})[sku]
-
-
-# One body, one locked operation per lock mode: a scope's ``nowait`` is fixed when the operation is declared
-# (lockkit reads it to tell a NOWAIT refusal from a lock timeout, which share SQLSTATE 55P03), so ``reserve_stock``
-# picks the operation by its ``nowait`` argument.
-_RESERVE = {nowait: locked_operation(model=Stock, nowait=nowait)(_reserve) for nowait in (False, True)}
-
-
 @locked_operation(model=Stock)
 def _reserve_order(lines: dict[str, int]) -> dict[str, int]:
     scope = current_scope()
@@ -81,21 +82,14 @@ def _reserve_order(lines: dict[str, int]) -> dict[str, int]:
 
 
 def _take(scope: LockScope, rows: list[Stock], lines: dict[str, int]) -> dict[str, int]:
-    """Check every locked row, record the reservations, then decrement the rows (all checks first).
-
-    The last row's ``UPDATE`` travels with the ``COMMIT`` (``scope.save_with_commit``, the scope's last statement),
-    so the row lock is held one round trip less; a plain ``save()`` where the backend cannot send them together.
-    """
+    """Check every locked row, record the reservations, then decrement the rows (all checks first)."""
     for row in rows:
         if row.available < lines[row.sku]:
             raise InsufficientStock(row.sku, lines[row.sku], row.available)
     Reservation.objects.using(scope.alias).bulk_create(
         [Reservation(stock_id=row.sku, quantity=lines[row.sku]) for row in rows]
     )
-    *others, last = rows
     for row in rows:
         row.available -= lines[row.sku]
-    for row in others:
         row.save(update_fields=["available"], using=scope.alias)
-    scope.save_with_commit(last, update_fields=["available"])
     return {row.sku: row.available for row in rows}

@@ -18,6 +18,7 @@ from lockkit import LockError
 from sample_project.api import error_response, json_errors, parse_body
 from sample_project.inventory.bodies import OrderBody, ReserveBody, ReserveInRequestBody
 from sample_project.inventory.guarded import reserve_stock_guarded
+from sample_project.inventory.handwritten import reserve_stock_by_hand
 from sample_project.inventory.models import Stock
 from sample_project.inventory.naive import reserve_stock_naive
 from sample_project.inventory.services import reserve_order, reserve_stock
@@ -25,6 +26,7 @@ from sample_project.inventory.services import reserve_order, reserve_stock
 IMPLEMENTATIONS: dict[str, Callable[[str, int], int]] = {
     "lockkit": reserve_stock,
     "guarded": reserve_stock_guarded,
+    "hand": reserve_stock_by_hand,  # for the demo's comparison: what lockkit replaces
     "naive": reserve_stock_naive,  # for the demo's comparison only
 }
 
@@ -44,7 +46,8 @@ def stock(request: HttpRequest, sku: str) -> JsonResponse:
 def reserve(request: HttpRequest) -> JsonResponse:
     """``POST /inventory/reserve`` ``{"sku", "quantity", "impl"?}``: ``{"sku", "remaining"}``.
 
-    ``impl`` is ``"lockkit"`` (default), ``"guarded"`` or ``"naive"`` (the demo compares them).
+    ``impl`` is ``"lockkit"`` (default, ``locked_update``), ``"guarded"`` (``guarded_update``), ``"hand"``
+    (hand-written ``select_for_update``) or ``"naive"`` (the demo compares them).
     """
     body = parse_body(request, ReserveBody)
     remaining = IMPLEMENTATIONS[body.impl](body.sku, body.quantity)

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from asgiref.sync import ThreadSensitiveContext
 from django.db import connections
-from django.test import AsyncClient
+from django.test import AsyncClient, Client
 
 from lockkit.contrib import prometheus
-from lockkit.testing import hold_lock, wait_until_blocked
-from sample_project.inventory.models import Reservation, Stock
+from lockkit.testing import hold_lock, in_thread, wait_until_blocked
+from sample_project.inventory.models import Stock
 
 pytestmark = [pytest.mark.contention, pytest.mark.urls("sample_project.urls")]
 JOIN = 30.0
@@ -67,16 +67,30 @@ def test_two_concurrent_async_requests_on_one_row_wait_and_both_succeed(
         (200, {"sku": "book-1", "remaining": 0}),
     ]
     assert Stock.objects.get(pk="book-1").available == 0
-    assert Reservation.objects.count() == 2
     status, body = asyncio.run(post(client, {"sku": "book-1", "quantity": 1}))
     assert (status, body["error"]) == (409, "insufficient_stock")
 
+    # An order (reserve_order, a locked operation: its metrics below) that waited for a row another session held,
+    # then one refused. locked_update's two-message path sends no operation signals: the reservations above have
+    # no samples.
+    make_stock(pen=3)
+
+    def order() -> tuple[int, Any]:
+        response = Client().post("/inventory/orders", json.dumps({"lines": [["pen", 2]]}), "application/json")
+        return response.status_code, json.loads(response.content)
+
+    with hold_lock(Stock.objects.get(pk="pen")) as holder:
+        waiting = in_thread(order)
+        wait_until_blocked(holder, contenders=waiting)
+        holder.release()
+    assert waiting.result(timeout=JOIN) == (200, {"remaining": {"pen": 1}})
+    assert order()[0] == 409
+
     text = asyncio.run(client.get("/metrics")).content.decode()
-    assert (
-        'lockkit_operations_total{alias="default",operation="sample_project.inventory.services._reserve",outcome="ok"} 2.0'
-        in text
-    )
-    assert 'lockkit_lock_wait_seconds_count{alias="default",model="inventory.Stock"} 3.0' in text
+    operation = 'alias="default",operation="sample_project.inventory.services._reserve_order"'
+    assert f'lockkit_operations_total{{{operation},outcome="ok"}} 1.0' in text
+    assert f'lockkit_operations_total{{{operation},outcome="error"}} 1.0' in text
+    assert 'lockkit_lock_wait_seconds_count{alias="default",model="inventory.Stock"} 2.0' in text
 
 
 def test_bad_input_answers_400_before_any_sql(make_stock: Callable[..., None]) -> None:

@@ -88,21 +88,23 @@ def test_python_m_sample_project_demo_runs_and_exits_0() -> None:
     assert "units oversold" in result.stdout
     assert "jobs lost" in result.stdout
     assert "lockkit invariants hold" in result.stdout
-    # The fair baseline by default, the naive versions only with --naive; no "n/a" cell; the gap explained.
-    assert "guarded UPDATE" in result.stdout
-    assert "naive" not in result.stdout
+    # Four sales by default: the naive one (on its first orders: here all 200), the hand-written one and lockkit's
+    # two forms, each naming its code; no "n/a" cell; the figures explained; the naive job queue only with --naive.
+    for code in ("reserve_stock_naive", "reserve_stock_by_hand", "reserve_stock", "reserve_stock_guarded"):
+        assert f" {code}\n" in result.stdout
     assert "n/a" not in result.stdout
-    assert "reserve_stock_guarded" in result.stdout
-    assert "round trips" in result.stdout
-    assert "lockkit's throughput is" in result.stdout
+    assert "naive read-then-write (200 orders)" in result.stdout
+    assert "lockkit locked_update's throughput is" in result.stdout
+    assert "lockkit guarded_update's throughput is" in result.stdout
+    assert "naive read-then-mark" not in result.stdout
 
 
-def test_the_naive_versions_run_only_when_asked_and_the_old_guarded_flag_still_parses(
+def test_naive_runs_the_whole_naive_sale_and_the_old_guarded_flag_still_parses(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from sample_project.demo.cli import _parser
 
-    assert _parser().parse_args(["demo"]).naive is False
+    assert _parser().parse_args(["demo"]).naive is False  # the naive sale on its first 2,000 orders only
     assert _parser().parse_args(["demo", "--naive"]).naive is True
     old = _parser().parse_args(["demo", "--guarded"])  # the guarded UPDATE runs by default now
     assert (old.naive, old.guarded) == (False, True)
@@ -110,4 +112,5 @@ def test_the_naive_versions_run_only_when_asked_and_the_old_guarded_flag_still_p
         _parser().parse_args(["demo", "--help"])
     shown = capsys.readouterr().out
     assert "--naive" in shown
+    assert "2,000" in shown
     assert "--guarded" not in shown

@@ -18,6 +18,7 @@ from sample_project.inventory.models import Stock
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.contention]
 
 ORDERS = 600
+NAIVE_ORDERS = 200  # the naive sale places the first ones only, against their own starting stock
 JOBS = 40
 
 
@@ -46,7 +47,7 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
         workers=3,
         limit=ORDERS,
         jobs=JOBS,
-        implementations=("naive", "guarded", "lockkit"),
+        naive_orders=NAIVE_ORDERS,
         queue_implementations=("naive", "lockkit"),
         lease=1.0,
     )
@@ -54,19 +55,22 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
     result = run_demo(options, console)
 
     assert broken_invariants(result) == []
-    stock = starting_stock(load_orders(ORDERS_FILE, ORDERS), options.stock_ratio)
+    assert [sale.implementation for sale in result.sales] == ["naive", "hand", "lockkit", "guarded"]
     for sale in result.sales:
+        placed = NAIVE_ORDERS if sale.implementation == "naive" else ORDERS
+        stock = starting_stock(load_orders(ORDERS_FILE, placed), options.stock_ratio)
         totals = sale.totals
-        assert totals.operations == ORDERS
-        assert totals.successes + totals.refusals + totals.lock_timeouts + totals.errors == ORDERS
+        assert totals.operations == placed
+        assert totals.successes + totals.refusals + totals.lock_timeouts + totals.errors == placed
         assert sale.audit.initial == sum(stock.values())
+        assert sale.audit.reserved == totals.units == sum(totals.confirmed.values())
         if sale.implementation != "naive":
             assert totals.errors == 0
             assert sale.audit.oversold == 0
             assert sale.audit.lost_updates == 0
             assert sale.audit.reserved == totals.units
             assert sale.audit.remaining == sale.audit.initial - sale.audit.reserved
-    # The last run (lockkit) left its stock in the table: per SKU, remaining = initial - reserved.
+    # The last run (guarded_update) left its stock in the table: per SKU, remaining = initial - reserved.
     remaining = dict(Stock.objects.values_list("sku", "available"))
     assert sum(remaining.values()) == result.sales[-1].audit.initial - result.sales[-1].audit.reserved
 
@@ -87,11 +91,13 @@ def test_scaled_down_demo_keeps_lockkit_invariants() -> None:
     assert "effects applied twice" in output
     assert "n/a" not in output
     # Each column names the code it ran.
-    assert "sample_project/inventory/naive.py:17 reserve_stock_naive" in output
+    assert "sample_project/inventory/naive.py:18 reserve_stock_naive" in output
+    assert "sample_project/inventory/handwritten.py:19 reserve_stock_by_hand" in output
+    assert "sample_project/inventory/services.py:18 reserve_stock" in output
     assert "sample_project/inventory/guarded.py:21 reserve_stock_guarded" in output
-    assert "sample_project/inventory/services.py:17 reserve_stock" in output
+    assert "the naive sale placed only the first 200 orders" in output
     assert "sample_project/jobs/naive.py:14 naive_claim_next" in output
     assert "sample_project/jobs/services.py:66 claim_next_job" in output
     # Round trips were counted for every implementation of the sale (uncontended, after it).
-    assert set(result.round_trips) == {"naive", "guarded", "lockkit"}
+    assert set(result.round_trips) == {"naive", "hand", "lockkit", "guarded"}
     assert all(trips is not None for trips in result.round_trips.values())
