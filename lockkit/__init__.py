@@ -40,9 +40,9 @@ from lockkit.errors import (
 )
 from lockkit.guarded import guarded_update
 from lockkit.operations.operation import locked_operation
-from lockkit.operations.retry import RetryEvent, RetryPolicy
 from lockkit.operations.update import alocked_update, locked_update
 from lockkit.priority import Prioritized, PrioritizeFailed, prioritize
+from lockkit.retries import RetryEvent, RetryPolicy
 from lockkit.scopes.scope import LockScope, classify, current_scope, lock, locked
 from lockkit.tablemodes import TableLockMode
 

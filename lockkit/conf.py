@@ -19,7 +19,7 @@ Keys:
         claims calls and ``advisory_lock`` (with their own retried kinds; its ``reconnect_within`` bounds how long
         every one of them retries a lost or refused connection): a ``RetryPolicy``, a tenacity ``Retrying``, a dict
         of ``RetryPolicy`` keyword arguments, or ``None`` for no retries. Read through
-        ``lockkit.operations.retry.from_settings``. Default: ``RetryPolicy()``.
+        ``lockkit.retries.from_settings``. Default: ``RetryPolicy()``.
     ``OBSERVERS`` (default ``[]``): dotted paths of callables run once, without arguments, when the ``lockkit``
         app is ready (it must be in ``INSTALLED_APPS``), e.g. ``"lockkit.contrib.prometheus.install"`` and
         ``"lockkit.contrib.otel.install"``.
@@ -28,12 +28,30 @@ Keys:
 from __future__ import annotations
 
 import difflib
+import enum
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
+
+
+class Default(enum.Enum):
+    """The sentinels of arguments left out: one style for every default lockkit resolves itself."""
+
+    FROM_SETTINGS = "<default from settings.LOCKKIT>"
+    NOT_GIVEN = "<not given>"
+
+    def __repr__(self) -> str:
+        """Show what the default means, as signatures print it."""
+        return self.value
+
+
+# Typed ``Any`` so the public signatures keep their documented types (``float | int | timedelta | None``).
+FROM_SETTINGS: Any = Default.FROM_SETTINGS
+NOT_GIVEN: Any = Default.NOT_GIVEN
+
 
 T = TypeVar("T")
 

@@ -37,7 +37,7 @@ def send(signal: Any, sender: object, **kwargs: Any) -> None:
 
 
 class RetryEvent(Protocol):
-    """The fields of ``lockkit.operations.retry.RetryEvent`` these hooks read (retry imports this module, not the reverse)."""
+    """The fields of ``lockkit.retries.RetryEvent`` these hooks read (retry imports this module, not the reverse)."""
 
     @property
     def attempt(self) -> int: ...  # noqa: D102

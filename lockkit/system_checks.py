@@ -27,7 +27,7 @@ from lockkit.capabilities import (
     topology_warnings,
 )
 from lockkit.links import docs_url
-from lockkit.operations.retry import check_retry
+from lockkit.retries import check_retry
 from lockkit.validation import optional_duration
 
 _DURATION_KEYS = ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT")

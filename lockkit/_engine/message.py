@@ -16,12 +16,16 @@ to resolve, from the rows themselves (``sent``, ``pid`` and ``sent_at`` say what
 from __future__ import annotations
 
 import contextlib
+import select
 import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from django.db import DatabaseError
+
 from lockkit import cancellation
+from lockkit.backends import TimeoutToken, backend_for
 from lockkit.backends.postgresql.opening import opening_select
 
 #: A row of a statement's result, keyed by column name.
@@ -48,6 +52,8 @@ class OneMessage:
         pid: The server session the message was sent on.
         sent_at: ``time.monotonic()`` right before it was sent.
         opened: The values of ``columns``, as text, once the opening ran.
+        xid, server: The transaction's id and the server that assigned it (from ``opened``), for resolving a lost
+            ``COMMIT`` reply by transaction id (``lockkit._engine.outcome``).
     """
 
     def __init__(self, timeouts: Mapping[str, int], columns: tuple[str, ...] = ()) -> None:
@@ -61,6 +67,8 @@ class OneMessage:
         self.pid: int | None = None
         self.sent_at = 0.0
         self.opened: tuple[str | None, ...] = ()
+        self.xid: int | None = None  # the transaction's id and server, read by an opening with ``columns``
+        self.server: Any = None
 
     def run(self, cursor: Any, sql: str, params: Any, *, commit: bool = True) -> tuple[list[Row], int]:
         """Send the opening and ``sql`` through ``cursor`` (Django's), with ``COMMIT`` unless ``commit=False``.
@@ -84,6 +92,10 @@ class OneMessage:
                 row = driver.fetchone()
                 values = () if row is None else row[len(row) - self._columns :]
                 self.opened = tuple(None if value is None else str(value) for value in values)
+                tx = backend_for(cursor.db).tx
+                tx.remember_server(cursor.db, self.opened)
+                self.xid = tx.transaction_id(TimeoutToken({}, self.opened))
+                self.server = tx.transaction_server(cursor.db)
             driver.nextset()
         return read_rows(driver)
 
@@ -139,12 +151,47 @@ def can_send(connection: Any) -> bool:
         return False
     connection.ensure_connection()
     raw = connection.connection
+    if isinstance(raw, psycopg.Connection) and _ended_while_idle(raw):
+        # The server ended the session while it sat idle (a restart, a terminated backend): its farewell is
+        # waiting on the socket. Nothing of this call was sent: reconnect now rather than send into it.
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+        connection.ensure_connection()
+        raw = connection.connection
     return (
         isinstance(raw, psycopg.Connection)
         and issubclass(raw.cursor_factory, psycopg.ClientCursor)
         and raw.autocommit
         and raw.info.transaction_status == pq.TransactionStatus.IDLE
     )
+
+
+def _ended_while_idle(raw: Any) -> bool:
+    """Whether an idle connection's server has closed it: input is waiting and libpq reads it as the end.
+
+    An idle session in autocommit is sent nothing unasked but notifications and parameter changes; a readable
+    socket is read (``PQconsumeInput``, psycopg's documented ``pgconn``), and a connection libpq then marks bad was
+    ended by the server before this call sent anything. One non-blocking ``poll()`` on the healthy path.
+    """
+    if raw.closed or raw.broken:
+        return True
+    waiting = select.poll()
+    waiting.register(raw.fileno(), select.POLLIN)
+    # The server's farewell (an ErrorResponse) and then the end of the stream arrive as two reads: a few rounds.
+    for _ in range(_FAREWELL_READS):
+        if not waiting.poll(0):
+            return False
+        try:
+            raw.pgconn.consume_input()
+        except psycopg.OperationalError:
+            return True
+        if raw.pgconn.status == pq.ConnStatus.BAD:
+            return True
+    return False
+
+
+#: How many times an idle connection's waiting input is read before it is taken as alive (notifications).
+_FAREWELL_READS = 4
 
 
 def begin(connection: Any, timeouts: Mapping[str, int], columns: tuple[str, ...] = ()) -> OneMessage | None:

@@ -67,6 +67,22 @@ def of_transaction(alias: str, xid: int | None, server: Any, lost: ConnectionLos
     raise unknown(alias, lost, xid=xid) from cause
 
 
+def committed_unread(alias: str, lost: ConnectionLost, xid: int | None) -> CommitOutcomeUnknown:
+    """A message whose transaction committed but whose reply (the statement's rows) was lost: the work is done.
+
+    Raised as ``CommitOutcomeUnknown`` because the caller cannot be given what the call returns; the message says
+    that the transaction committed, so the work must not be done again.
+    """
+    return CommitOutcomeUnknown(
+        f"the reply to a message carrying its COMMIT on {alias!r} was lost; transaction {xid} COMMITTED, but what "
+        "it returned (its rows) was lost with the reply: the work is done, do not do it again",
+        sqlstate=lost.sqlstate,
+        alias=alias,
+        attempts=lost.attempts,
+        xid=xid,
+    )
+
+
 def await_session_end(alias: str, pid: int | None, lost: ConnectionLost, *, within: float) -> None:
     """Wait until server session ``pid`` (which a lost message went on) has ended its transaction, or is gone.
 

@@ -28,7 +28,7 @@ from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import ConnectionLost, Failure, LockError
-from lockkit.operations.retry import call_with_retry, from_settings
+from lockkit.retries import call_with_retry, from_settings
 from lockkit.scopes.aliases import check_alias
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.scope import Locked, locked, refuse_unsupported

@@ -18,6 +18,7 @@ from django.db.models import Case, F, Field, Q, QuerySet, Value, When
 from django.db.models.expressions import BaseExpression
 
 from lockkit import events, signals
+from lockkit._engine import outcome
 from lockkit.aio import awaitable
 from lockkit.claims import inputs, runner
 from lockkit.claims.sql import claims_sql_for
@@ -318,7 +319,7 @@ def _claimed_by_lost_call(
         .values(*CLAIM_COLUMNS, "claimed_at")
     )
     if len(rows) > limit or len({row["claimed_at"] for row in rows}) > 1:
-        raise runner.unknown(alias, lost) from lost
+        raise outcome.unknown(alias, lost, what="a claims statement") from lost
     return rows
 
 

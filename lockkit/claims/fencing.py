@@ -16,6 +16,7 @@ from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from lockkit import events, signals
+from lockkit._engine import outcome
 from lockkit.claims import inputs, runner
 from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.value import Claim, stale_reason
@@ -122,7 +123,7 @@ def fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeou
             # No claim is live any more: the lost statement may have ended them (all or none).
             if already_done and len(stale) == len(claims):
                 return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
-            raise runner.unknown(alias, resolving[0]) from resolving[0]
+            raise outcome.unknown(alias, resolving[0], what="a claims statement") from resolving[0]
         # A claim still live after the re-send: the lost statement (all rows or none) wrote nothing; stale.
         listing = "; ".join(
             f"pk={c.pk!r} token={c.token} worker={c.worker!r}: {reasons[c.pk]}" for c in stale

@@ -14,20 +14,19 @@ deadline, hooks and ``reconnect_within``, read per call (``retry_setting``):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar, cast
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from lockkit._engine import message as message_
-from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine import outcome
+from lockkit._engine.attempts import in_messages
 from lockkit._engine.transaction import in_transaction as inside_transaction
 from lockkit.backends import backend_for
-from lockkit.errorcodes.translate import translating
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure
+from lockkit.errors import ConnectionLost, Failure
 from lockkit.operations.operation import locked_operation
-from lockkit.operations.retry import RetrySetting, call_with_retry, from_settings, reconnect_budget
+from lockkit.retries import RetrySetting, from_settings, reconnect_budget
 from lockkit.scopes.options import ScopeOptions
 from lockkit.validation import milliseconds
 
@@ -83,36 +82,20 @@ def in_one_message(
     ):
         return in_transaction(alias, lock_timeout, work)
 
-    def attempt(number: int) -> T:
-        discard_if_dead(alias)
-        try:
-            # Connects if needed: a connection that cannot be opened (every host down or refusing, during a
-            # failover) is a ConnectionLost before anything was sent, retried like one.
-            with translating(alias, nowait=False, attempts=number):
-                message = message_.begin(connection, timeouts)
-        except ConnectionLost:
-            discard_after_loss(alias)
-            raise
-        if message is None:  # the connection it made is not in autocommit (a project's own setting)
-            return cast(T, _operation(alias, lock_timeout, work)(work))
-        try:
-            with (
-                message_.sending(message),
-                translating(alias, nowait=False, attempts=number, timed=statement is not None),
-            ):
-                return work()
-        except ConnectionLost as lost:
-            discard_after_loss(alias)
-            if not message.sent:
-                raise  # nothing reached the server: retried
-            if resolve is None:
-                raise unknown(alias, lost) from lost
-            return resolve(message, lost)
+    def send(message: message_.OneMessage) -> T:
+        with message_.sending(message):
+            return work()
 
-    setting = retry_setting()
-    if setting is None:
-        return attempt(1)
-    return call_with_retry(setting, attempt, alias=alias, operation=getattr(work, "__qualname__", "claims"))
+    return in_messages(
+        alias,
+        retry_setting(),
+        send,
+        operation=getattr(work, "__qualname__", "claims"),
+        timeouts=timeouts,
+        elsewhere=lambda: cast(T, _operation(alias, lock_timeout, work)(work)),
+        timed=statement is not None,
+        resolve=resolve,
+    )
 
 
 def retry_setting() -> RetrySetting:
@@ -120,48 +103,15 @@ def retry_setting() -> RetrySetting:
     return from_settings(retry_on=RETRIED)
 
 
-def unknown(alias: str, lost: ConnectionLost) -> CommitOutcomeUnknown:
-    """The ``CommitOutcomeUnknown`` for a claims call whose reply was lost and whose rows cannot say what it did."""
-    return CommitOutcomeUnknown(
-        f"the connection to {alias!r} was lost after a claims statement was sent with its COMMIT, and its "
-        f"outcome is unknown: {lost}",
-        sqlstate=lost.sqlstate,
-        alias=alias,
-        attempts=lost.attempts,
-    )
-
-
 def await_session_end(alias: str, message: Any, lost: ConnectionLost) -> None:
-    """Wait until the server session a lost message went on has ended its transaction, or is gone.
+    """Wait until the session a lost claims message went on has ended its transaction (``outcome.await_session_end``).
 
-    Asked on a fresh connection (reconnecting through a restart) for up to the retry setting's ``reconnect_within``
-    seconds (``settings.LOCKKIT["RETRY"]``; 5 by default), so that the rows read afterwards cannot change behind the
-    reader's back: an idle session has committed or rolled back, and a session that no longer exists (terminated,
-    or another server after a failover) writes nothing more.
+    For the retry setting's ``reconnect_within`` seconds (``settings.LOCKKIT["RETRY"]``; 5 by default).
 
     Raises:
         CommitOutcomeUnknown: the session was still in its transaction, or the server unreachable, when time ran out.
     """
-    deadline = time.monotonic() + reconnect_budget(retry_setting())
-    pause = _PAUSE
-    while True:
-        connection = connections[alias]
-        try:
-            if message.pid is not None and backend_for(connection).sessions.session_ended(
-                connection, message.pid
-            ):
-                return
-        except DatabaseError:
-            discard_after_loss(alias)  # unreachable for now (a restart): ask again on a fresh connection
-        if time.monotonic() + pause > deadline:
-            raise unknown(alias, lost) from lost
-        time.sleep(pause)
-        pause = min(pause * 2, _PAUSE_MAX)
-
-
-# Pauses between two questions about a lost reply, in seconds (doubling up to the maximum).
-_PAUSE = 0.05
-_PAUSE_MAX = 0.5
+    outcome.await_session_end(alias, message.pid, lost, within=reconnect_budget(retry_setting()))
 
 
 def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:

@@ -191,7 +191,7 @@ def install(tracer_provider: trace.TracerProvider | None = None) -> Tracing:
     """Trace every locked operation from now on: one span per operation and one per attempt.
 
     Spans: ``lockkit <operation>`` (attributes ``lockkit.operations.operation``, ``lockkit.alias``, ``lockkit.attempts``,
-    ``lockkit.lock_wait`` in seconds, ``db.system.name``, ``db.namespace``; events ``lockkit.operations.retry``) and its
+    ``lockkit.lock_wait`` in seconds, ``db.system.name``, ``db.namespace``; events ``lockkit.retries``) and its
     children ``lockkit <operation> attempt`` (``lockkit.attempt``, ``lockkit.lock_wait``, events
     ``lockkit.lock_acquired``). A failed span gets ``lockkit.failure`` (a ``lockkit.Failure`` value),
     ``db.response.status_code``, ``error.type``, the exception and an ERROR status. The spans are current while

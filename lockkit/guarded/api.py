@@ -14,15 +14,13 @@ from django.db import connections, models
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.compiler import SQLUpdateCompiler
 
-from lockkit._engine import message as one_message
-from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine.attempts import in_messages
+from lockkit._engine.message import OneMessage
 from lockkit._engine.transaction import in_transaction
 from lockkit.backends import backend_for
 from lockkit.backends.sql.rows import instances
-from lockkit.errorcodes.translate import translating
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost
 from lockkit.operations.operation import locked_operation
-from lockkit.operations.retry import call_with_retry, check_retry, setting_for
+from lockkit.retries import check_retry, setting_for
 from lockkit.scopes import aliases
 from lockkit.scopes.options import FROM_SETTINGS, Default, ScopeOptions
 from lockkit.scopes.scope import current_scope
@@ -241,38 +239,20 @@ def _on_postgresql(
     }
     sql, params = statement
 
-    def attempt(number: int) -> list[M]:
-        discard_if_dead(alias)
-        try:
-            # Connects if needed: a server that refuses connections (down, shutting down, during a failover) is a
-            # ConnectionLost before anything was sent, retried like one.
-            with translating(alias, nowait=False, attempts=number):
-                message = one_message.begin(connection, timeouts)
-        except ConnectionLost:
-            discard_after_loss(alias)
-            raise
-        if message is None:  # the connection it made is not in autocommit (a project's own setting)
-            return _operation(alias, options, None, lambda: _run_returning(queryset, alias, statement))
-        try:
-            with (
-                translating(alias, nowait=False, attempts=number, timed=timed is not None),
-                connection.cursor() as cursor,
-            ):
-                rows, _ = message.run(cursor, sql, params)
-        except ConnectionLost as lost:
-            discard_after_loss(alias)
-            if not message.sent:
-                raise  # nothing reached the server: retried when the policy retries connection loss
-            raise CommitOutcomeUnknown(
-                f"the connection to {alias!r} was lost after guarded_update's UPDATE was sent with its COMMIT; "
-                f"whether it committed is unknown (read the rows before trying again): {lost}",
-                sqlstate=lost.sqlstate,
-                alias=alias,
-                attempts=number,
-            ) from lost
+    def send(message: OneMessage) -> list[M]:
+        with connection.cursor() as cursor:
+            rows, _ = message.run(cursor, sql, params)
         return instances(queryset.model, alias, [list(row.values()) for row in rows])
 
-    setting = setting_for(policy)  # its own, else settings.LOCKKIT["RETRY"], as locked operations read it
-    if setting is None:
-        return attempt(1)
-    return call_with_retry(setting, attempt, alias=alias, operation="lockkit.guarded_update")
+    return in_messages(
+        alias,
+        setting_for(policy),  # its own, else settings.LOCKKIT["RETRY"], as locked operations read it
+        send,
+        operation="lockkit.guarded_update",
+        timeouts=timeouts,
+        elsewhere=lambda: _operation(
+            alias, options, None, lambda: _run_returning(queryset, alias, statement)
+        ),
+        timed=timed is not None,
+        observed_as=guarded_update,
+    )

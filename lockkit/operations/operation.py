@@ -1,6 +1,6 @@
 """``locked_operation``: a decorator running each call in a locked scope, retried as a whole in a fresh one.
 
-An attempt runs in a ``ScopeBlock``; retries come from tenacity (``lockkit.operations.retry``) and happen only when the call
+An attempt runs in a ``ScopeBlock``; retries come from tenacity (``lockkit.retries``) and happen only when the call
 owns the outermost transaction on its alias. An error raised after an attempt committed is carried past the retry
 loop by ``_Committed`` so that committed work is never re-run.
 """
@@ -19,7 +19,7 @@ from lockkit._engine.transaction import in_transaction
 from lockkit.aio import awaitable
 from lockkit.errors import LockError, OnCommitError, TransientLockError
 from lockkit.operations.naming import operation_name
-from lockkit.operations.retry import (
+from lockkit.retries import (
     RetryPolicy,
     RetrySetting,
     call_with_retry,

@@ -9,27 +9,26 @@ On PostgreSQL (psycopg 3, client-side binding) outside any transaction it is two
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from django.core.exceptions import EmptyResultSet, FieldError
 from django.db import connections, models
 from django.db.models.expressions import Combinable
 from django.db.models.sql import UpdateQuery
 
-from lockkit._engine import message as one_message
 from lockkit._engine import outcome
-from lockkit._engine.liveness import discard_after_loss, discard_if_dead
-from lockkit._engine.transaction import COMMIT_RESOLUTION_TIMEOUT, in_transaction
+from lockkit._engine.attempts import in_messages
+from lockkit._engine.message import OneMessage
+from lockkit._engine.transaction import in_transaction
 from lockkit.aio import awaitable
-from lockkit.backends import TimeoutToken, backend_for
+from lockkit.backends import backend_for
 from lockkit.backends.sql import relations
 from lockkit.backends.sql.rows import instances
-from lockkit.errorcodes.translate import translating
 from lockkit.errors import ConnectionLost, QueryInChange
-from lockkit.operations.operation import _policy, locked_operation
-from lockkit.operations.retry import RetryPolicy, call_with_retry, check_retry
+from lockkit.operations.operation import locked_operation
+from lockkit.retries import reconnect_budget, setting_for
 from lockkit.scopes import aliases
-from lockkit.scopes.options import FROM_SETTINGS, Default, ScopeOptions
+from lockkit.scopes.options import FROM_SETTINGS, ScopeOptions
 from lockkit.scopes.scope import current_scope
 from lockkit.validation import milliseconds
 
@@ -103,27 +102,57 @@ def locked_update(
     """
     alias = _checked(queryset, change, using)
     options = ScopeOptions.build(using=alias, lock_timeout=lock_timeout, nowait=nowait)
-    policy = _policy(retry if isinstance(retry, Default) else check_retry(retry))
+    policy = setting_for(retry)
     bound = queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
     connection = connections[alias]
     if (
-        not in_transaction(connection)
-        and not connection.execute_wrappers  # their own statements could not join a transaction in one message
-        and backend_for(connection).features.sends_one_message(connection)
+        in_transaction(connection)
+        or connection.execute_wrappers  # their own statements could not join a transaction sent as messages
+        or not backend_for(connection).features.sends_one_message(connection)
     ):
-        within = (
-            float(cast(Any, policy.reconnect_within))
-            if isinstance(policy, RetryPolicy)
-            else COMMIT_RESOLUTION_TIMEOUT
-        )
+        return _in_scope(bound, change, alias, options, policy)
+    try:
+        select = _locking_select(bound, alias, options.nowait)
+    except EmptyResultSet:
+        return _one(bound, [])
+    lock, _ = options.timeouts()
+    decided: list[tuple[M, dict[str, Any]]] = []  # what the attempt wrote, should its reply be lost
 
-        def attempt(number: int) -> M:
-            return _in_two_messages(bound, change, alias, options, number, within)
+    def send(message: OneMessage) -> M:
+        decided.clear()
+        with connection.cursor() as cursor:
+            found, _ = message.run(cursor, *select, commit=False)
+            try:
+                row = _one(bound, instances(bound.model, alias, [list(values.values()) for values in found]))
+                fields = _decided(change, row, alias)
+                if not fields:
+                    message.roll_back(cursor)
+                    return row
+                update = _update_statement(bound.model, alias, row.pk, fields)
+            except BaseException:
+                message.roll_back(cursor)
+                raise
+            decided.append((row, fields))
+            message.finish(cursor, *update)
+        return _written(row, fields)
 
-        if policy is None:
-            return attempt(1)
-        return call_with_retry(policy, attempt, alias=alias, operation="lockkit.locked_update")
-    return _in_scope(bound, change, alias, options, policy)
+    def resolve(message: OneMessage, lost: ConnectionLost) -> M:
+        outcome.of_transaction(alias, message.xid, message.server, lost, within=reconnect_budget(policy))
+        row, fields = decided[0]  # committed (of_transaction raises otherwise)
+        return _written(row, fields)
+
+    return in_messages(
+        alias,
+        policy,
+        send,
+        operation="lockkit.locked_update",
+        timeouts={} if lock is None else {"lock_timeout": milliseconds(lock)},
+        elsewhere=lambda: _in_scope(bound, change, alias, options, None),
+        nowait=options.nowait,
+        resolve=resolve,
+        by_xid=True,
+        observed_as=locked_update,
+    )
 
 
 alocked_update = awaitable(locked_update)
@@ -251,59 +280,6 @@ def _one(queryset: models.QuerySet[M], rows: list[M]) -> M:
             f"get() returned more than one {meta.object_name}; locked_update changes exactly one row"
         )
     return rows[0]
-
-
-def _in_two_messages(
-    queryset: models.QuerySet[M],
-    change: Callable[[M], Mapping[str, Any]],
-    alias: str,
-    options: ScopeOptions,
-    number: int,
-    within: float,
-) -> M:
-    """One attempt on PostgreSQL: the opening with the locking ``SELECT``, then ``UPDATE ...; COMMIT``."""
-    connection = connections[alias]
-    backend = backend_for(connection)
-    lock, _ = options.timeouts()
-    timeouts = {} if lock is None else {"lock_timeout": milliseconds(lock)}
-    model = queryset.model
-    discard_if_dead(alias)
-    try:
-        select = _locking_select(queryset, alias, options.nowait)
-    except EmptyResultSet:
-        return _one(queryset, [])
-    try:
-        with translating(alias, nowait=options.nowait, attempts=number):
-            message = one_message.begin(connection, timeouts, backend.tx.opening_columns(connection))
-    except ConnectionLost:
-        discard_after_loss(alias)
-        raise
-    if message is None:  # the connection it made is not in autocommit (a project's own setting)
-        return _in_scope(queryset, change, alias, options, None)
-    try:
-        with translating(alias, nowait=options.nowait, attempts=number), connection.cursor() as cursor:
-            found, _ = message.run(cursor, *select, commit=False)
-            backend.tx.remember_server(connection, message.opened)
-            xid = backend.tx.transaction_id(TimeoutToken({}, message.opened))
-            server = backend.tx.transaction_server(connection)
-            try:
-                row = _one(queryset, instances(model, alias, [list(values.values()) for values in found]))
-                fields = _decided(change, row, alias)
-                if not fields:
-                    message.roll_back(cursor)
-                    return row
-                update = _update_statement(model, alias, row.pk, fields)
-            except BaseException:
-                message.roll_back(cursor)
-                raise
-            message.finish(cursor, *update)
-            return _written(row, fields)
-    except ConnectionLost as lost:
-        discard_after_loss(alias)
-        if not message.sent:
-            raise  # the COMMIT never left: the server rolls back; retried like any lost connection
-        outcome.of_transaction(alias, xid, server, lost, within=within)  # raises unless it committed
-        return _written(row, fields)
 
 
 def _in_scope(

@@ -1,8 +1,7 @@
-"""A scope's configuration, validated once into one frozen ``ScopeOptions``; the sentinels for left-out arguments."""
+"""A scope's configuration, validated once into one frozen ``ScopeOptions`` (the sentinels are ``lockkit.conf``'s)."""
 
 from __future__ import annotations
 
-import enum
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,24 +11,11 @@ from django.core.signals import setting_changed
 from django.db import models
 
 from lockkit import conf
+from lockkit.conf import FROM_SETTINGS, NOT_GIVEN, Default
 from lockkit.scopes import aliases
 from lockkit.validation import Duration, flag, optional_duration
 
-
-class Default(enum.Enum):
-    """The sentinels of arguments left out: one style for every default lockkit resolves itself."""
-
-    FROM_SETTINGS = "<default from settings.LOCKKIT>"
-    NOT_GIVEN = "<not given>"
-
-    def __repr__(self) -> str:
-        """Show what the default means, as signatures print it."""
-        return self.value
-
-
-# Typed ``Any`` so the public signatures keep their documented types (``float | int | timedelta | None``).
-FROM_SETTINGS: Any = Default.FROM_SETTINGS
-NOT_GIVEN: Any = Default.NOT_GIVEN
+__all__ = ["FROM_SETTINGS", "NOT_GIVEN", "Default", "ScopeOptions"]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 
 import lockkit
 from lockkit import Failure, LockTimeout, RetryEvent, RetryPolicy
-from lockkit.operations.retry import (
+from lockkit.retries import (
     DEFAULT_RETRY_ON,
     call_with_retry,
     from_settings,

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 import tenacity
 
 from lockkit import conf, events
+from lockkit.conf import Default
 from lockkit.errorcodes.table import code_of
 from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
-from lockkit.scopes.options import Default
 from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
