@@ -26,7 +26,9 @@ def _end_this_threads_session() -> int:
     pid = session_of("default")
     ended: list[bool] = []
     # From another thread (its own connection), and waited for until the session is gone.
-    worker = threading.Thread(target=lambda: (ended.append(terminate("default", pid)), connections.close_all()))
+    worker = threading.Thread(
+        target=lambda: (ended.append(terminate("default", pid)), connections.close_all())
+    )
     worker.start()
     worker.join(timeout=30)
     assert not worker.is_alive()
@@ -37,7 +39,9 @@ def _end_this_threads_session() -> int:
 def test_guarded_update_on_an_idle_connection_the_server_ended_runs_once() -> None:
     Stock.objects.create(sku="a", available=5)
     old = _end_this_threads_session()
-    (row,) = lockkit.guarded_update(Stock.objects.filter(pk="a", available__gte=1), available=F("available") - 1)
+    (row,) = lockkit.guarded_update(
+        Stock.objects.filter(pk="a", available__gte=1), available=F("available") - 1
+    )
     assert row.available == 4
     assert Stock.objects.get().available == 4  # exactly once
     assert session_of("default") != old  # a new session
