@@ -30,7 +30,7 @@ class StockProxy(Stock):
 
 
 class AuditedStock(Stock):
-    """A proxy that overrides ``save()``: ``save_with_commit()`` must run it."""
+    """A proxy that overrides ``save()`` and counts its calls."""
 
     saves = 0
 

@@ -169,7 +169,6 @@ def _statement(queryset: models.QuerySet[Any], alias: str, changes: dict[str, An
         query.add_update_values(changes)
     except FieldError as exc:
         raise ValueError(f"changes: {exc}") from None
-    query.annotations = {}
     compiler = query.get_compiler(alias)
     assert isinstance(compiler, SQLUpdateCompiler)  # UpdateQuery's compiler
     try:
