@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy, conf
-from lockkit.operations import retry
+from lockkit import retries as retry
 from lockkit_tests.models import Stock
 from lockkit_tests.support.util import raise_sqlstate, show
 
