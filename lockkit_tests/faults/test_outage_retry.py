@@ -1,4 +1,4 @@
-"""An outage longer than the default 5 s: claims, ``guarded_update`` and ``advisory_lock`` retry a refused connection
+"""An outage longer than the default 5 s: claims, ``guarded_update``, ``locked_update`` and ``advisory_lock`` retry a refused connection
 on one budget, the call's policy or ``settings.LOCKKIT["RETRY"]`` (its ``reconnect_within``).
 
 The server is a throwaway cluster this module starts (``initdb`` + ``pg_ctl`` on a free port), stopped by the test
@@ -113,9 +113,20 @@ def _taken_under_lock(alias: str, result: tuple[int | None, int], done: int) -> 
         assert cursor.fetchone() == (0,)
 
 
+def _reserve(alias: str, retry: Any) -> Stock:
+    queryset = Stock.objects.using(alias).filter(pk="widget")
+    return lockkit.locked_update(queryset, lambda row: {"available": row.available - 3}, retry=retry)
+
+
+def _reserved(alias: str, result: Stock, done: int) -> None:
+    assert (result.pk, result.available) == ("widget", 10 - 3 * done)
+    assert Stock.objects.using(alias).get(pk="widget").available == 10 - 3 * done
+
+
 ENTRIES = [
     pytest.param(Entry("claim_next", _claim, _claimed), id="claim_next"),
     pytest.param(Entry("guarded_update", _take, _taken), id="guarded_update"),
+    pytest.param(Entry("locked_update", _reserve, _reserved), id="locked_update"),
     pytest.param(Entry("advisory_lock", _take_under_lock, _taken_under_lock), id="advisory_lock"),
 ]
 
