@@ -43,7 +43,9 @@ from lockkit.operations.operation import locked_operation
 from lockkit.operations.update import alocked_update, locked_update
 from lockkit.priority import Prioritized, PrioritizeFailed, prioritize
 from lockkit.retries import RetryEvent, RetryPolicy
-from lockkit.scopes.scope import LockScope, classify, current_scope, lock, locked
+from lockkit.scopes.blocks import locked
+from lockkit.scopes.scope import LockScope, classify
+from lockkit.scopes.stack import current_scope, lock
 from lockkit.tablemodes import TableLockMode
 
 __version__ = "0.1.0.dev0"

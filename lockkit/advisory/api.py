@@ -30,8 +30,8 @@ from lockkit.errorcodes.translate import translating
 from lockkit.errors import ConnectionLost, Failure, LockError
 from lockkit.retries import call_with_retry, from_settings
 from lockkit.scopes.aliases import check_alias
+from lockkit.scopes.blocks import Locked, locked, refuse_unsupported
 from lockkit.scopes.options import FROM_SETTINGS
-from lockkit.scopes.scope import Locked, locked, refuse_unsupported
 from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")

@@ -26,7 +26,7 @@ from lockkit.claims.sql.base import CLAIM_COLUMNS
 from lockkit.claims.value import Claim, Claimed, instances
 from lockkit.errors import ConnectionLost
 from lockkit.scopes.options import FROM_SETTINGS
-from lockkit.scopes.scope import current_scope
+from lockkit.scopes.stack import current_scope
 from lockkit.validation import Duration, flag
 
 

@@ -22,7 +22,8 @@ from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.value import Claim, stale_reason
 from lockkit.errors import ConnectionLost, StaleClaim
 from lockkit.scopes import unlocked
-from lockkit.scopes.scope import LockScope, locked
+from lockkit.scopes.blocks import locked
+from lockkit.scopes.scope import LockScope
 
 
 @contextmanager

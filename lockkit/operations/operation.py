@@ -27,8 +27,9 @@ from lockkit.retries import (
     from_settings,
     logger,
 )
+from lockkit.scopes.blocks import ScopeBlock, refuse_unsupported
 from lockkit.scopes.options import FROM_SETTINGS, NOT_GIVEN, Default, Duration, ScopeOptions
-from lockkit.scopes.scope import ScopeBlock, active_blocks, refuse_unsupported
+from lockkit.scopes.stack import active_blocks
 
 P = ParamSpec("P")
 R = TypeVar("R")

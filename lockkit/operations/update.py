@@ -29,7 +29,7 @@ from lockkit.operations.operation import locked_operation
 from lockkit.retries import reconnect_budget, setting_for
 from lockkit.scopes import aliases
 from lockkit.scopes.options import FROM_SETTINGS, ScopeOptions
-from lockkit.scopes.scope import current_scope
+from lockkit.scopes.stack import current_scope
 from lockkit.validation import milliseconds
 
 M = TypeVar("M", bound=models.Model)

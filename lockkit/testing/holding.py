@@ -19,7 +19,7 @@ from django.db import connections, models, transaction
 
 from lockkit.backends import backend_for
 from lockkit.scopes import aliases
-from lockkit.scopes.scope import locked
+from lockkit.scopes.blocks import locked
 from lockkit.testing.failures import ContentionTimeout, NothingLocked
 from lockkit.testing.sessions import backend_pid
 from lockkit.validation import Duration, duration
