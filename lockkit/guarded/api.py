@@ -100,9 +100,13 @@ def guarded_update(
     policy = retry if isinstance(retry, Default) else check_retry(retry)
     bound = queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
     connection = connections[alias]
-    if connection.vendor == "postgresql":
+    # A multi-table child's rows span its parents' tables: one UPDATE ... RETURNING cannot return them whole.
+    inherited = bool((bound.model._meta.concrete_model or bound.model)._meta.parents)
+    if connection.vendor == "postgresql" and not inherited:
         return _on_postgresql(bound, alias, options, policy, changes)
-    returning = connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
+    returning = (
+        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert and not inherited
+    )
 
     def work() -> list[M]:
         if returning:

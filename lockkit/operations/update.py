@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import EmptyResultSet, FieldError
 from django.db import connections, models
 from django.db.models.expressions import Combinable
+from django.db.models.query import ModelIterable
 from django.db.models.sql import UpdateQuery
 
 from lockkit._engine import outcome
@@ -80,13 +81,15 @@ def locked_update(
             (no retries); default ``settings.LOCKKIT["RETRY"]``. Each attempt is a fresh transaction.
 
     Returns:
-        The row as written: the instance ``change`` saw, with the returned fields set.
+        The row as written: the instance ``change`` saw, with the returned fields set (an attribute ``change``
+        set on it without returning it is not written; return every field to write).
 
     Raises:
         TypeError: ``queryset`` is not a ``QuerySet``, ``change`` is not callable, an option has the wrong type;
             ``change`` returned something that is not a mapping, or an expression. The options are checked before
             any SQL; a bad return value rolls back.
-        ValueError: a sliced, distinct, annotated or combined queryset, a multi-table-inheritance model, a bad
+        ValueError: a sliced, distinct, annotated, combined or ``values()`` queryset, a multi-table-inheritance
+            model, a bad
             duration (before any SQL); ``change`` returned an unknown field, the primary key or a field
             ``update()`` cannot set (rolled back).
         Model.DoesNotExist, Model.MultipleObjectsReturned: the queryset matched no row or several (rolled back).
@@ -104,6 +107,8 @@ def locked_update(
     options = ScopeOptions.build(using=alias, lock_timeout=lock_timeout, nowait=nowait)
     policy = setting_for(retry)
     bound = queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
+    # The whole row is read (change() must not load a deferred field: that would be a query), on every path.
+    bound = bound.defer(None)
     connection = connections[alias]
     if (
         in_transaction(connection)
@@ -173,6 +178,10 @@ def _checked(queryset: object, change: object, using: object) -> str:
     if query.distinct or query.distinct_fields or query.annotations or query.combinator:
         raise ValueError("queryset: filter the model's own rows (no distinct(), annotations or combinations)")
     model = queryset.model
+    if queryset._iterable_class is not ModelIterable:
+        raise ValueError(
+            "queryset: a values()/values_list() queryset has no model instances; pass the model's queryset"
+        )
     if (model._meta.concrete_model or model)._meta.parents:
         raise ValueError(
             f"queryset: {model.__name__} has multi-table parents; lock it with lockkit.locked() and save() it"
@@ -210,6 +219,8 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
     meta = type(row)._meta
     checked: dict[str, Any] = {}
     by_name = {f.name: f for f in meta.concrete_fields} | {f.attname: f for f in meta.concrete_fields}
+    if meta.pk is not None:
+        by_name["pk"] = meta.pk
     for name, value in fields.items():
         field = by_name.get(name) if isinstance(name, str) else None
         if field is None:
@@ -276,10 +287,15 @@ def _one(queryset: models.QuerySet[M], rows: list[M]) -> M:
     if not rows:
         raise queryset.model.DoesNotExist(f"{meta.object_name} matching query does not exist.")  # type: ignore[attr-defined]
     if len(rows) > 1:
-        raise queryset.model.MultipleObjectsReturned(  # type: ignore[attr-defined]
-            f"get() returned more than one {meta.object_name}; locked_update changes exactly one row"
-        )
+        raise _several(queryset)
     return rows[0]
+
+
+def _several(queryset: models.QuerySet[Any]) -> Exception:
+    error: Exception = queryset.model.MultipleObjectsReturned(
+        f"the queryset matched more than one {queryset.model._meta.object_name}; locked_update changes exactly one row"
+    )
+    return error
 
 
 def _in_scope(
@@ -294,12 +310,17 @@ def _in_scope(
 
     def work() -> M:
         scope = current_scope()
-        row = scope.get(queryset)
+        try:
+            row = scope.get(queryset)
+        except model.MultipleObjectsReturned:  # type: ignore[attr-defined]
+            raise _several(queryset) from None
         fields = _decided(change, row, alias)
         if fields:
             model._base_manager.db_manager(alias).filter(pk=row.pk).update(**fields)
         return _written(row, fields)
 
+    # Named as the public call in signals, logs and notes (not this helper's closure).
+    work.__module__, work.__qualname__, work.__name__ = "lockkit", "locked_update", "locked_update"
     lock: Any = options.lock_timeout
     operation = locked_operation(using=alias, lock_timeout=lock, nowait=options.nowait, retry=policy)
     return operation(work)()

@@ -213,3 +213,13 @@ def test_bad_input_is_refused_before_any_sql() -> None:
                 lockkit.guarded_update(queryset, **kwargs)
     assert queries.captured_queries == []
     assert other.captured_queries == []
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_multi_table_child_is_updated_and_returned_whole(alias: str) -> None:
+    from lockkit_tests.models import PeerCountry
+
+    country = PeerCountry.objects.using(alias).create(code="fr", name="France")
+    (row,) = lockkit.guarded_update(PeerCountry.objects.using(alias).filter(code="fr"), name="République")
+    assert (row.pk, row.code, row.name) == (country.pk, "fr", "République")
+    assert PeerCountry.objects.using(alias).get(pk=country.pk).name == "République"

@@ -271,3 +271,59 @@ def test_the_awaitable_form() -> None:
     row = asyncio.run(lockkit.alocked_update(Stock.objects.filter(sku="a"), _reserve(2)))
     assert row.available == 3
     assert Stock.objects.get(sku="a").available == 3
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_deferred_fields_are_read_whole_on_every_path(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=5)
+    written = []
+    for queryset in (
+        Stock.objects.using(alias).filter(sku="a").only("sku"),
+        Stock.objects.using(alias).filter(sku="a").defer("available"),
+    ):
+        written.append(lockkit.locked_update(queryset, _reserve(1)).available)
+        with transaction.atomic(using=alias):  # the scope path too
+            written.append(lockkit.locked_update(queryset, _reserve(1)).available)
+    assert written == [4, 3, 2, 1]
+    assert Stock.objects.using(alias).get(sku="a").available == 1
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_values_querysets_are_refused_before_any_sql(alias: str) -> None:
+    Stock.objects.using(alias).create(sku="a", available=5)
+    with CaptureQueriesContext(connections[alias]) as queries:
+        for queryset in (
+            Stock.objects.using(alias).filter(sku="a").values(),
+            Stock.objects.using(alias).filter(sku="a").values_list("sku"),
+        ):
+            with pytest.raises(ValueError, match=r"values\(\)"):
+                lockkit.locked_update(queryset, _reserve(1))  # type: ignore[arg-type]
+    assert len(queries) == 0
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_two_rows_read_the_same_on_every_path_and_pk_is_the_key(alias: str) -> None:
+    Stock.objects.using(alias).bulk_create([Stock(sku="a", available=5), Stock(sku="b", available=5)])
+    messages = []
+    for inside in (False, True):
+        with contextlib.ExitStack() as stack:
+            if inside:
+                stack.enter_context(transaction.atomic(using=alias))
+            with pytest.raises(Stock.MultipleObjectsReturned) as raised:
+                lockkit.locked_update(Stock.objects.using(alias).all(), _reserve(1))
+            messages.append(str(raised.value))
+    assert messages[0] == messages[1]
+    assert "locked_update changes exactly one row" in messages[0]
+    with pytest.raises(ValueError, match="primary key"):
+        lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), lambda row: {"pk": "c"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_inside_atomic_is_named_locked_update_in_its_note() -> None:
+    Stock.objects.create(sku="a", available=5)
+    with hold_lock(Stock.objects.filter(sku="a"), timeout=20):
+        with pytest.raises(lockkit.LockTimeout) as raised, transaction.atomic():
+            lockkit.locked_update(Stock.objects.filter(sku="a"), _reserve(1), lock_timeout=0.2)
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "lockkit.locked_update" in notes
+    assert "<locals>" not in notes
