@@ -89,8 +89,7 @@ def locked_update(
             ``change`` returned something that is not a mapping, or an expression. The options are checked before
             any SQL; a bad return value rolls back.
         ValueError: a sliced, distinct, annotated, combined or ``values()`` queryset, a multi-table-inheritance
-            model, a bad
-            duration (before any SQL); ``change`` returned an unknown field, the primary key or a field
+            model, a bad duration (before any SQL); ``change`` returned an unknown field, the primary key or a field
             ``update()`` cannot set (rolled back).
         Model.DoesNotExist, Model.MultipleObjectsReturned: the queryset matched no row or several (rolled back).
         lockkit.errors.QueryInChange: ``change`` ran a statement on the alias (refused before it was sent).
