@@ -49,6 +49,7 @@ class OneMessage:
 
     Attributes:
         sent: A message carrying the ``COMMIT`` has been handed to the driver (a lost reply is then ambiguous).
+        done: Its reply was read: the transaction committed.
         pid: The server session the message was sent on.
         sent_at: ``time.monotonic()`` right before it was sent.
         opened: The values of ``columns``, as text, once the opening ran.
@@ -67,6 +68,7 @@ class OneMessage:
         self.pid: int | None = None
         self.sent_at = 0.0
         self.opened: tuple[str | None, ...] = ()
+        self.done = False
         self.xid: int | None = None  # the transaction's id and server, read by an opening with ``columns``
         self.server: Any = None
 
@@ -129,6 +131,15 @@ class OneMessage:
         except BaseException:
             _roll_back(raw)
             raise
+        self.done = commit  # the COMMIT's reply was read: the transaction committed
+
+
+def idle(connection: Any) -> bool:
+    """Whether ``connection``'s driver connection is open and idle: no statement in flight, no transaction open."""
+    raw = connection.connection
+    if psycopg is None or not isinstance(raw, psycopg.Connection) or raw.closed or raw.broken:
+        return False
+    return bool(raw.info.transaction_status == pq.TransactionStatus.IDLE)
 
 
 def _roll_back(raw: Any) -> None:

@@ -81,8 +81,9 @@ def locked_update(
             (no retries); default ``settings.LOCKKIT["RETRY"]``. Each attempt is a fresh transaction.
 
     Returns:
-        The row as written: the instance ``change`` saw, with the returned fields set (an attribute ``change``
-        set on it without returning it is not written; return every field to write).
+        The row as written: a model instance read back as the database stored it (``UPDATE ... RETURNING`` on
+        PostgreSQL, a read in the same transaction elsewhere); the instance ``change`` saw when it returned
+        nothing to write. An attribute ``change`` set on its row without returning it is not written.
 
     Raises:
         TypeError: ``queryset`` is not a ``QuerySet``, ``change`` is not callable, an option has the wrong type;
@@ -120,7 +121,7 @@ def locked_update(
     except EmptyResultSet:
         return _one(bound, [])
     lock, _ = options.timeouts()
-    decided: list[tuple[M, dict[str, Any]]] = []  # what the attempt wrote, should its reply be lost
+    decided: list[M] = []  # the row the attempt wrote, should its reply be lost
 
     def send(message: OneMessage) -> M:
         decided.clear()
@@ -136,14 +137,13 @@ def locked_update(
             except BaseException:
                 message.roll_back(cursor)
                 raise
-            decided.append((row, fields))
-            message.finish(cursor, *update)
-        return _written(row, fields)
+            decided.append(row)
+            written, _ = message.finish(cursor, *update)
+        return _one(bound, instances(bound.model, alias, [list(values.values()) for values in written]))
 
     def resolve(message: OneMessage, lost: ConnectionLost) -> M:
         outcome.of_transaction(alias, message.xid, message.server, lost, within=reconnect_budget(policy))
-        row, fields = decided[0]  # committed (of_transaction raises otherwise)
-        return _written(row, fields)
+        return _reread(bound.model, alias, decided[0].pk)  # committed (of_transaction raises otherwise)
 
     return in_messages(
         alias,
@@ -177,6 +177,10 @@ def _checked(queryset: object, change: object, using: object) -> str:
     if query.distinct or query.distinct_fields or query.annotations or query.combinator:
         raise ValueError("queryset: filter the model's own rows (no distinct(), annotations or combinations)")
     model = queryset.model
+    if query.select_for_update:
+        raise ValueError(
+            "queryset: locked_update locks the row itself; pass the queryset without select_for_update()"
+        )
     if queryset._iterable_class is not ModelIterable:
         raise ValueError(
             "queryset: a values()/values_list() queryset has no model instances; pass the model's queryset"
@@ -217,6 +221,7 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
         raise TypeError(f"change must return a dict of field names to values, not {type(fields).__name__}")
     meta = type(row)._meta
     checked: dict[str, Any] = {}
+    seen: set[str] = set()
     by_name = {f.name: f for f in meta.concrete_fields} | {f.attname: f for f in meta.concrete_fields}
     if meta.pk is not None:
         by_name["pk"] = meta.pk
@@ -230,20 +235,29 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
             raise TypeError(
                 f"change returned an expression for {name!r}; return the value to write (the row is locked)"
             )
-        checked[field.name] = value
+        if field.name in seen:
+            raise ValueError(
+                f"change returned {field.name!r} twice (as {field.name!r} and {field.attname!r})"
+            )
+        seen.add(field.name)
+        checked[name] = (
+            value  # as given: a foreign key by its name (an instance) or its attname (a key value)
+        )
     return checked
 
 
-def _written(row: M, fields: dict[str, Any]) -> M:
-    for name, value in fields.items():
-        setattr(row, name, value)
-    return row
+def _reread(model: type[M], alias: str, pk: Any) -> M:
+    """The row as the database has it now: in the call's transaction, or (a lost reply) after its commit."""
+    return model._base_manager.db_manager(alias).get(pk=pk)
 
 
 def _update_statement(
     model: type[models.Model], alias: str, pk: Any, fields: dict[str, Any]
 ) -> tuple[str, Any]:
-    """``UPDATE <table> SET ... WHERE pk = %s``, as ``QuerySet.update(**fields)`` compiles it (Django's compiler).
+    """``UPDATE <table> SET ... WHERE pk = %s RETURNING <columns>``: ``QuerySet.update(**fields)`` as Django compiles it.
+
+    ``RETURNING`` the concrete columns (lockkit's own message, as ``guarded_update``'s) gives back the row as the
+    database stored it, so the instance returned is what was written.
 
     Raises:
         ValueError: Django refused a field or value (``FieldError``).
@@ -255,7 +269,9 @@ def _update_statement(
         raise ValueError(f"change: {exc}") from None
     query.add_q(models.Q(pk=pk))
     sql, params = query.get_compiler(alias).as_sql()
-    return sql, params
+    quote = connections[alias].ops.quote_name
+    columns = ", ".join(quote(str(field.column)) for field in model._meta.concrete_fields)
+    return f"{sql} RETURNING {columns}", params
 
 
 def _locking_select(queryset: models.QuerySet[M], alias: str, nowait: bool) -> tuple[str, Any]:
@@ -314,9 +330,10 @@ def _in_scope(
         except model.MultipleObjectsReturned:  # type: ignore[attr-defined]
             raise _several(queryset) from None
         fields = _decided(change, row, alias)
-        if fields:
-            model._base_manager.db_manager(alias).filter(pk=row.pk).update(**fields)
-        return _written(row, fields)
+        if not fields:
+            return row
+        model._base_manager.db_manager(alias).filter(pk=row.pk).update(**fields)
+        return _reread(model, alias, row.pk)  # as written (converted by the database), in the transaction
 
     # Named as the public call in signals, logs and notes (not this helper's closure).
     work.__module__, work.__qualname__, work.__name__ = "lockkit", "locked_update", "locked_update"

@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from django.db import models
 
+from lockkit._engine import commits
 from lockkit.advisory import held as advisory_locks
 from lockkit.errors import NotInLockedScope
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
@@ -67,6 +68,7 @@ class ScopeBlock:
             self.scope._watch.start()
         self.scope._active = True
         scopes.set((*scopes.get(), self))
+        self._open = commits.push(self.scope._attempt)
         return self.scope
 
     def __exit__(
@@ -83,25 +85,25 @@ class ScopeBlock:
             scope._watch.stop()
         enclosing = tuple(block for block in scopes.get() if block is not self)
         scopes.set(enclosing)
+        commits.pop(self._open)
         try:
             scope._transaction.__exit__(exc_type, exc, tb)
         except BaseException as raised:
             self._end_advisory(succeeded=False)
             advisory_locks.name_holders(raised, scope.alias)
             if scope.committed_elsewhere:
-                _note_committed_elsewhere(raised, scope)
+                commits.note(raised, scope.alias, scope.committed_elsewhere)
             raise
         finally:
-            if enclosing and scope._transaction.committed:
-                for block in enclosing:
-                    block.scope._committed_on(scope.alias)
+            if scope._transaction.committed:
+                commits.committed(scope.alias)
         self._end_advisory(succeeded=exc is None)
         if exc is not None:
             # The transaction has rolled back (or back to the savepoint): an advisory lock wait that timed out in
             # it can now say who holds the key.
             advisory_locks.name_holders(exc, scope.alias)
             if scope.committed_elsewhere:
-                _note_committed_elsewhere(exc, scope)
+                commits.note(exc, scope.alias, scope.committed_elsewhere)
 
     def _end_advisory(self, *, succeeded: bool) -> None:
         """Release the advisory locks the transaction does not release by itself (MariaDB), on every path.
@@ -123,19 +125,6 @@ class ScopeBlock:
             return
         for lock in reversed(held):
             advisory_locks.give_back(lock, raise_errors=False)
-
-
-def _note_committed_elsewhere(error: BaseException, scope: LockScope) -> None:
-    """Add a note to ``error`` naming the aliases that committed during ``scope`` (once per error)."""
-    names = ", ".join(repr(alias) for alias in scope.committed_elsewhere)
-    note = (
-        f"lockkit: work committed on database {names} during this scope on {scope.alias!r} (a lockkit scope there "
-        f"ended with COMMIT); it stays committed although this scope failed, and the attempt is not retried: there "
-        "is no two-phase commit across databases (see 'Operations that touch two databases' in lockkit's usage "
-        "docs)"
-    )
-    if note not in getattr(error, "__notes__", ()):
-        error.add_note(note)
 
 
 class Locked:

@@ -18,6 +18,7 @@ from django.db import DatabaseError, connections, models, transaction
 from django.db.models import QuerySet
 
 from lockkit import events, signals
+from lockkit._engine import commits
 from lockkit._engine.transaction import ScopeTransaction
 from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
@@ -123,7 +124,8 @@ class LockScope:
             no_key=self.no_key,
         )
         self._active = False
-        self._committed_elsewhere: tuple[str, ...] = ()
+        # The other aliases that commit while this scope is open (lockkit._engine.commits).
+        self._attempt = commits.Attempt(alias)
         # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
         self._advisory: list[HeldLock] = []
         # DEBUG / lockkit's pytest plugin only: the record of locked rows that UnlockedSaveWarning is checked against.
@@ -140,16 +142,13 @@ class LockScope:
 
     @property
     def committed_elsewhere(self) -> tuple[str, ...]:
-        """The other aliases on which a lockkit scope committed while this scope was open, in order.
+        """The other aliases on which work committed while this scope was open, in order.
 
-        Work committed there stays committed whatever this scope does; a ``locked_operation`` never retries an
-        attempt during which this happened.
+        Work committed there (a scope, ``locked_update``, ``guarded_update`` or a claims call on that alias) stays
+        committed whatever this scope does; a ``locked_operation`` never retries an attempt during which this
+        happened.
         """
-        return self._committed_elsewhere
-
-    def _committed_on(self, alias: str) -> None:
-        if alias != self.alias and alias not in self._committed_elsewhere:
-            self._committed_elsewhere = (*self._committed_elsewhere, alias)
+        return self._attempt.elsewhere
 
     def _check_active(self) -> None:
         if not self._active or all(block.scope is not self for block in scopes.get()):

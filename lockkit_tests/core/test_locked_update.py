@@ -327,3 +327,47 @@ def test_a_call_inside_atomic_is_named_locked_update_in_its_note() -> None:
     notes = " ".join(getattr(raised.value, "__notes__", []))
     assert "lockkit.locked_update" in notes
     assert "<locals>" not in notes
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_foreign_key_by_attname_or_instance_is_written_and_returned_as_stored(alias: str) -> None:
+    from lockkit_tests.models import Item, Owner
+
+    first, second = Owner.objects.using(alias).create(), Owner.objects.using(alias).create()
+    item = Item.objects.using(alias).create(name="x", value=1)
+    row = lockkit.locked_update(
+        Item.objects.using(alias).filter(pk=item.pk), lambda r: {"owner_id": first.pk}
+    )
+    assert row.owner_id == first.pk
+    row = lockkit.locked_update(Item.objects.using(alias).filter(pk=item.pk), lambda r: {"owner": second})
+    assert row.owner_id == second.pk
+    assert Item.objects.using(alias).get(pk=item.pk).owner_id == second.pk
+    with pytest.raises(ValueError, match="twice"):
+        lockkit.locked_update(
+            Item.objects.using(alias).filter(pk=item.pk), lambda r: {"owner": first, "owner_id": first.pk}
+        )
+    # The row comes back as the database stored it (an int column given a float).
+    row = lockkit.locked_update(Item.objects.using(alias).filter(pk=item.pk), lambda r: {"value": 3.0})
+    assert row.value == Item.objects.using(alias).get(pk=item.pk).value == 3
+    assert isinstance(row.value, int)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_work_committed_on_another_alias_is_never_retried_with_the_attempt() -> None:
+    Stock.objects.using("default").create(sku="a", available=5)
+    Stock.objects.using("other").create(sku="b", available=10)
+    attempts: list[int] = []
+
+    @lockkit.locked_operation("default", retry=RetryPolicy(attempts=3, retry_on={Failure.LOCK_TIMEOUT}))
+    def both() -> None:
+        scope = lockkit.current_scope()
+        attempts.append(scope.attempt)
+        scope.get(Stock, pk="a")
+        lockkit.locked_update(Stock.objects.using("other").filter(sku="b"), _reserve(1))
+        raise lockkit.LockTimeout("a retryable failure after the other alias committed", alias="default")
+
+    with pytest.raises(lockkit.LockTimeout) as raised:
+        both()
+    assert attempts == [1]  # not retried: the work on 'other' is committed
+    assert Stock.objects.using("other").get(sku="b").available == 9  # once
+    assert any("committed on database 'other'" in note for note in raised.value.__notes__)

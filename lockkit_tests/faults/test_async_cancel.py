@@ -235,3 +235,33 @@ def test_a_caller_cancelled_after_commit_waits_as_long_as_the_policy_resolves(
     assert asyncio.run(scenario()) == 9  # committed, confirmed after the outage: not "unknown"
     assert Stock.objects.get().available == 9
     assert seen["sent"] == ["e-mail"]
+
+
+def test_a_caller_cancelled_during_locked_updates_row_wait_cancels_it_and_never_calls_change(
+    finished: list[dict[str, Any]],
+) -> None:
+    stock = Stock.objects.create(sku="widget", available=10)
+    calls: list[int] = []
+
+    def change(row: Stock) -> dict[str, int]:
+        calls.append(row.available)
+        return {"available": row.available - 1}
+
+    async def scenario() -> None:
+        with hold_lock(stock) as holder:
+            task = asyncio.create_task(
+                lockkit.alocked_update(Stock.objects.filter(sku="widget"), change, lock_timeout=20)
+            )
+            await _off_loop(lambda: wait_until_blocked(holder.pid, timeout=JOIN))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The wait was cancelled on the server while the holder still holds the row.
+            (cancelled,) = await _ended(finished, 1)
+        assert type(cancelled["error"]).__name__ == "CallCancelled"
+        row = await lockkit.alocked_update(Stock.objects.filter(sku="widget"), change)  # the next call works
+        assert row.available == 9
+
+    asyncio.run(scenario())
+    assert calls == [10]  # only the second call's change() ran
+    assert Stock.objects.get().available == 9
