@@ -20,6 +20,7 @@ from django.test.utils import override_settings
 
 import lockkit
 from lockkit import UnlockedSaveWarning
+from lockkit._engine.callbacks import Callbacks
 from lockkit._engine.failures import FailedStatements
 from lockkit.claims import claim, fenced
 from lockkit.scopes import unlocked
@@ -52,9 +53,14 @@ def _stock(alias: str, *skus: str) -> None:
 
 
 def _watchers(alias: str) -> list[object]:
-    """The connection's execute wrappers but the one an outermost scope keeps on MariaDB/SQLite for failed
-    statements (``lockkit._engine.failures``), which has nothing to do with unlocked saves."""
-    return [w for w in connections[alias].execute_wrappers if not isinstance(w, FailedStatements)]
+    """The connection's execute wrappers but those an outermost scope keeps for its own record (failed statements
+    on MariaDB/SQLite, ``lockkit._engine.failures``; the savepoints its callbacks follow, ``lockkit._engine.
+    callbacks``), which have nothing to do with unlocked saves."""
+    return [
+        w
+        for w in connections[alias].execute_wrappers
+        if not isinstance(w, FailedStatements) and not isinstance(getattr(w, "__self__", None), Callbacks)
+    ]
 
 
 def _message(sku: str, alias: str) -> str:
