@@ -35,8 +35,6 @@ from lockkit.validation import milliseconds
 
 M = TypeVar("M", bound=models.Model)
 
-#: What ``change(row)`` returns: field name (or ``attname``) to the value to write.
-Change = Callable[[Any], Mapping[str, Any]]
 
 
 def locked_update(

@@ -297,7 +297,7 @@ def test_values_querysets_are_refused_before_any_sql(alias: str) -> None:
             Stock.objects.using(alias).filter(sku="a").values_list("sku"),
         ):
             with pytest.raises(ValueError, match=r"values\(\)"):
-                lockkit.locked_update(queryset, _reserve(1))  # type: ignore[arg-type]
+                lockkit.locked_update(queryset, _reserve(1))  # type: ignore[type-var]
     assert len(queries) == 0
 
 

@@ -25,10 +25,14 @@ def _end_this_threads_session() -> int:
     connection.ensure_connection()
     pid = session_of("default")
     ended: list[bool] = []
-    # From another thread (its own connection), and waited for until the session is gone.
-    worker = threading.Thread(
-        target=lambda: (ended.append(terminate("default", pid)), connections.close_all())
-    )
+
+    def end() -> None:  # from another thread (its own connection), waiting until the session is gone
+        try:
+            ended.append(terminate("default", pid))
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=end)
     worker.start()
     worker.join(timeout=30)
     assert not worker.is_alive()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -55,7 +55,7 @@ def _signal_main_when_blocked_by(holder: int) -> ThreadCall[None]:
     return in_thread(send)
 
 
-CALLS = {
+CALLS: dict[str, Callable[[], object]] = {
     "locked_update": lambda: lockkit.locked_update(
         Stock.objects.filter(sku="widget"), lambda row: {"available": row.available - 1}, lock_timeout=20
     ),
