@@ -108,7 +108,7 @@ def test_the_layers_contract_holds() -> None:
 def test_the_graph_includes_function_level_imports_and_skips_type_checking_ones() -> None:
     assert "lockkit.claims" in GRAPH["lockkit"]  # imported inside lockkit.__getattr__
     assert "lockkit.testing" in GRAPH["lockkit.pytest_plugin"]  # inside the fixture, and under TYPE_CHECKING
-    assert "lockkit.scopes.scope" in GRAPH["lockkit.claims.api"]  # at module level
+    assert "lockkit.scopes.stack" in GRAPH["lockkit.claims.api"]  # at module level
 
 
 _ALONE = """
