@@ -36,7 +36,6 @@ from lockkit.validation import milliseconds
 M = TypeVar("M", bound=models.Model)
 
 
-
 def locked_update(
     queryset: models.QuerySet[M],
     change: Callable[[M], Mapping[str, Any]],
