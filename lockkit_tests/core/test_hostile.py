@@ -19,7 +19,7 @@ import lockkit
 import lockkit.inspection
 from lockkit import signals
 from lockkit.claims import claim_next
-from lockkit.testing import hold_lock, in_thread, run_concurrently, wait_until_blocked
+from lockkit.testing import blocked_by, hold_lock, in_thread, run_concurrently, wait_until_blocked
 from lockkit_tests.models import Job, Stock
 from lockkit_tests.support import vendors
 
@@ -163,6 +163,16 @@ def test_a_cancelled_acall_leaves_no_open_transaction_lock_or_session() -> None:
         task = asyncio.ensure_future(request())
         await asyncio.to_thread(wait_until_blocked, holder, timeout=20)
         task.cancel()
+
+        def cancelled_on_the_server() -> None:
+            # The promise: the wait ends on the server (the statement is cancelled) while the holder still holds
+            # the row; only then does the holder let go.
+            deadline = time.monotonic() + 20
+            while blocked_by(holder):
+                assert time.monotonic() < deadline, "the cancelled call still waits for the row on the server"
+                time.sleep(0.01)
+
+        await asyncio.to_thread(cancelled_on_the_server)
         await asyncio.to_thread(holder.release)
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 20)
