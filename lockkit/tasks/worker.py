@@ -1,43 +1,39 @@
-"""The worker loop of ``manage.py lockkit_worker``: claim ready tasks, run them on threads, record each outcome.
+"""The worker loop of ``manage.py lockkit_worker``: claim ready tasks, run them on threads, give back the unstarted.
 
 The main thread claims (``SKIP LOCKED``, one statement per batch) and handles signals; ``concurrency`` runner
-threads run tasks; one heartbeat thread renews all the worker's claims in one statement per beat. An attempt is
-counted when its task is claimed (its worker is appended to ``worker_ids``), so a task that kills its worker is
-``FAILED`` after ``max_attempts``. Every outcome is written fenced by the claim's token. See docs/tasks.md.
+threads run tasks (``attempt.py``); one heartbeat thread renews all the worker's claims in one statement per beat.
+Every outcome is written fenced by the claim's token (``outcomes.py``). See docs/tasks.md.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import signal
 import socket
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from secrets import token_hex
-from traceback import format_exception
 from typing import Any
 
-from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, connections
+from django.db import DatabaseError, connections
 from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
-from django.tasks.base import Task, TaskContext, TaskResultStatus
-from django.tasks.signals import task_finished, task_started
-from django.utils import timezone
+from django.tasks.base import TaskResultStatus
 
-from lockkit.claims import Claim, Claimed, complete, complete_many, heartbeat_every, release
+from lockkit.claims import Claimed, heartbeat_every, release
 from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
-from lockkit.tasks import arguments, results, running
+from lockkit.tasks.attempt import Attempts
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
+from lockkit.tasks.outcomes import Outcomes, Stats, worker_log
 from lockkit.validation import duration
+
+__all__ = ["WORKER_ID_MAX_LENGTH", "Stats", "Worker", "default_worker_id"]
 
 logger = logging.getLogger("lockkit.tasks.worker")
 
@@ -48,18 +44,6 @@ WORKER_ID_MAX_LENGTH = 255
 def default_worker_id() -> str:
     """``<host>-<pid>-<random>``: unique per process, readable in ``worker_ids`` and the admin."""
     return f"{socket.gethostname()[:200]}-{os.getpid()}-{token_hex(4)}"
-
-
-@dataclass
-class Stats:
-    """What a worker did: tasks finished by outcome."""
-
-    succeeded: int = 0
-    failed: int = 0
-    retried: int = 0
-    lost: int = 0
-    given_back: int = 0
-    ids: list[str] = field(default_factory=list, repr=False)
 
 
 class Worker:
@@ -122,15 +106,17 @@ class Worker:
         self._pending: queue.Queue[Claimed[Any]] = queue.Queue()
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self.outcomes = Outcomes(
+            worker_id=self.worker_id,
+            alias=self.alias,
+            settings=self.settings,
+            lease=self.lease,
+            batch=self.batch,
+            stats=self.stats,
+        )
         self._beat: heartbeat_every | None = None
-        self._local = threading.local()
-        # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
-        self._ended: dict[Any, tuple[Claim, float]] = {}
-        self._ended_lock = threading.Lock()
-        self._settled_by: float | None = None  # the beat the ended claims were last settled by
-        self._tasks = results.TaskCache()
+        self._attempts: Attempts | None = None
         now = claims_sql_for(QueuedTask, self.alias).now()
-        self._now = now
         # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
         # only its expired claim is taken (counting the attempt); a retry is READY with ready_at ahead.
         self._candidates = QueuedTask.objects.using(self.alias).filter(
@@ -182,6 +168,7 @@ class Worker:
             # Beats every third of the lease (the default interval).
             beat = heartbeat_every(mine, worker=self.worker_id, lease=self.lease).__enter__()
             self._beat = beat
+            self._attempts = Attempts(self.outcomes, beat)
             for runner in runners:
                 runner.start()
             if wakeup is not None:
@@ -224,13 +211,15 @@ class Worker:
                     with self._busy_lock:
                         self._busy -= 1
         finally:
-            self._flush()
+            self.outcomes.flush()
 
     def _loop(self) -> None:
+        assert self._beat is not None
+        beat = self._beat
         runners_started = self.concurrency > 1
         failures = 0
         while not self.stopping.is_set():
-            self._release_forgotten()
+            self.outcomes.release_forgotten(beat)
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
             claimed: list[Claimed[Any]] = []
             if idle > 0:
@@ -266,6 +255,10 @@ class Worker:
         )
         return found
 
+    def _attempt(self, row: QueuedTask, claim: Any) -> None:
+        assert self._attempts is not None
+        self._attempts.run(row, claim)
+
     def _busy_count(self) -> int:
         with self._busy_lock:
             return self._busy
@@ -276,7 +269,7 @@ class Worker:
                 try:
                     item = self._pending.get(timeout=0.05)
                 except queue.Empty:
-                    self._flush()
+                    self.outcomes.flush()
                     if self.stopping.is_set():
                         return
                     continue
@@ -288,299 +281,16 @@ class Worker:
                 try:
                     self._attempt(*item)
                     if self._pending.empty():
-                        self._flush()
+                        self.outcomes.flush()
                 finally:
                     with self._busy_lock:
                         self._busy -= 1
                     self._wake.set()
         finally:
             try:
-                self._flush()
+                self.outcomes.flush()
             finally:
                 connections.close_all()
-
-    def _attempt(self, row: QueuedTask, claim: Claim) -> None:
-        assert self._beat is not None
-        close_old_connections()
-        try:
-            if not self._still_held(claim):
-                self.stats.lost += 1
-                logger.warning(
-                    "worker %s: lost the claim on task %s before starting it", self.worker_id, row.id
-                )
-                return
-            self._run_task(row, claim)
-        finally:
-            close_old_connections()
-
-    def _still_held(self, claim: Claim) -> bool:
-        assert self._beat is not None
-        return self._beat.holds(claim)
-
-    def _run_task(self, row: QueuedTask, claim: Claim) -> None:
-        workers = row.worker_ids
-        attempt = len(workers)
-        errors = list(row.errors or [])
-        errors += _lost_attempts(row, workers, attempt)
-        try:
-            task = self._tasks.task_of(row)
-        except Exception as unusable:  # an import error or not a Task: no attempt can ever succeed
-            errors.append(_error(unusable, attempt))
-            self._finish(row, claim, TaskResultStatus.FAILED, errors=errors)
-            return
-        if attempt > self.settings.max_attempts:
-            # Attempts up to max_attempts died with their workers; this claim is not an attempt of its own.
-            self._finish(
-                row,
-                claim,
-                TaskResultStatus.FAILED,
-                errors=errors,
-                extra={"worker_log": _log(workers[:-1])},
-                task=task,
-            )
-            return
-        result = results.result_of(row, task)
-        task_started.send(sender=DatabaseBackend, task_result=result)
-        with running.running(claim) as run:
-            try:
-                value = _call(task, result, row)
-                stored = arguments.json_value(value, "the return value")
-            except KeyboardInterrupt:
-                raise
-            except BaseException as failure:  # SystemExit too: a task cannot stop its worker
-                if run.completed:
-                    logger.exception(
-                        "task %s failed after its fenced() block committed: kept SUCCESSFUL", row.id
-                    )
-                    return
-                errors.append(_error(failure, attempt))
-                if attempt < self.settings.max_attempts:
-                    self._retry(row, claim, errors, attempt)
-                else:
-                    self._finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
-                return
-        if run.completed:
-            try:
-                QueuedTask.objects.using(self.alias).filter(
-                    pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
-                ).update(return_value=stored)
-            except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
-                logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
-            self.stats.succeeded += 1
-            self.stats.ids.append(str(row.pk))
-            return
-        self._finish(row, claim, TaskResultStatus.SUCCESSFUL, errors=errors, value=stored, task=task)
-
-    def _retry(self, row: QueuedTask, claim: Claim, errors: list[dict[str, Any]], attempt: int) -> None:
-        wait = self.settings.backoff(attempt)
-        values = {
-            "status": TaskResultStatus.READY,
-            "errors": errors,
-            "ready_at": claims_sql_for(QueuedTask, self.alias).lease_end(wait),
-        }
-        if self._write(release, claim, values, row):
-            self.stats.retried += 1
-            logger.info("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
-
-    def _finish(
-        self,
-        row: QueuedTask,
-        claim: Claim,
-        status: TaskResultStatus,
-        *,
-        errors: list[dict[str, Any]],
-        value: Any = None,
-        extra: dict[str, Any] | None = None,
-        task: Task[..., Any] | None = None,
-    ) -> None:
-        values: dict[str, Any] = {
-            "status": status,
-            "finished_at": self._now,
-            "errors": errors,
-            "return_value": value,
-            **(extra or {}),
-        }
-        if self.batch > 1 and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
-            # Successes with the same values are completed together: one statement (one commit) per batch.
-            done = self._done()
-            key = json.dumps(value, sort_keys=True)
-            if done and done[0][0] != key:
-                self._flush()
-            done.append((key, row, claim, values, task))
-            if len(done) >= self.batch:
-                self._flush()
-            return
-        try:
-            if not self._write(complete, claim, values, row, refusable=value is not None):
-                return
-        except _NotRecorded as refused:
-            self._value_refused(row, claim, refused.failure, errors, task)
-            return
-        self._finished(row, status, errors, value, extra, task)
-
-    def _value_refused(
-        self,
-        row: QueuedTask,
-        claim: Claim,
-        failure: DatabaseError,
-        errors: list[dict[str, Any]],
-        task: Task[..., Any] | None,
-    ) -> None:
-        """The database refused a return value (too large, say): the attempt failed with that error instead."""
-        logger.error("task %s: the database refused its return value: %s", row.id, failure)
-        attempt = len(row.worker_ids)
-        errors = [*errors, _error(failure, attempt)]
-        if attempt < self.settings.max_attempts:
-            self._retry(row, claim, errors, attempt)
-        else:
-            self._finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
-
-    def _done(self) -> list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]]:
-        """This thread's successes not written yet."""
-        done: list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]] | None
-        done = getattr(self._local, "done", None)
-        if done is None:
-            done = self._local.done = []
-        return done
-
-    def _flush(self) -> None:
-        """Complete this thread's buffered successes in one fenced statement (all or none).
-
-        When one of them was taken by another worker meanwhile (``StaleClaim``: nothing was written), each is
-        completed on its own, so only the stale ones are dropped.
-        """
-        done = self._done()
-        if not done:
-            return
-        items = list(done)
-        done.clear()
-        values = items[0][3]
-        claims = [item[2] for item in items]
-        refusable = values["return_value"] is not None  # the same value for all of them
-        try:
-            written = self._write(
-                complete_many, claims, values, items[0][1], quiet_stale=True, refusable=refusable
-            )
-        except StaleClaim:
-            written = False
-        except _NotRecorded as refused:  # their one return value was refused: so it would be one by one
-            for _, row, claim, _values, task in items:
-                self._value_refused(row, claim, refused.failure, [], task)
-            return
-        for _, row, claim, values_of_one, task in items:
-            try:
-                recorded = written or self._write(complete, claim, values_of_one, row, refusable=refusable)
-            except _NotRecorded as refused:
-                self._value_refused(row, claim, refused.failure, [], task)
-                continue
-            if recorded:
-                self._finished(
-                    row, TaskResultStatus.SUCCESSFUL, [], values_of_one["return_value"], None, task
-                )
-
-    def _finished(
-        self,
-        row: QueuedTask,
-        status: TaskResultStatus,
-        errors: list[dict[str, Any]],
-        value: Any,
-        extra: dict[str, Any] | None,
-        task: Task[..., Any] | None,
-    ) -> None:
-        if status == TaskResultStatus.SUCCESSFUL:
-            self.stats.succeeded += 1
-        else:
-            self.stats.failed += 1
-        self.stats.ids.append(str(row.pk))
-        if task is not None and task_finished.receivers:
-            # The row as written (finished_at by this process's clock, within a round trip of the database's).
-            row.status, row.errors, row.return_value = status, errors, value
-            row.finished_at = timezone.now()
-            if extra and "worker_log" in extra:
-                row.worker_log = extra["worker_log"]
-            task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
-
-    def _write(
-        self,
-        end: Any,
-        claim: Any,
-        values: dict[str, Any],
-        row: QueuedTask,
-        *,
-        quiet_stale: bool = False,
-        refusable: bool = False,
-    ) -> bool:
-        """End the claim(s) with ``values`` (fenced); ``False`` when the claim was lost (nothing written).
-
-        Raises:
-            StaleClaim: with ``quiet_stale``, instead of logging it and returning ``False``.
-            _NotRecorded: with ``refusable`` (``values`` carry a return value), when the database refused the
-                values or kept failing for a lease: the caller records the attempt as failed, without them, so
-                the task is not left ``RUNNING`` under claims the heartbeat keeps renewing.
-        """
-        deadline = time.monotonic() + self.lease
-        while True:
-            try:
-                end(claim, set=values)
-                self._remember_ended(claim)
-                return True
-            except StaleClaim as stale:
-                if quiet_stale:
-                    raise
-                self.stats.lost += 1
-                logger.warning(
-                    "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
-                    self.worker_id, row.id, stale,
-                )  # fmt: skip
-                return False
-            except DatabaseError as failure:
-                connections[self.alias].close()
-                refused = isinstance(failure, (DataError, IntegrityError))  # the same values fail again
-                if refusable and (refused or time.monotonic() > deadline):
-                    raise _NotRecorded(failure) from failure
-                if refused or time.monotonic() > deadline:
-                    logger.error("worker %s: could not record task %s: %s", self.worker_id, row.id, failure)
-                    return False
-                time.sleep(0.2)
-
-    def _remember_ended(self, ended: Claim | list[Claim]) -> None:
-        at = time.monotonic()
-        to_python = QueuedTask._meta.pk.to_python
-        with self._ended_lock:
-            for claim in ended if isinstance(ended, list) else [ended]:
-                self._ended[to_python(claim.pk)] = (claim, at)
-
-    def _release_forgotten(self) -> None:
-        """Give back the tasks whose recorded outcome the database lost, so that they run again.
-
-        A failover to an asynchronous standby (or a crash with ``synchronous_commit = off``) can lose a commit
-        the worker saw succeed: the row is back to ``RUNNING`` under this worker's claim, and the heartbeat would
-        renew it for as long as the worker lives. A beat made a full interval after the end settles each claim:
-        renewed, it is released (fenced by its token; the lost attempt stays counted and is recorded as
-        ``WorkerLost`` by the next claim); not renewed, it is forgotten here.
-        """
-        assert self._beat is not None
-        last = self._beat.last_beat
-        if last is None or last == self._settled_by or not self._ended:
-            return  # settled once per beat: a claim is settled by a beat, so the same beat settles nothing new
-        self._settled_by = last
-        held = self._beat.held
-        with self._ended_lock:
-            settled = [pk for pk, (_, at) in self._ended.items() if last - at > self._beat.interval]
-            lost = [self._ended[pk][0] for pk in settled if held.get(pk) == self._ended[pk][0].token]
-            for pk in settled:
-                del self._ended[pk]
-        for claim in lost:
-            logger.warning(
-                "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
-                "the commit); giving it back to run again", self.worker_id, claim.pk,
-            )  # fmt: skip
-            try:
-                release(claim, set={"status": TaskResultStatus.READY})
-            except (StaleClaim, DatabaseError) as failure:
-                logger.warning(
-                    "worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure
-                )
 
     def _give_back(self) -> None:
         """Release the claimed tasks no runner started (SIGTERM): their attempt is not counted."""
@@ -589,20 +299,12 @@ class Worker:
                 row, claim = self._pending.get_nowait()
             except queue.Empty:
                 return
-            values = {"status": TaskResultStatus.READY, "worker_log": _log(row.worker_ids[:-1])}
+            values = {"status": TaskResultStatus.READY, "worker_log": worker_log(row.worker_ids[:-1])}
             try:
                 release(claim, set=values, attempted=False)
                 self.stats.given_back += 1
             except (StaleClaim, DatabaseError) as failure:
                 logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
-
-
-class _NotRecorded(Exception):
-    """A write of an outcome with a return value failed for good (``failure``); nothing was written."""
-
-    def __init__(self, failure: DatabaseError) -> None:
-        super().__init__(str(failure))
-        self.failure = failure
 
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -626,48 +328,6 @@ def _block_stop_signals() -> set[int] | None:
 def _restore_signals(previous: set[int] | None) -> None:
     if previous is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _log(workers: list[str]) -> str:
-    return "".join(name + WORKER_SEPARATOR for name in workers)
-
-
-def _call(task: Task[..., Any], result: Any, row: QueuedTask) -> Any:
-    args, kwargs = row.arguments()
-    if task.takes_context:
-        return task.call(TaskContext(task_result=result), *args, **kwargs)
-    return task.call(*args, **kwargs)
-
-
-def _error(failure: BaseException, attempt: int) -> dict[str, Any]:
-    kind = type(failure)
-    return {
-        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-        # Storable whatever the exception says (NULs, lone surrogates, megabytes): recording it must not fail.
-        "traceback": arguments.storable_text("".join(format_exception(failure))),
-        "attempt": attempt,
-    }
-
-
-def _lost_attempts(row: QueuedTask, workers: list[str], attempt: int) -> list[dict[str, Any]]:
-    """A ``WorkerLost`` error for each earlier attempt that left no outcome (its worker vanished)."""
-    recorded = {e.get("attempt") for e in row.errors or []}
-    lost = []
-    for number in range(1, attempt):
-        if number not in recorded:
-            name = workers[number - 1] if number - 1 < len(workers) else "?"
-            lost.append(
-                {
-                    "exception_class_path": "lockkit.tasks.errors.WorkerLost",
-                    "traceback": (
-                        f"lockkit.tasks.errors.WorkerLost: attempt {number} of task {row.id} by worker {name!r} "
-                        f"ended without a result: the worker stopped renewing its lease (killed, frozen past the "
-                        f"lease, or cut off from the database) and the lease expired\n"
-                    ),
-                    "attempt": number,
-                }
-            )
-    return lost
 
 
 def _positive(value: object, name: str) -> int:

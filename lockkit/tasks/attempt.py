@@ -1,0 +1,131 @@
+"""Running one attempt of a claimed task: check the claim, import the task, call it, and hand over its outcome.
+
+An attempt is counted when its task is claimed (its worker is appended to ``worker_ids``); the attempts before it
+that left no outcome (their worker vanished) are recorded here as ``WorkerLost``. See docs/tasks.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections
+from django.tasks.base import Task, TaskContext, TaskResultStatus
+from django.tasks.signals import task_started
+
+from lockkit.claims import Claim, heartbeat_every
+from lockkit.tasks import arguments, results, running
+from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.models import QueuedTask
+from lockkit.tasks.outcomes import Outcomes, error_entry, worker_log
+
+logger = logging.getLogger("lockkit.tasks.worker")
+
+
+class Attempts:
+    """Runs attempts of one worker's claimed tasks (on any of its threads) and hands their outcomes to ``outcomes``.
+
+    Args:
+        outcomes: Where outcomes are recorded (and counted).
+        beat: The worker's heartbeat, asked whether a claim is still held before its task starts.
+    """
+
+    def __init__(self, outcomes: Outcomes, beat: heartbeat_every) -> None:
+        """Prepare (no SQL)."""
+        self.outcomes = outcomes
+        self.beat = beat
+        self.settings = outcomes.settings
+        self._tasks = results.TaskCache()
+
+    def run(self, row: QueuedTask, claim: Claim) -> None:
+        """Run one attempt of ``row``'s task under ``claim``, unless the claim was lost meanwhile."""
+        close_old_connections()
+        try:
+            if not self.beat.holds(claim):
+                self.outcomes.stats.lost += 1
+                logger.warning(
+                    "worker %s: lost the claim on task %s before starting it", self.outcomes.worker_id, row.id
+                )
+                return
+            self._run_task(row, claim)
+        finally:
+            close_old_connections()
+
+    def _run_task(self, row: QueuedTask, claim: Claim) -> None:
+        workers = row.worker_ids
+        attempt = len(workers)
+        errors = list(row.errors or [])
+        errors += _lost_attempts(row, workers, attempt)
+        try:
+            task = self._tasks.task_of(row)
+        except Exception as unusable:  # an import error or not a Task: no attempt can ever succeed
+            errors.append(error_entry(unusable, attempt))
+            self.outcomes.finish(row, claim, TaskResultStatus.FAILED, errors=errors)
+            return
+        if attempt > self.settings.max_attempts:
+            # Attempts up to max_attempts died with their workers; this claim is not an attempt of its own.
+            self.outcomes.finish(
+                row,
+                claim,
+                TaskResultStatus.FAILED,
+                errors=errors,
+                extra={"worker_log": worker_log(workers[:-1])},
+                task=task,
+            )
+            return
+        result = results.result_of(row, task)
+        task_started.send(sender=DatabaseBackend, task_result=result)
+        with running.running(claim) as run:
+            try:
+                value = _call(task, result, row)
+                stored = arguments.json_value(value, "the return value")
+            except KeyboardInterrupt:
+                raise
+            except BaseException as failure:  # SystemExit too: a task cannot stop its worker
+                if run.completed:
+                    logger.exception(
+                        "task %s failed after its fenced() block committed: kept SUCCESSFUL", row.id
+                    )
+                    return
+                self.outcomes.fail(row, claim, [*errors, error_entry(failure, attempt)], attempt, task)
+                return
+        if run.completed:
+            try:
+                QueuedTask.objects.using(self.outcomes.alias).filter(
+                    pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
+                ).update(return_value=stored)
+            except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
+                logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
+            self.outcomes.stats.succeeded += 1
+            self.outcomes.stats.ids.append(str(row.pk))
+            return
+        self.outcomes.finish(row, claim, TaskResultStatus.SUCCESSFUL, errors=errors, value=stored, task=task)
+
+
+def _call(task: Task[..., Any], result: Any, row: QueuedTask) -> Any:
+    """Call ``task`` with ``row``'s arguments (and a context, if it takes one)."""
+    args, kwargs = row.arguments()
+    if task.takes_context:
+        return task.call(TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+def _lost_attempts(row: QueuedTask, workers: list[str], attempt: int) -> list[dict[str, Any]]:
+    """A ``WorkerLost`` error for each earlier attempt that left no outcome (its worker vanished)."""
+    recorded = {e.get("attempt") for e in row.errors or []}
+    lost = []
+    for number in range(1, attempt):
+        if number not in recorded:
+            name = workers[number - 1] if number - 1 < len(workers) else "?"
+            lost.append(
+                {
+                    "exception_class_path": "lockkit.tasks.errors.WorkerLost",
+                    "traceback": (
+                        f"lockkit.tasks.errors.WorkerLost: attempt {number} of task {row.id} by worker {name!r} "
+                        f"ended without a result: the worker stopped renewing its lease (killed, frozen past the "
+                        f"lease, or cut off from the database) and the lease expired\n"
+                    ),
+                    "attempt": number,
+                }
+            )
+    return lost

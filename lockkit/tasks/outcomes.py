@@ -1,0 +1,319 @@
+"""Recording an attempt's outcome: every write fenced by the claim's token, successes completed in batches.
+
+A success, a failure, a retry (``READY`` again, ``ready_at`` after the backoff) or a return value the database
+refused; each ends the claim with ``lockkit.claims.complete``/``release`` (``complete_many`` for a batch of
+successes with the same value). A recorded outcome the database later lost (a failover) is noticed by the heartbeat
+and its task given back (``release_forgotten``). See docs/tasks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from traceback import format_exception
+from typing import Any
+
+from django.db import DatabaseError, DataError, IntegrityError, connections
+from django.tasks.base import Task, TaskResultStatus
+from django.tasks.signals import task_finished
+from django.utils import timezone
+
+from lockkit.claims import Claim, complete, complete_many, heartbeat_every, release
+from lockkit.claims.sql import claims_sql_for
+from lockkit.errors import StaleClaim
+from lockkit.tasks import arguments, results
+from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
+from lockkit.tasks.options import TaskOptions
+
+logger = logging.getLogger("lockkit.tasks.worker")
+
+
+@dataclass
+class Stats:
+    """What a worker did: tasks finished by outcome."""
+
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    lost: int = 0
+    given_back: int = 0
+    ids: list[str] = field(default_factory=list, repr=False)
+
+
+class Outcomes:
+    """Writes the outcomes of one worker's attempts (any of its threads), fenced by each claim's token.
+
+    Args:
+        worker_id: The worker's name (for the logs).
+        alias: The database alias of the task rows.
+        settings: The backend's checked options (``max_attempts``, ``backoff``).
+        lease: The claims' lease in seconds: how long a failing write of an outcome is retried.
+        batch: Successes completed together (one statement) at most.
+        stats: Counted into.
+    """
+
+    def __init__(
+        self, *, worker_id: str, alias: str, settings: TaskOptions, lease: float, batch: int, stats: Stats
+    ) -> None:
+        """Prepare (no SQL)."""
+        self.worker_id = worker_id
+        self.alias = alias
+        self.settings = settings
+        self.lease = lease
+        self.batch = batch
+        self.stats = stats
+        self._now = claims_sql_for(QueuedTask, alias).now()
+        self._local = threading.local()
+        # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
+        self._ended: dict[Any, tuple[Claim, float]] = {}
+        self._ended_lock = threading.Lock()
+        self._settled_by: float | None = None  # the beat the ended claims were last settled by
+
+    def fail(
+        self,
+        row: QueuedTask,
+        claim: Claim,
+        errors: list[dict[str, Any]],
+        attempt: int,
+        task: Task[..., Any] | None = None,
+    ) -> None:
+        """The attempt failed with ``errors`` (its own last): retried (``READY`` after the backoff) or ``FAILED``."""
+        if attempt < self.settings.max_attempts:
+            self._retry(row, claim, errors, attempt)
+        else:
+            self.finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
+
+    def _retry(self, row: QueuedTask, claim: Claim, errors: list[dict[str, Any]], attempt: int) -> None:
+        wait = self.settings.backoff(attempt)
+        values = {
+            "status": TaskResultStatus.READY,
+            "errors": errors,
+            "ready_at": claims_sql_for(QueuedTask, self.alias).lease_end(wait),
+        }
+        if self._write(release, claim, values, row):
+            self.stats.retried += 1
+            logger.info("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
+
+    def finish(
+        self,
+        row: QueuedTask,
+        claim: Claim,
+        status: TaskResultStatus,
+        *,
+        errors: list[dict[str, Any]],
+        value: Any = None,
+        extra: dict[str, Any] | None = None,
+        task: Task[..., Any] | None = None,
+    ) -> None:
+        """End the attempt as ``status`` (fenced); a batchable success may be written later, by ``flush()``."""
+        values: dict[str, Any] = {
+            "status": status,
+            "finished_at": self._now,
+            "errors": errors,
+            "return_value": value,
+            **(extra or {}),
+        }
+        if self.batch > 1 and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
+            # Successes with the same values are completed together: one statement (one commit) per batch.
+            done = self._done()
+            key = json.dumps(value, sort_keys=True)
+            if done and done[0][0] != key:
+                self.flush()
+            done.append((key, row, claim, values, task))
+            if len(done) >= self.batch:
+                self.flush()
+            return
+        try:
+            if not self._write(complete, claim, values, row, refusable=value is not None):
+                return
+        except _NotRecorded as refused:
+            self._value_refused(row, claim, refused.failure, errors, task)
+            return
+        self._finished(row, status, errors, value, extra, task)
+
+    def _value_refused(
+        self,
+        row: QueuedTask,
+        claim: Claim,
+        failure: DatabaseError,
+        errors: list[dict[str, Any]],
+        task: Task[..., Any] | None,
+    ) -> None:
+        """The database refused a return value (too large, say): the attempt failed with that error instead."""
+        logger.error("task %s: the database refused its return value: %s", row.id, failure)
+        attempt = len(row.worker_ids)
+        self.fail(row, claim, [*errors, error_entry(failure, attempt)], attempt, task)
+
+    def _done(self) -> list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]]:
+        """This thread's successes not written yet."""
+        done: list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]] | None
+        done = getattr(self._local, "done", None)
+        if done is None:
+            done = self._local.done = []
+        return done
+
+    def flush(self) -> None:
+        """Complete this thread's buffered successes in one fenced statement (all or none).
+
+        When one of them was taken by another worker meanwhile (``StaleClaim``: nothing was written), each is
+        completed on its own, so only the stale ones are dropped.
+        """
+        done = self._done()
+        if not done:
+            return
+        items = list(done)
+        done.clear()
+        values = items[0][3]
+        claims = [item[2] for item in items]
+        refusable = values["return_value"] is not None  # the same value for all of them
+        try:
+            written = self._write(
+                complete_many, claims, values, items[0][1], quiet_stale=True, refusable=refusable
+            )
+        except StaleClaim:
+            written = False
+        except _NotRecorded as refused:  # their one return value was refused: so it would be one by one
+            for _, row, claim, _values, task in items:
+                self._value_refused(row, claim, refused.failure, [], task)
+            return
+        for _, row, claim, values_of_one, task in items:
+            try:
+                recorded = written or self._write(complete, claim, values_of_one, row, refusable=refusable)
+            except _NotRecorded as refused:
+                self._value_refused(row, claim, refused.failure, [], task)
+                continue
+            if recorded:
+                self._finished(
+                    row, TaskResultStatus.SUCCESSFUL, [], values_of_one["return_value"], None, task
+                )
+
+    def _finished(
+        self,
+        row: QueuedTask,
+        status: TaskResultStatus,
+        errors: list[dict[str, Any]],
+        value: Any,
+        extra: dict[str, Any] | None,
+        task: Task[..., Any] | None,
+    ) -> None:
+        if status == TaskResultStatus.SUCCESSFUL:
+            self.stats.succeeded += 1
+        else:
+            self.stats.failed += 1
+        self.stats.ids.append(str(row.pk))
+        if task is not None and task_finished.receivers:
+            # The row as written (finished_at by this process's clock, within a round trip of the database's).
+            row.status, row.errors, row.return_value = status, errors, value
+            row.finished_at = timezone.now()
+            if extra and "worker_log" in extra:
+                row.worker_log = extra["worker_log"]
+            task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
+
+    def _write(
+        self,
+        end: Any,
+        claim: Any,
+        values: dict[str, Any],
+        row: QueuedTask,
+        *,
+        quiet_stale: bool = False,
+        refusable: bool = False,
+    ) -> bool:
+        """End the claim(s) with ``values`` (fenced); ``False`` when the claim was lost (nothing written).
+
+        Raises:
+            StaleClaim: with ``quiet_stale``, instead of logging it and returning ``False``.
+            _NotRecorded: with ``refusable`` (``values`` carry a return value), when the database refused the
+                values or kept failing for a lease: the caller records the attempt as failed, without them, so
+                the task is not left ``RUNNING`` under claims the heartbeat keeps renewing.
+        """
+        deadline = time.monotonic() + self.lease
+        while True:
+            try:
+                end(claim, set=values)
+                self._remember_ended(claim)
+                return True
+            except StaleClaim as stale:
+                if quiet_stale:
+                    raise
+                self.stats.lost += 1
+                logger.warning(
+                    "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
+                    self.worker_id, row.id, stale,
+                )  # fmt: skip
+                return False
+            except DatabaseError as failure:
+                connections[self.alias].close()
+                refused = isinstance(failure, (DataError, IntegrityError))  # the same values fail again
+                if refusable and (refused or time.monotonic() > deadline):
+                    raise _NotRecorded(failure) from failure
+                if refused or time.monotonic() > deadline:
+                    logger.error("worker %s: could not record task %s: %s", self.worker_id, row.id, failure)
+                    return False
+                time.sleep(0.2)
+
+    def _remember_ended(self, ended: Claim | list[Claim]) -> None:
+        at = time.monotonic()
+        to_python = QueuedTask._meta.pk.to_python
+        with self._ended_lock:
+            for claim in ended if isinstance(ended, list) else [ended]:
+                self._ended[to_python(claim.pk)] = (claim, at)
+
+    def release_forgotten(self, beat: heartbeat_every) -> None:
+        """Give back the tasks whose recorded outcome the database lost, so that they run again.
+
+        A failover to an asynchronous standby (or a crash with ``synchronous_commit = off``) can lose a commit
+        the worker saw succeed: the row is back to ``RUNNING`` under this worker's claim, and the heartbeat would
+        renew it for as long as the worker lives. A beat made a full interval after the end settles each claim:
+        renewed, it is released (fenced by its token; the lost attempt stays counted and is recorded as
+        ``WorkerLost`` by the next claim); not renewed, it is forgotten here.
+        """
+        last = beat.last_beat
+        if last is None or last == self._settled_by or not self._ended:
+            return  # settled once per beat: a claim is settled by a beat, so the same beat settles nothing new
+        self._settled_by = last
+        held = beat.held
+        with self._ended_lock:
+            settled = [pk for pk, (_, at) in self._ended.items() if last - at > beat.interval]
+            lost = [self._ended[pk][0] for pk in settled if held.get(pk) == self._ended[pk][0].token]
+            for pk in settled:
+                del self._ended[pk]
+        for claim in lost:
+            logger.warning(
+                "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
+                "the commit); giving it back to run again", self.worker_id, claim.pk,
+            )  # fmt: skip
+            try:
+                release(claim, set={"status": TaskResultStatus.READY})
+            except (StaleClaim, DatabaseError) as failure:
+                logger.warning(
+                    "worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure
+                )
+
+
+class _NotRecorded(Exception):
+    """A write of an outcome with a return value failed for good (``failure``); nothing was written."""
+
+    def __init__(self, failure: DatabaseError) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def worker_log(workers: list[str]) -> str:
+    """The ``worker_log`` column's text for ``workers`` (one name per line)."""
+    return "".join(name + WORKER_SEPARATOR for name in workers)
+
+
+def error_entry(failure: BaseException, attempt: int) -> dict[str, Any]:
+    """One item of a task's ``errors``: ``failure`` ended attempt number ``attempt``."""
+    kind = type(failure)
+    return {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        # Storable whatever the exception says (NULs, lone surrogates, megabytes): recording it must not fail.
+        "traceback": arguments.storable_text("".join(format_exception(failure))),
+        "attempt": attempt,
+    }
