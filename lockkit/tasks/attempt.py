@@ -54,8 +54,11 @@ class Attempts:
     def _run_task(self, row: QueuedTask, claim: Claim) -> None:
         workers = row.worker_ids
         attempt = len(workers)
-        errors = list(row.errors or [])
-        errors += _lost_attempts(row, workers, attempt)
+        try:
+            errors = _earlier_errors(row, workers, attempt)
+        except TypeError as unreadable:  # the row's errors is not a list of errors
+            self.outcomes.fail(row, claim, [error_entry(unreadable, attempt)], attempt)
+            return
         try:
             task = self._tasks.task_of(row)
         except Exception as unusable:  # an import error or not a Task: no attempt can ever succeed
@@ -73,15 +76,15 @@ class Attempts:
                 task=task,
             )
             return
-        result = results.result_of(row, task)
-        task_started.send(sender=DatabaseBackend, task_result=result)
         with running.running(claim) as run:
             try:
+                result = results.result_of(row, task)
+                task_started.send(sender=DatabaseBackend, task_result=result)
                 value = _call(task, result, row)
                 stored = arguments.json_value(value, "the return value")
-            except KeyboardInterrupt:
-                raise
-            except BaseException as failure:  # SystemExit too: a task cannot stop its worker
+            except BaseException as failure:
+                # KeyboardInterrupt and SystemExit too: the worker's own SIGINT/SIGTERM handler only sets a flag
+                # (stopping.py), so one that reaches here was raised by the task (or a receiver): its error.
                 if run.completed:
                     logger.exception(
                         "task %s failed after its fenced() block committed: kept SUCCESSFUL", row.id
@@ -110,12 +113,29 @@ def _call(task: Task[..., Any], result: Any, row: QueuedTask) -> Any:
     return task.call(*args, **kwargs)
 
 
-def _lost_attempts(row: QueuedTask, workers: list[str], attempt: int) -> list[dict[str, Any]]:
+def _earlier_errors(row: QueuedTask, workers: list[str], attempt: int) -> list[dict[str, Any]]:
+    """The row's recorded errors, then a ``WorkerLost`` one for each earlier attempt that left no outcome.
+
+    Raises:
+        TypeError: the row's ``errors`` is not a list of objects (edited by hand, say); the attempt fails with
+            this error, which replaces them.
+    """
+    recorded = row.errors or []
+    if not isinstance(recorded, list) or not all(isinstance(e, dict) for e in recorded):
+        raise TypeError(
+            f"task {row.id}: its errors must be a list of objects, got {arguments.storable_text(repr(recorded), 1000)}"
+        )
+    return [*recorded, *_lost_attempts(row, recorded, workers, attempt)]
+
+
+def _lost_attempts(
+    row: QueuedTask, recorded: list[dict[str, Any]], workers: list[str], attempt: int
+) -> list[dict[str, Any]]:
     """A ``WorkerLost`` error for each earlier attempt that left no outcome (its worker vanished)."""
-    recorded = {e.get("attempt") for e in row.errors or []}
+    numbers = {e.get("attempt") for e in recorded}
     lost = []
     for number in range(1, attempt):
-        if number not in recorded:
+        if number not in numbers:
             name = workers[number - 1] if number - 1 < len(workers) else "?"
             lost.append(
                 {

@@ -59,6 +59,9 @@ class Wakeup:
                 raw = wrapper.connection
                 raw.execute(f"LISTEN {CHANNEL}")
                 self.listening.set()
+                # A NOTIFY sent while no session listened reached nobody (the connection was lost, or not yet
+                # open): the worker looks for ready tasks once now, rather than after a whole poll_interval.
+                self.wake.set()
                 while not self._stop.is_set():
                     try:
                         notes = raw.notifies(timeout=_WAIT, stop_after=1)

@@ -211,7 +211,10 @@ class Outcomes:
             row.finished_at = timezone.now()
             if extra and "worker_log" in extra:
                 row.worker_log = extra["worker_log"]
-            task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
+            try:
+                task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
+            except Exception:  # the outcome is recorded: a receiver's error changes nothing (else it escapes)
+                logger.exception("task %s: a task_finished receiver failed", row.id)
 
     def _write(
         self,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import threading
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
 from lockkit.tasks.outcomes import Outcomes, Stats, worker_log
+from lockkit.tasks.stopping import block_stop_signals, restore_signals, stop_on_signals
 from lockkit.validation import duration
 
 __all__ = ["WORKER_ID_MAX_LENGTH", "Stats", "Worker", "default_worker_id"]
@@ -116,6 +116,8 @@ class Worker:
         )
         self._beat: heartbeat_every | None = None
         self._attempts: Attempts | None = None
+        #: What stopped a runner that could not go on (``run()`` raises it), else ``None``.
+        self.failure: BaseException | None = None
         now = claims_sql_for(QueuedTask, self.alias).now()
         # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
         # only its expired claim is taken (counting the attempt); a retry is READY with ready_at ahead.
@@ -134,15 +136,24 @@ class Worker:
         self._order = [F("priority").desc(), F("enqueued_at").asc()]
 
     def stop(self) -> None:
-        """Finish the running tasks, give back the claimed ones not started, and return from ``run()``."""
+        """Finish the running tasks, give back the claimed ones not started (at once), and return from ``run()``."""
         self.stopping.set()
         self._wake.set()
 
     def run(self) -> Stats:
-        """Work until stopped (``stop()``, ``SIGTERM``) or, with ``burst``, until no task is ready.
+        """Work until stopped (``stop()``, ``SIGTERM``/``SIGINT``) or, with ``burst``, until no task is ready.
+
+        On the main thread, ``SIGTERM`` and ``SIGINT`` call ``stop()`` while it runs (a second one exits the
+        process with status 1).
 
         Returns:
             What was done.
+
+        Raises:
+            BaseException: what stopped a runner thread that could not go on (anything its attempt did not
+                record: a ``task_finished`` receiver's ``SystemExit``, say), once the other tasks finished and the
+                claims were given back.
+            django.db.DatabaseError: the first heartbeat failed (nothing was claimed).
         """
         # One task at a time runs on the main thread: no hand-off between threads (each costs up to the GIL's
         # switch interval, 5 ms); signal handlers still run between the task's bytecodes and only set a flag.
@@ -150,6 +161,9 @@ class Worker:
             threading.Thread(target=self._runner, name=f"lockkit-tasks-runner-{n}", daemon=True)
             for n in range(self.concurrency if self.concurrency > 1 else 0)
         ]
+        # On stop(), the claimed tasks not started go back at once, not when the running ones end: a SIGKILL
+        # after a grace period charges them nothing.
+        giver = threading.Thread(target=self._give_back_on_stop, name="lockkit-tasks-give-back", daemon=True)
         logger.info(
             "worker %s: queues %s of backend %r on database %r (concurrency %d, batch %d, lease %gs)",
             self.worker_id, ", ".join(self.queues), self.backend.alias, self.alias, self.concurrency,
@@ -160,38 +174,42 @@ class Worker:
             Wakeup(self.alias, self.queues, self._wake) if self.settings.notify and not self.burst else None
         )
         mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
-        # The worker's threads start with SIGTERM/SIGINT blocked (a thread inherits its creator's mask), so the
-        # kernel delivers them to the main thread: its blocking calls (a task's sleep, a query) are interrupted
-        # and the handler runs at once, rather than when the main thread next runs Python code.
-        masked = _block_stop_signals()
-        try:
-            # Beats every third of the lease (the default interval).
-            beat = heartbeat_every(mine, worker=self.worker_id, lease=self.lease).__enter__()
-            self._beat = beat
-            self._attempts = Attempts(self.outcomes, beat)
-            for runner in runners:
-                runner.start()
-            if wakeup is not None:
-                wakeup.start()
-        except BaseException:
-            _restore_signals(masked)
-            if self._beat is not None:
-                _stop_beating(self._beat)
-            raise
-        _restore_signals(masked)
-        try:
-            self._loop()
-        finally:
-            self.stopping.set()
-            for runner in runners:
-                runner.join(timeout=None)
+        with stop_on_signals(self.worker_id, self.stop, self.stopping):
+            masked = block_stop_signals()
             try:
-                self._give_back()
-            finally:
+                # Beats every third of the lease (the default interval).
+                beat = heartbeat_every(mine, worker=self.worker_id, lease=self.lease).__enter__()
+                self._beat = beat
+                self._attempts = Attempts(self.outcomes, beat)
+                for thread in [*runners, giver]:
+                    thread.start()
                 if wakeup is not None:
-                    wakeup.stop()
-                _stop_beating(beat)
-                connections.close_all()
+                    wakeup.start()
+            except BaseException:
+                restore_signals(masked)
+                self.stopping.set()
+                if self._beat is not None:
+                    _stop_beating(self._beat)
+                raise
+            restore_signals(masked)
+            try:
+                self._loop()
+            finally:
+                self.stopping.set()
+                for thread in [*runners, giver]:
+                    thread.join(timeout=None)
+                try:
+                    self._give_back()
+                finally:
+                    if wakeup is not None:
+                        wakeup.stop()
+                    _stop_beating(beat)
+                    connections.close_all()
+        if self.failure is not None:
+            logger.error(
+                "worker %s: stopped by a runner that could not go on (%s)", self.worker_id, self.stats
+            )
+            raise self.failure
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
 
@@ -203,15 +221,14 @@ class Worker:
                     item = self._pending.get_nowait()
                 except queue.Empty:
                     return
-                with self._busy_lock:
-                    self._busy += 1
-                try:
-                    self._attempt(*item)
-                finally:
-                    with self._busy_lock:
-                        self._busy -= 1
+                self._run_one(item)
+        except BaseException as failure:
+            self._cannot_go_on(failure)
         finally:
-            self.outcomes.flush()
+            try:
+                self.outcomes.flush()
+            except BaseException as failure:
+                self._cannot_go_on(failure)
 
     def _loop(self) -> None:
         assert self._beat is not None
@@ -255,13 +272,38 @@ class Worker:
         )
         return found
 
-    def _attempt(self, row: QueuedTask, claim: Any) -> None:
-        assert self._attempts is not None
-        self._attempts.run(row, claim)
-
     def _busy_count(self) -> int:
         with self._busy_lock:
             return self._busy
+
+    def _run_one(self, item: Claimed[Any]) -> None:
+        """Run one claimed task; what escapes its attempt is raised once the claim went back (fenced)."""
+        assert self._attempts is not None
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            self._attempts.run(*item)
+        except BaseException:
+            self._release(item, attempted=True)  # left alone if its outcome was recorded
+            raise
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+            self._wake.set()
+
+    def _cannot_go_on(self, failure: BaseException) -> None:
+        """A runner (or the main thread) cannot go on: stop the worker; ``run()`` raises ``failure`` at the end.
+
+        An attempt records whatever its task, its receivers or its row raise; what still escapes (a
+        ``task_finished`` receiver's ``SystemExit``, a failure of the worker itself) ends the thread, never
+        silently: the other tasks finish, the claims not started go back, and the worker exits non-zero.
+        """
+        logger.critical(
+            "worker %s: a runner cannot go on; stopping the worker", self.worker_id, exc_info=failure
+        )
+        if self.failure is None:
+            self.failure = failure
+        self.stop()
 
     def _runner(self) -> None:
         try:
@@ -274,40 +316,56 @@ class Worker:
                         return
                     continue
                 if self.stopping.is_set():
-                    self._pending.put(item)  # given back by the main thread
+                    self._release(item, attempted=False)
                     return
-                with self._busy_lock:
-                    self._busy += 1
-                try:
-                    self._attempt(*item)
-                    if self._pending.empty():
-                        self.outcomes.flush()
-                finally:
-                    with self._busy_lock:
-                        self._busy -= 1
-                    self._wake.set()
+                self._run_one(item)
+                if self._pending.empty():
+                    self.outcomes.flush()
+        except BaseException as failure:
+            self._cannot_go_on(failure)
         finally:
             try:
                 self.outcomes.flush()
+            except BaseException as failure:
+                self._cannot_go_on(failure)
             finally:
                 connections.close_all()
 
+    def _give_back_on_stop(self) -> None:
+        """Wait for ``stop()`` (or the end of ``run()``), then give back the claimed tasks not started."""
+        try:
+            self.stopping.wait()
+            self._give_back()
+        finally:
+            connections.close_all()
+
     def _give_back(self) -> None:
-        """Release the claimed tasks no runner started (SIGTERM): their attempt is not counted."""
+        """Release the claimed tasks no runner started (``stop()``): their attempt is not counted."""
         while True:
             try:
-                row, claim = self._pending.get_nowait()
+                item = self._pending.get_nowait()
             except queue.Empty:
                 return
-            values = {"status": TaskResultStatus.READY, "worker_log": worker_log(row.worker_ids[:-1])}
-            try:
-                release(claim, set=values, attempted=False)
-                self.stats.given_back += 1
-            except (StaleClaim, DatabaseError) as failure:
-                logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
+            self._release(item, attempted=False)
 
+    def _release(self, item: Claimed[Any], *, attempted: bool) -> None:
+        """Give ``item``'s task back (``READY``), fenced by its token; not ``attempted``: the attempt is uncounted.
 
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+        A claim already ended (its outcome recorded) or taken by another worker is left alone.
+        """
+        row, claim = item
+        values: dict[str, Any] = {"status": TaskResultStatus.READY}
+        if not attempted:
+            values["worker_log"] = worker_log(row.worker_ids[:-1])
+        try:
+            release(claim, set=values, attempted=attempted)
+        except StaleClaim:
+            return
+        except DatabaseError as failure:
+            logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
+            return
+        if not attempted:
+            self.stats.given_back += 1
 
 
 def _stop_beating(beat: heartbeat_every) -> None:
@@ -316,18 +374,6 @@ def _stop_beating(beat: heartbeat_every) -> None:
         beat.__exit__(None, None, None)
     except DatabaseError as failure:
         logger.warning("the last heartbeat failed: %s", failure)
-
-
-def _block_stop_signals() -> set[int] | None:
-    """Block SIGTERM/SIGINT on this thread if it is the main thread (POSIX); the previous mask, else ``None``."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        return None
-    return {int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)}
-
-
-def _restore_signals(previous: set[int] | None) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _positive(value: object, name: str) -> int:

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.dispatch import receiver
 from django.tasks import TaskContext, task
+from django.tasks.signals import task_finished, task_started
 
 from lockkit.tasks import current_claim, fenced
 from lockkit_tests.models import Owner
@@ -137,3 +139,30 @@ UNSTORABLE_MESSAGES = {"nul": "a \x00 NUL", "surrogate": "a \ud800 surrogate", "
 @task()
 def raise_unstorable_message(kind: str) -> None:
     raise RuntimeError(UNSTORABLE_MESSAGES[kind])
+
+
+@task()
+def interrupt_task() -> None:
+    raise KeyboardInterrupt  # the task's own: an ordinary failure, never its worker's end
+
+
+@task()
+def bomb_on_started() -> str:
+    return "never reached: a task_started receiver raises first"
+
+
+@task()
+def bomb_on_finished() -> str:
+    return "done, then a task_finished receiver asks the process to exit"
+
+
+@receiver(task_started)
+def _raise_on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    if task_result.task.module_path == bomb_on_started.module_path:
+        raise RuntimeError("a task_started receiver failed")
+
+
+@receiver(task_finished)
+def _exit_on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    if task_result.task.module_path == bomb_on_finished.module_path:
+        raise SystemExit(0)  # escapes the attempt: its runner cannot go on

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -131,26 +128,15 @@ class Command(BaseCommand):
             )
         except (TypeError, ValueError) as error:
             raise CommandError(str(error)) from error
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def on_signal(number: int, frame: FrameType | None) -> None:
-            if worker.stopping.is_set():
-                logger.warning("worker %s: second signal %d: stopping at once", worker.worker_id, number)
-                os._exit(1)
-            logger.info(
-                "worker %s: signal %d: finishing running tasks, giving back the others",
-                worker.worker_id,
-                number,
-            )
-            worker.stop()
-
-        for sig in previous:
-            signal.signal(sig, on_signal)
         try:
-            stats = worker.run()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()
+        except BaseException as failure:
+            if worker.failure is not failure:
+                raise
+            raise CommandError(
+                f"worker {worker.worker_id} stopped: a runner could not go on after {failure!r} (its claims were "
+                f"given back)"
+            ) from failure
         if options["verbosity"] >= 1:
             self.stdout.write(
                 f"worker {worker.worker_id}: {stats.succeeded} succeeded, {stats.failed} failed, "

@@ -1,0 +1,66 @@
+"""The worker's own handling of ``SIGTERM``/``SIGINT``: the first asks it to stop, a second ends the process.
+
+The handler only sets a flag (``Worker.stop()``): it never raises into the code it interrupts. So a
+``KeyboardInterrupt`` or ``SystemExit`` that reaches a running attempt was raised by the task itself, and is
+recorded as the task's error. See docs/tasks.md, "Stopping a worker".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+logger = logging.getLogger("lockkit.tasks.worker")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def stop_on_signals(worker_id: str, stop: Callable[[], None], stopping: threading.Event) -> Iterator[None]:
+    """For the block, ``SIGTERM``/``SIGINT`` call ``stop()``; a second one exits the process at once (status 1).
+
+    Installed only on the main thread (elsewhere Python cannot install handlers, and the signals go to the main
+    thread anyway); the previous handlers are restored on exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        if stopping.is_set():
+            logger.warning("worker %s: second signal %d: stopping at once", worker_id, number)
+            os._exit(1)
+        logger.info(
+            "worker %s: signal %d: finishing running tasks, giving back the others", worker_id, number
+        )
+        stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def block_stop_signals() -> set[int] | None:
+    """Block SIGTERM/SIGINT on this thread if it is the main thread (POSIX); the previous mask, else ``None``.
+
+    A thread inherits its creator's mask: threads started meanwhile never receive them, so the kernel delivers
+    them to the main thread, whose blocking calls (a task's sleep, a query) are interrupted and whose handler runs
+    at once, rather than when the main thread next runs Python code.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return {int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)}
+
+
+def restore_signals(previous: set[int] | None) -> None:
+    """Restore the mask ``block_stop_signals()`` returned."""
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -1,0 +1,109 @@
+"""Nothing a task does stops its worker: exceptions from the task, its receivers or its row end that attempt only.
+
+Real ``manage.py lockkit_worker`` processes on PostgreSQL and MariaDB; each test asserts the worker's exit code and
+that the tasks after the bad one still run (the next call works).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from lockkit.tasks.models import QueuedTask
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import APPS, backend_on, status_of, vendor_aliases, wait_for, worker_process
+
+POSTGRESQL, MARIADB, _SQLITE = vendor_aliases(apps=APPS)
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_task_raising_keyboard_interrupt_fails_like_any_other(alias: str, concurrency: str) -> None:
+    """KeyboardInterrupt raised by the task is its error: retried per max_attempts, then FAILED; the worker lives."""
+    opts = {"lease": 5, "max_attempts": 2}
+    with backend_on(alias, **opts):
+        interrupting = jobs.interrupt_task.enqueue()
+        after = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+        args = ("--concurrency", concurrency, "--worker-id", "steady")
+        with worker_process(alias, *args, options=opts) as worker:
+            wait_for(lambda: status_of(interrupting) == TaskResultStatus.FAILED, what="the task to fail")
+            wait_for(lambda: all(status_of(r) == TaskResultStatus.SUCCESSFUL for r in after), what="the rest")
+            assert worker.process.poll() is None  # still working
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        assert [e.exception_class_path for e in interrupting.errors] == ["builtins.KeyboardInterrupt"] * 2
+        assert [e["attempt"] for e in QueuedTask.objects.using(alias).get(pk=interrupting.id).errors] == [
+            1,
+            2,
+        ]
+        assert interrupting.worker_ids == ["steady", "steady"]
+        assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_task_started_receiver_that_raises_fails_the_attempt(alias: str) -> None:
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        bombed = jobs.bomb_on_started.enqueue()
+        after = jobs.calculate_meaning_of_life.enqueue()
+        with worker_process(alias, "--burst", "--worker-id", "receiver", options=opts) as worker:
+            code, output = worker.wait()
+        assert code == 0, output
+        bombed.refresh()
+        assert bombed.status == TaskResultStatus.FAILED
+        [error] = bombed.errors
+        assert error.exception_class_path == "builtins.RuntimeError"
+        assert "a task_started receiver failed" in error.traceback
+        assert status_of(after) == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_row_whose_errors_is_not_a_list_fails_the_attempt(alias: str) -> None:
+    opts = {"lease": 5, "max_attempts": 2}
+    with backend_on(alias, **opts):
+        broken = jobs.calculate_meaning_of_life.enqueue()
+        QueuedTask.objects.using(alias).filter(pk=broken.id).update(errors={"not": "a list"})
+        after = jobs.calculate_meaning_of_life.enqueue()
+        with worker_process(alias, "--worker-id", "reader", options=opts) as worker:
+            wait_for(lambda: status_of(after) == TaskResultStatus.SUCCESSFUL, what="the next task")
+            # The broken row's first attempt failed on reading it; its retry reads the list it left and runs.
+            wait_for(lambda: status_of(broken) == TaskResultStatus.SUCCESSFUL, what="the retry")
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        [error] = broken.errors
+        assert error.exception_class_path == "builtins.TypeError"
+        assert "errors" in error.traceback
+        assert "'not': 'a list'" in error.traceback
+        assert broken.return_value == 42
+        assert broken.worker_ids == ["reader", "reader"]
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_runner_that_cannot_go_on_stops_the_worker_and_gives_its_claims_back(alias: str) -> None:
+    """A SystemExit from a task_finished receiver ends its runner thread: the worker exits non-zero, holding nothing.
+
+    Before, the runner died silently: the worker lived on, its heartbeat kept renewing the claims no runner would
+    ever run, and a ``--burst`` worker never exited.
+    """
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        bombs = [jobs.bomb_on_finished.enqueue() for _ in range(2)]
+        rest = [jobs.calculate_meaning_of_life.enqueue() for _ in range(4)]
+        args = ("--burst", "--concurrency", "2", "--worker-id", "fragile")
+        with worker_process(alias, *args, options=opts) as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 1, output
+        assert "fragile" in output
+        assert "SystemExit" in output
+        assert all(status_of(b) == TaskResultStatus.SUCCESSFUL for b in bombs)  # recorded before the receiver
+        for result in rest:
+            row = QueuedTask.objects.using(alias).get(pk=result.id)
+            assert row.status in {TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY}, row.status
+            if row.status == TaskResultStatus.READY:
+                assert row.attempts == 0
+                assert row.worker_ids == []
+        assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()

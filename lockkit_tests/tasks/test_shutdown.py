@@ -1,0 +1,106 @@
+"""Stopping and waking a real ``manage.py lockkit_worker``: SIGTERM then SIGKILL, and a LISTEN session cut off."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from django.tasks import TaskResultStatus
+
+from lockkit.tasks.models import QueuedTask
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import (
+    APPS,
+    backend_on,
+    marker,
+    run_worker,
+    status_of,
+    vendor_aliases,
+    wait_for,
+    worker_process,
+)
+
+POSTGRESQL, MARIADB, _SQLITE = vendor_aliases(apps=APPS)
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_nothing(
+    alias: str, tmp_path: Path
+) -> None:
+    """The grace period of systemd or Kubernetes is shorter than the running task: SIGTERM, then SIGKILL.
+
+    The claimed tasks the worker had not started go back when SIGTERM arrives, not when the running task ends, so
+    the SIGKILL charges them no attempt: with ``max_attempts=1`` they still run, on the next worker.
+    """
+    prefix = marker(tmp_path, "g")
+    opts = {"lease": 30, "max_attempts": 1}
+    with backend_on(alias, **opts) as backend:
+        running = jobs.slow.enqueue(prefix, 60.0)
+        waiting = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+        args = ("--concurrency", "1", "--batch", "4", "--worker-id", "graceful")
+        with worker_process(alias, *args, options=opts) as worker:
+            wait_for(lambda: Path(prefix + ".started").exists(), what="the slow task to start")
+            assert QueuedTask.objects.using(alias).filter(status="RUNNING").count() == 4  # all four claimed
+            worker.signal(signal.SIGTERM)
+            wait_for(
+                lambda: all(status_of(r) == TaskResultStatus.READY for r in waiting),
+                timeout=15,
+                what="the unstarted tasks to be given back while the running one runs",
+            )
+            assert worker.process.poll() is None
+            assert not Path(prefix + ".done").exists()
+            worker.signal(signal.SIGKILL)  # the grace period is over
+            code, _ = worker.wait()
+        assert code == -signal.SIGKILL
+        for result in waiting:
+            row = QueuedTask.objects.using(alias).get(pk=result.id)
+            assert (row.attempts, row.worker_ids, row.lease_expires_at) == (0, [], None)
+        assert (
+            status_of(running) == TaskResultStatus.RUNNING
+        )  # its lease runs out later; it ran, it is charged
+        stats = run_worker(backend, worker_id="next")
+        assert sorted(stats.ids) == sorted(r.id for r in waiting)
+        for result in waiting:
+            result.refresh()
+            assert (result.status, result.worker_ids, result.errors) == (
+                TaskResultStatus.SUCCESSFUL,
+                ["next"],
+                [],
+            )
+
+
+def _listener_pids(alias: str) -> list[int]:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+            ["LISTEN lockkit_tasks"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_a_task_enqueued_while_the_worker_listens_again_runs_without_waiting_a_poll(alias: str) -> None:
+    """The LISTEN session is terminated; a NOTIFY sent before the worker listens again reaches nobody.
+
+    The worker looks for ready tasks as soon as it listens again: the task runs long before the 30 s poll.
+    """
+    opts = {"poll_interval": 30}
+    with backend_on(alias, **opts):
+        with worker_process(alias, "--worker-id", "listener", options=opts) as worker:
+            [pid] = wait_for(lambda: _listener_pids(alias), what="the worker to LISTEN")
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            wait_for(lambda: pid not in _listener_pids(alias), what="the LISTEN session to end")
+            began = time.monotonic()
+            result = jobs.calculate_meaning_of_life.enqueue()  # its NOTIFY: sent on commit, to no listener
+            assert _listener_pids(alias) == [], "the worker listened again before the enqueue: inconclusive"
+            wait_for(lambda: status_of(result) == TaskResultStatus.SUCCESSFUL, timeout=25, what="the task")
+            waited = time.monotonic() - began
+            assert _listener_pids(alias), "the worker did not listen again"
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        assert waited < 10, f"the task waited {waited:.1f}s: a poll_interval, not the re-LISTEN"
