@@ -19,7 +19,7 @@ from lockkit.scopes.stack import innermost_scope
 from lockkit.tasks.notify import CHANNEL
 
 
-def write(row: Any, alias: str, notify: str | None, then: Callable[[], None]) -> None:
+def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) -> None:
     """Insert ``row`` (a ``QueuedTask``) on ``alias`` in the caller's transaction, then call ``then()``.
 
     In an open ``atomic()`` on ``alias`` the row joins it. Otherwise, when a transaction is open on one other

@@ -32,7 +32,7 @@ from django.utils import timezone
 from lockkit.claims import Claim, Claimed, complete, complete_many, heartbeat_every, release
 from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
-from lockkit.tasks import arguments, results, running
+from lockkit.tasks import arguments, results, running, tally
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
@@ -304,7 +304,7 @@ class Worker:
         close_old_connections()
         try:
             if not self._still_held(claim):
-                self.stats.lost += 1
+                tally.count(self, row, "lost")
                 logger.warning(
                     "worker %s: lost the claim on task %s before starting it", self.worker_id, row.id
                 )
@@ -366,7 +366,7 @@ class Worker:
                 ).update(return_value=stored)
             except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
                 logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
-            self.stats.succeeded += 1
+            tally.count(self, row, "succeeded")
             self.stats.ids.append(str(row.pk))
             return
         self._finish(row, claim, TaskResultStatus.SUCCESSFUL, errors=errors, value=stored, task=task)
@@ -379,7 +379,7 @@ class Worker:
             "ready_at": claims_sql_for(QueuedTask, self.alias).lease_end(wait),
         }
         if self._write(release, claim, values, row):
-            self.stats.retried += 1
+            tally.count(self, row, "retried")
             logger.info("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
 
     def _finish(
@@ -487,10 +487,7 @@ class Worker:
         extra: dict[str, Any] | None,
         task: Task[..., Any] | None,
     ) -> None:
-        if status == TaskResultStatus.SUCCESSFUL:
-            self.stats.succeeded += 1
-        else:
-            self.stats.failed += 1
+        tally.count(self, row, "succeeded" if status == TaskResultStatus.SUCCESSFUL else "failed")
         self.stats.ids.append(str(row.pk))
         if task is not None and task_finished.receivers:
             # The row as written (finished_at by this process's clock, within a round trip of the database's).
@@ -527,7 +524,7 @@ class Worker:
             except StaleClaim as stale:
                 if quiet_stale:
                     raise
-                self.stats.lost += 1
+                tally.count(self, row, "lost")
                 logger.warning(
                     "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
                     self.worker_id, row.id, stale,

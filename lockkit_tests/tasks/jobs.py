@@ -137,3 +137,15 @@ UNSTORABLE_MESSAGES = {"nul": "a \x00 NUL", "surrogate": "a \ud800 surrogate", "
 @task()
 def raise_unstorable_message(kind: str) -> None:
     raise RuntimeError(UNSTORABLE_MESSAGES[kind])
+
+
+@task(takes_context=True)
+def lose_own_claim(context: TaskContext[..., Any], alias: str) -> None:
+    """Another worker takes this task's claim while it runs: the worker's outcome is dropped (``lost``)."""
+    from django.db.models import F
+
+    from lockkit.tasks.models import QueuedTask
+
+    QueuedTask.objects.using(alias).filter(pk=context.task_result.id).update(
+        claimed_by="thief", claim_token=F("claim_token") + 1
+    )
