@@ -220,3 +220,9 @@ def claims_event(signal: Any, sender: object, claims: Iterable[Any], **extra: An
     if not listed:
         return
     send(signal, sender, claims=listed, model=listed[0].model, alias=listed[0].alias, **extra)
+
+
+def task_counted(sender: object, *, backend: str, queue: str, alias: str, outcome: str) -> None:
+    """Send ``task_counted`` for one task attempt's outcome, when observed."""
+    if signals.task_counted.receivers:
+        send(signals.task_counted, sender, backend=backend, queue=queue, alias=alias, outcome=outcome)

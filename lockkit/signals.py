@@ -55,6 +55,14 @@ Claim signals (``sender`` is ``lockkit.claims.Claim``):
 ``claim_stale``
     A fenced write (``heartbeat()``, ``complete()``, ``release()``...) found a claim lost and raised
     ``StaleClaim``. Arguments: ``claims`` (list of ``Claim``), ``model``, ``alias``, ``error`` (the ``StaleClaim``).
+
+Task signal (``sender`` is ``lockkit.tasks.worker.Worker``):
+
+``task_counted``
+    A ``lockkit_worker`` recorded the outcome of a task's attempt. Arguments: ``backend`` (str, the alias in
+    ``settings.TASKS``), ``queue`` (str), ``alias`` (str, the task table's database), ``outcome`` (str:
+    ``succeeded``, ``failed`` (final), ``retried`` (failed, will run again) or ``lost`` (another worker took the
+    task: this attempt's outcome was dropped)).
 """
 
 from __future__ import annotations
@@ -85,6 +93,8 @@ claim_reclaimed = Signal()
 """``reclaim_expired()`` freed expired claims: ``model``, ``alias``, ``count``."""
 claim_stale = Signal()
 """A fenced write found a claim lost (``StaleClaim``): ``claims``, ``model``, ``alias``, ``error``."""
+task_counted = Signal()
+"""A worker recorded a task attempt's outcome: ``backend``, ``queue``, ``alias``, ``outcome``."""
 
 __all__ = [
     "attempt_finished",
@@ -99,4 +109,5 @@ __all__ = [
     "operation_gave_up",
     "operation_retried",
     "operation_started",
+    "task_counted",
 ]

@@ -1,12 +1,16 @@
-"""Tasks per second of ``lockkit_worker`` and of django-tasks' ``db_worker``, on one PostgreSQL, same trivial task.
+"""Tasks per second of ``lockkit_worker``, django-tasks' ``db_worker`` and Celery, same trivial task; and enqueues.
 
 For each measurement: W worker processes are started and warmed up (they run 20 tasks each first), then N tasks
 are enqueued in one transaction, all due (``run_after``) at one instant shortly after; the clock runs from that
 instant until every task is recorded as finished (polled every 10 ms from this process). Workers are stopped with
 SIGTERM after each measurement. ``--rounds`` repeats every configuration, alternating which worker goes first from
 round to round (the machine's load drifts), and reports the median with the min-max over rounds, and lockkit's
-ratio to django-tasks within each round. django-tasks' rows are left out, with a note, when ``django_tasks_db``
-is not installed.
+ratio to django-tasks and to Celery within each round. django-tasks' rows are left out, with a note, when
+``django_tasks_db`` is not installed, Celery's when ``celery`` is not installed or its Redis broker
+(``--celery-broker``) does not answer. Celery workers are one process each too (``-P solo``, ``acks_late``, prefetch
+1, no result backend); their tasks are enqueued while the workers' consumers are cancelled, and the clock starts when
+they are added back. Before the workers, ``enqueue()`` is timed against a plain ORM insert of the same row (one
+transaction of ``--tasks`` each, alternating which goes first).
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ def _environment(url: str) -> dict[str, str]:
 def _command(worker: str, batch: int) -> list[str]:
     from benchmarks.tasks.settings import POLL
 
+    if worker == "celery":
+        from benchmarks.tasks.celery_app import QUEUE
+
+        return ["celery", "-A", "benchmarks.tasks.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", QUEUE,
+                "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]  # fmt: skip
     if worker == "lockkit":
         return ["lockkit_worker", "--batch", str(batch), "--concurrency", "1", "--verbosity", "0"]
     return ["db_worker", "--backend", "django_tasks_db", "--interval", str(POLL), "--no-startup-delay"]
@@ -126,12 +135,56 @@ def _wait_for(worker: str, count: int, timeout: float) -> None:
         time.sleep(0.01)
 
 
+def _celery_pending() -> int:
+    """Messages of the benchmark's queue not yet acknowledged: waiting in the list, or delivered and unacked."""
+    from benchmarks.tasks.celery_app import QUEUE, app
+
+    with app.connection_for_write() as connection:
+        client = connection.default_channel.client
+        return int(client.llen(QUEUE)) + int(client.hlen("unacked"))
+
+
+def _celery_drain(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _celery_pending():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"celery: {_celery_pending()} tasks left after {timeout:g}s")
+        time.sleep(0.01)
+
+
+def _celery_measure(processes: int, tasks: int) -> float:
+    """Seconds for ``tasks`` Celery tasks: enqueued while the consumers are cancelled, timed from adding them back."""
+    from benchmarks.tasks.celery_app import QUEUE, app, trivial
+
+    app.control.purge()  # nothing left over from an earlier run
+    deadline = time.monotonic() + 60
+    while len(app.control.ping(timeout=0.5)) < processes:  # every worker up before the warm-up
+        if time.monotonic() > deadline:
+            raise RuntimeError("celery: the workers did not answer a ping within 60s")
+    for _ in range(20 * processes):
+        trivial.delay()
+    _celery_drain(120)
+    replies = app.control.cancel_consumer(QUEUE, reply=True, timeout=5)
+    if len(replies) < processes:
+        raise RuntimeError(f"celery: {len(replies)} of {processes} workers cancelled their consumer")
+    with app.producer_or_acquire() as producer:
+        for _ in range(tasks):
+            trivial.apply_async(producer=producer)
+    began = time.monotonic()
+    app.control.add_consumer(QUEUE, reply=False)
+    _celery_drain(600)
+    return time.monotonic() - began
+
+
 def measure(url: str, worker: str, processes: int, batch: int, tasks: int) -> Row:
     """One row: start the workers, warm them up, time ``tasks`` tasks, stop them."""
-    _clear(worker)
+    if worker != "celery":
+        _clear(worker)
+    # Celery's command runs as "python -m celery ...", the others as "python -m django <command>".
+    module = [] if worker == "celery" else ["django"]
     started = [
         subprocess.Popen(
-            [sys.executable, "-m", "django", *_command(worker, batch)],
+            [sys.executable, "-m", *module, *_command(worker, batch)],
             env=_environment(url),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -140,6 +193,8 @@ def measure(url: str, worker: str, processes: int, batch: int, tasks: int) -> Ro
         for _ in range(processes)
     ]
     try:
+        if worker == "celery":
+            return Row(worker, processes, batch, tasks, _celery_measure(processes, tasks))
         warm = 20 * processes
         _enqueue(worker, warm)
         _wait_for(worker, warm, timeout=120)
@@ -162,6 +217,8 @@ def measure(url: str, worker: str, processes: int, batch: int, tasks: int) -> Ro
 
 
 def _label(worker: str, batch: int) -> str:
+    if worker == "celery":
+        return "Celery (Redis, acks_late, prefetch 1)"
     return f"lockkit_worker --batch {batch}" if worker == "lockkit" else "django-tasks db_worker"
 
 
@@ -184,12 +241,13 @@ def table(rows: list[Row], note: str) -> str:
             f"| {_label(worker, batch)} | {processes} | {found[0].tasks} | {len(found)} | {_spread(rates, ',.0f')} |"
         )
     ratios: list[str] = []
-    for (worker, processes, batch), found in configs.items():
-        theirs = configs.get(("django_tasks_db", processes, 1))
-        if worker != "lockkit" or not theirs or len(theirs) != len(found):
-            continue
-        per_round = [mine.rate / other.rate for mine, other in zip(found, theirs, strict=True)]
-        ratios.append(f"| {_label(worker, batch)} / db_worker | {processes} | {_spread(per_round, '.2f')} |")
+    for other, name in (("django_tasks_db", "db_worker"), ("celery", "Celery")):
+        for (worker, processes, batch), found in configs.items():
+            theirs = configs.get((other, processes, 1))
+            if worker != "lockkit" or not theirs or len(theirs) != len(found):
+                continue
+            per_round = [mine.rate / them.rate for mine, them in zip(found, theirs, strict=True)]
+            ratios.append(f"| {_label(worker, batch)} / {name} | {processes} | {_spread(per_round, '.2f')} |")
     if ratios:
         lines += [
             "",
@@ -220,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="200 tasks, 1 and 2 workers, 1 round: a smoke run"
     )
     parser.add_argument(
+        "--celery-broker", default="redis://127.0.0.1:6379/15", help="Celery's Redis broker (default db 15)"
+    )
+    parser.add_argument(
         "--synchronous-commit",
         choices=sorted(SYNCHRONOUS_COMMIT),
         default="off",
@@ -239,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
 
     url = target(options.database_url or None).url
     os.environ.update(
-        {"DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings", "LOCKKIT_BENCH_DATABASE_URL": url}
+        {
+            "DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings",
+            "LOCKKIT_BENCH_DATABASE_URL": url,
+            "LOCKKIT_BENCH_CELERY_BROKER": options.celery_broker,
+        }
     )
     from django.core.management import call_command
 
@@ -251,9 +316,18 @@ def main(argv: list[str] | None = None) -> int:
     tasks = 200 if options.quick else options.tasks
     rounds = 1 if options.quick else options.rounds
     single = [("lockkit", 1), ("django_tasks_db", 1)] if DJANGO_TASKS_DB else [("lockkit", 1)]
-    note = "" if DJANGO_TASKS_DB else "django-tasks' rows skipped: django-tasks-db is not installed."
+    notes = [] if DJANGO_TASKS_DB else ["django-tasks' rows skipped: django-tasks-db is not installed."]
+    celery_missing = _celery_missing()
+    if celery_missing:
+        notes.append(f"Celery's rows skipped: {celery_missing}.")
+    else:
+        single.append(("celery", 1))
+    note = " ".join(notes)
     rows: list[Row] = []
     began, load_before = datetime.now(UTC), _load()
+    from benchmarks.tasks import enqueue
+
+    inserts = enqueue.measure(rounds, tasks, lambda: _clear("lockkit"))
     for number in range(rounds):
         # Alternate which worker goes first, round by round; the batch rows come last.
         order = single if number % 2 == 0 else single[::-1]
@@ -269,4 +343,27 @@ def main(argv: list[str] | None = None) -> int:
           f"{options.synchronous_commit} for the workers, load average (1, 5, 15 min) before "
           f"{load_before}, after {_load()}.\n")  # fmt: skip
     print(table(rows, note))
+    print(
+        f"\n| one transaction of {tasks} | rounds | rows/s: median (min\u2013max) |\n|---|---:|---:|\n"
+        f"| lockkit enqueue() | {rounds} | {_spread([e for e, _ in inserts], ',.0f')} |\n"
+        f"| QueuedTask.objects.create() | {rounds} | {_spread([o for _, o in inserts], ',.0f')} |\n"
+        f"| enqueue / ORM (within each round) | {rounds} | {_spread([e / o for e, o in inserts], '.2f')} |"
+    )
     return 0
+
+
+def _celery_missing() -> str:
+    """Why Celery cannot be measured here ("" when it can): not installed, or its broker does not answer."""
+    from importlib.util import find_spec
+
+    if find_spec("celery") is None:
+        return "celery is not installed (the bench extra)"
+    from benchmarks.tasks.celery_app import app
+
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)
+            connection.default_channel.client.ping()
+    except Exception as failure:  # any transport error: the broker is not there
+        return f"its broker {os.environ['LOCKKIT_BENCH_CELERY_BROKER']} does not answer ({failure})"
+    return ""

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for locked operations: one per operation, one per attempt (the ``otel`` extra).
+"""OpenTelemetry spans for locked operations (one per operation, one per attempt) and task metrics (``otel`` extra).
 
 ``install()`` connects receivers to ``lockkit.signals``; nothing is traced (and nothing is measured) until it is
 called. Only ``opentelemetry-api`` is needed: spans go to whatever tracer provider the application configured
@@ -10,17 +10,21 @@ under ``lockkit.``. See https://opentelemetry.io/docs/specs/semconv/database/dat
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
-from opentelemetry import context, trace
+from django.db import DatabaseError, connections
+from opentelemetry import context, metrics, trace
 
 from lockkit import signals
 from lockkit.errors import LockError
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+
+logger = logging.getLogger("lockkit")
 
 # Django's vendor name -> db.system.name (stable values, and the registry's for SQLite and Oracle).
 _SYSTEMS = {"postgresql": "postgresql", "sqlite": "sqlite", "oracle": "oracle.db"}
@@ -208,4 +212,79 @@ def install(tracer_provider: trace.TracerProvider | None = None) -> Tracing:
     return Tracing(tracer).install()
 
 
-__all__ = ["SCHEMA_URL", "Tracing", "db_system_name", "install"]
+class TaskMetrics:
+    """Task outcomes and the oldest ready task's age through an OpenTelemetry meter (``install_task_metrics``).
+
+    Attributes:
+        tasks: The counter ``lockkit.tasks`` (attributes ``lockkit.tasks.backend``, ``lockkit.tasks.queue``,
+            ``lockkit.tasks.outcome``: ``succeeded``, ``failed`` (final), ``retried``, ``lost``).
+    """
+
+    def __init__(self, meter: metrics.Meter, task_backends: Sequence[str]) -> None:
+        """Create the instruments (nothing is counted until ``install()``)."""
+        self.task_backends = tuple(task_backends)
+        self.tasks = meter.create_counter(
+            "lockkit.tasks", unit="{task}", description="Task attempts by outcome"
+        )
+        meter.create_observable_gauge(
+            "lockkit.tasks.oldest_ready_age",
+            callbacks=[self._observe],
+            unit="s",
+            description="Seconds the oldest ready task has waited (0 when none is ready)",
+        )
+        self._installed = False
+
+    def install(self) -> TaskMetrics:
+        """Connect the receiver to ``lockkit.signals.task_counted``."""
+        signals.task_counted.connect(self._counted, weak=False)
+        self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        """Disconnect the receiver; the gauge reports nothing from now on."""
+        signals.task_counted.disconnect(self._counted)
+        self._installed = False
+
+    def _counted(self, sender: object, *, backend: str, queue: str, outcome: str, **kwargs: Any) -> None:
+        attributes = {
+            "lockkit.tasks.backend": backend,
+            "lockkit.tasks.queue": queue,
+            "lockkit.tasks.outcome": outcome,
+        }
+        self.tasks.add(1, attributes)
+
+    def _observe(self, options: metrics.CallbackOptions) -> Iterator[metrics.Observation]:
+        from lockkit.tasks.tally import oldest_ready_age  # Django 6 only: imported when observed
+
+        for backend in self.task_backends if self._installed else ():
+            try:
+                age = oldest_ready_age(backend)
+            except DatabaseError as failure:
+                logger.warning("lockkit: the oldest ready task of %r could not be read: %s", backend, failure)
+                continue
+            yield metrics.Observation(0.0 if age is None else age, {"lockkit.tasks.backend": backend})
+
+
+def install_task_metrics(
+    meter_provider: metrics.MeterProvider | None = None, *, task_backends: Sequence[str] = ("default",)
+) -> TaskMetrics:
+    """Count task outcomes of ``lockkit_worker`` processes and observe the oldest ready task's age.
+
+    Instruments: the counter ``lockkit.tasks`` (one per recorded attempt outcome) and the observable gauge
+    ``lockkit.tasks.oldest_ready_age`` (seconds, attribute ``lockkit.tasks.backend``; one query per backend at
+    each collection, on the collecting thread's connection; a backend whose database cannot be asked is
+    skipped and logged). Django 6 (``lockkit.tasks``).
+
+    Args:
+        meter_provider: The provider to get the meter from; default the global one.
+        task_backends: Aliases of ``settings.TASKS`` (``lockkit.tasks.DatabaseBackend``s) whose oldest ready
+            task is observed.
+
+    Returns:
+        The installed ``TaskMetrics``; ``uninstall()`` disconnects it.
+    """
+    meter = metrics.get_meter("lockkit", schema_url=SCHEMA_URL, meter_provider=meter_provider)
+    return TaskMetrics(meter, task_backends).install()
+
+
+__all__ = ["SCHEMA_URL", "TaskMetrics", "Tracing", "db_system_name", "install", "install_task_metrics"]

@@ -7,10 +7,14 @@ or measured. Expose them as usual for ``prometheus-client`` (``generate_latest()
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from django.db import DatabaseError
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from lockkit import signals
 
@@ -20,6 +24,8 @@ DURATION_BUCKETS = LOCK_WAIT_BUCKETS
 #: How many distinct ``operation`` label values are kept; later ones are counted as ``OTHER_OPERATIONS``.
 MAX_OPERATIONS = 1000
 OTHER_OPERATIONS = "other"
+
+logger = logging.getLogger("lockkit")
 
 
 def _outcome(failure: Any, error: BaseException | None) -> str:
@@ -43,6 +49,11 @@ class Metrics:
             (``get``, ``lock_all``, ``advisory_lock``); ``model`` is ``advisory`` for advisory locks.
         claims: ``lockkit_claims_total{event, model, alias}``: claims ``made``, ``completed``, ``released``,
             ``reclaimed`` and ``stale``.
+        tasks: ``lockkit_tasks_total{backend, queue, outcome}``: task attempts recorded by ``lockkit_worker``
+            processes, by ``outcome``: ``succeeded``, ``failed`` (final), ``retried``, ``lost``.
+        oldest_ready: ``lockkit_tasks_oldest_ready_age_seconds{backend}``: how long the oldest ready task of
+            each of ``task_backends`` has waited (0 when none is ready; NaN when the database could not be
+            asked), read by one query on the scraping thread at each scrape.
 
     ``operation`` is the decorated function's qualified name (``module.qualname``, never a ``repr()``: see
     ``lockkit.operations.naming``); at most ``max_operations`` distinct values are kept, later ones are counted
@@ -55,6 +66,7 @@ class Metrics:
         namespace: str = "lockkit",
         *,
         max_operations: int = MAX_OPERATIONS,
+        task_backends: Sequence[str] = (),
     ) -> None:
         """Create (and register in ``registry``) the metrics.
 
@@ -109,6 +121,16 @@ class Metrics:
             namespace=namespace,
             registry=registry,
         )
+        self.tasks = Counter(
+            "tasks", "Task attempts recorded by workers, by outcome", ["backend", "queue", "outcome"],
+            namespace=namespace, registry=registry,
+        )  # fmt: skip
+        self.oldest_ready = Gauge(
+            "tasks_oldest_ready_age_seconds", "Seconds the oldest ready task has waited", ["backend"],
+            namespace=namespace, registry=registry,
+        )  # fmt: skip
+        for backend in task_backends:
+            self.oldest_ready.labels(backend).set_function(_oldest_ready(backend))
         self._registry = registry
         self._connected: list[tuple[Any, Any]] = []
 
@@ -125,6 +147,7 @@ class Metrics:
             (signals.claim_released, self._claims("released")),
             (signals.claim_stale, self._claims("stale")),
             (signals.claim_reclaimed, self._reclaimed),
+            (signals.task_counted, self._task_counted),
         ]
         for signal, receiver in pairs:
             signal.connect(receiver, weak=False)
@@ -139,7 +162,7 @@ class Metrics:
         if self._registry is not None:
             for metric in (
                 self.operations, self.attempts, self.retries, self.failures, self.give_ups,
-                self.duration, self.lock_wait, self.claims,
+                self.duration, self.lock_wait, self.claims, self.tasks, self.oldest_ready,
             ):  # fmt: skip
                 self._registry.unregister(metric)
             self._registry = None
@@ -193,14 +216,32 @@ class Metrics:
     def _reclaimed(self, sender: object, *, model: Any, alias: str, count: int, **kwargs: Any) -> None:
         self.claims.labels("reclaimed", model._meta.label, alias).inc(count)
 
+    def _task_counted(self, sender: object, *, backend: str, queue: str, outcome: str, **kwargs: Any) -> None:
+        self.tasks.labels(backend, queue, outcome).inc()
+
+
+def _oldest_ready(backend: str) -> Any:
+    from lockkit.tasks.tally import oldest_ready_age  # Django 6 only: imported when a backend is named
+
+    def read() -> float:
+        try:
+            age = oldest_ready_age(backend)
+        except DatabaseError as failure:
+            logger.warning("lockkit: the oldest ready task of %r could not be read: %s", backend, failure)
+            return math.nan
+        return 0.0 if age is None else age
+
+    return read
+
 
 def install(
     registry: CollectorRegistry | None = REGISTRY,
     *,
     namespace: str = "lockkit",
     max_operations: int = MAX_OPERATIONS,
+    task_backends: Sequence[str] = (),
 ) -> Metrics:
-    """Count and time every locked operation, lock and claim from now on, in ``registry``.
+    """Count and time every locked operation, lock, claim and task outcome from now on, in ``registry``.
 
     Args:
         registry: Where the metrics are registered; default ``prometheus_client.REGISTRY`` (what
@@ -208,6 +249,8 @@ def install(
         namespace: The metric name prefix.
         max_operations: How many distinct ``operation`` label values to keep (default 1000); later operations
             are counted under ``"other"``.
+        task_backends: Aliases of ``settings.TASKS`` (``lockkit.tasks.DatabaseBackend``s, Django 6) whose oldest
+            ready task's age is exported (one query per backend per scrape); default none.
 
     Returns:
         The installed ``Metrics``; ``uninstall()`` disconnects and unregisters them.
@@ -216,7 +259,7 @@ def install(
         TypeError, ValueError: ``max_operations`` is not a positive ``int``.
         ValueError: the metrics are already registered in ``registry`` (installed twice).
     """
-    return Metrics(registry, namespace, max_operations=max_operations).install()
+    return Metrics(registry, namespace, max_operations=max_operations, task_backends=task_backends).install()
 
 
 __all__ = [

@@ -14,7 +14,7 @@ from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_started
 
 from lockkit.claims import Claim, heartbeat_every
-from lockkit.tasks import arguments, results, running
+from lockkit.tasks import arguments, results, running, tally
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.outcomes import Outcomes, error_entry, worker_log
@@ -42,7 +42,7 @@ class Attempts:
         close_old_connections()
         try:
             if not self.beat.holds(claim):
-                self.outcomes.stats.lost += 1
+                tally.count(self.outcomes.stats, row, "lost", alias=self.outcomes.alias)
                 logger.warning(
                     "worker %s: lost the claim on task %s before starting it", self.outcomes.worker_id, row.id
                 )
@@ -99,7 +99,7 @@ class Attempts:
                 ).update(return_value=stored)
             except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
                 logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
-            self.outcomes.stats.succeeded += 1
+            tally.count(self.outcomes.stats, row, "succeeded", alias=self.outcomes.alias)
             self.outcomes.stats.ids.append(str(row.pk))
             return
         self.outcomes.finish(row, claim, TaskResultStatus.SUCCESSFUL, errors=errors, value=stored, task=task)

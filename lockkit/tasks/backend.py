@@ -7,7 +7,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ValidationError
-from django.db import connections, router
+from django.db import DEFAULT_DB_ALIAS, router
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -15,8 +15,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from lockkit._engine.liveness import discard_if_dead
-from lockkit.tasks import arguments, options, results
-from lockkit.tasks.notify import CHANNEL
+from lockkit.tasks import arguments, enqueueing, options, results
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -67,8 +66,12 @@ class DatabaseBackend(BaseTaskBackend):
     def enqueue(self, task: Task[_P, _R], args: list[Any], kwargs: dict[str, Any]) -> TaskResult[_P, _R]:
         """Store a task to be run by a worker; the arguments are checked before any SQL.
 
-        Inside an open ``atomic()`` on the task table's alias, the row (and the ``NOTIFY`` that wakes idle
-        PostgreSQL workers) commits or rolls back with the caller's transaction.
+        One statement (on PostgreSQL the ``INSERT`` and the ``NOTIFY`` that wakes idle workers together). Inside
+        an open ``atomic()`` on the task table's alias, the row commits or rolls back with the caller's
+        transaction. When the task table is on another alias (``OPTIONS["database"]``) and the caller's
+        transaction is open on its own alias (a ``locked()`` scope's, or the one alias with an ``atomic()``
+        open), the insert runs when that transaction commits (``on_commit``), and never after a rollback or for
+        a retried attempt; the returned result's row exists from then on.
 
         Args:
             task: The ``Task`` (its ``priority``, ``queue_name`` and ``run_after`` are stored).
@@ -82,6 +85,9 @@ class DatabaseBackend(BaseTaskBackend):
             django.tasks.exceptions.InvalidTask: the task is not valid for this backend (queue, priority,
                 ``run_after`` not aware...).
             TypeError, ValueError: an argument is not JSON (see ``lockkit.tasks.arguments.json_value``).
+            django.db.transaction.TransactionManagementError: the task table is on another alias and
+                transactions are open on several aliases, none of them a lockkit scope's (which one the task
+                belongs to is unknown); nothing is written.
         """
         self.validate_task(task)
         row = self._row(task, args, kwargs)
@@ -89,10 +95,9 @@ class DatabaseBackend(BaseTaskBackend):
         # Outside a transaction, a connection an earlier call left dead (a MariaDB "packet too big" closes it)
         # is replaced: one failed enqueue does not make every later one in the process fail.
         discard_if_dead(alias)
-        row.save(using=alias, force_insert=True)
-        self._notify(alias, task.queue_name)
         result = cast("TaskResult[_P, _R]", results.result_of(row, task))
-        task_enqueued.send(type(self), task_result=result)
+        notify = task.queue_name if self.settings.notify else None
+        enqueueing.write(row, alias, notify, lambda: task_enqueued.send(type(self), task_result=result))
         return result
 
     def validate_task(self, task: Task[..., Any]) -> None:
@@ -129,13 +134,6 @@ class DatabaseBackend(BaseTaskBackend):
             enqueued_at=timezone.now(),
         )
 
-    def _notify(self, alias: str, queue: str) -> None:
-        # NOTIFY is transactional: inside the caller's atomic() it is delivered when (if) that commits.
-        connection = connections[alias]
-        if self.settings.notify and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
-
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """Read a task's result (its status, return value, errors and workers) from the database.
 
@@ -159,8 +157,27 @@ class DatabaseBackend(BaseTaskBackend):
         return results.result_of(row)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Django's checks, plus an error when ``lockkit.tasks`` is missing from ``INSTALLED_APPS``."""
+        """Django's checks, plus ``lockkit.tasks.E001`` (the app is not installed) and ``W001`` (another alias).
+
+        ``lockkit.tasks.W001``: the task table is not on ``default``, where callers' transactions usually are;
+        an ``enqueue()`` in a transaction on another alias is written when that transaction commits.
+        """
         found: list[checks.CheckMessage] = list(super().check(**kwargs))
+        alias = self.settings.database
+        if alias is not None and alias != DEFAULT_DB_ALIAS:
+            found.append(
+                checks.Warning(
+                    f"TASKS[{self.alias!r}] keeps its task table on database {alias!r}, not {DEFAULT_DB_ALIAS!r}: "
+                    f"there is no transaction across the two",
+                    hint=(
+                        f"An enqueue() inside a transaction on another alias is written only when that "
+                        f"transaction commits (on_commit); inside atomic(using={alias!r}) it joins the task "
+                        f"table's transaction. See 'Where the task table lives' in lockkit's tasks docs; "
+                        f"silence with SILENCED_SYSTEM_CHECKS once that is what you want."
+                    ),
+                    id="lockkit.tasks.W001",
+                )
+            )
         if not apps.is_installed("lockkit.tasks"):
             found.append(
                 checks.Error(

@@ -24,7 +24,7 @@ from django.utils import timezone
 from lockkit.claims import Claim, complete, complete_many, heartbeat_every, release
 from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
-from lockkit.tasks import arguments, results
+from lockkit.tasks import arguments, results, tally
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.options import TaskOptions
@@ -95,7 +95,7 @@ class Outcomes:
             "ready_at": claims_sql_for(QueuedTask, self.alias).lease_end(wait),
         }
         if self._write(release, claim, values, row):
-            self.stats.retried += 1
+            tally.count(self.stats, row, "retried", alias=self.alias)
             logger.info("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
 
     def finish(
@@ -201,9 +201,9 @@ class Outcomes:
         task: Task[..., Any] | None,
     ) -> None:
         if status == TaskResultStatus.SUCCESSFUL:
-            self.stats.succeeded += 1
+            tally.count(self.stats, row, "succeeded", alias=self.alias)
         else:
-            self.stats.failed += 1
+            tally.count(self.stats, row, "failed", alias=self.alias)
         self.stats.ids.append(str(row.pk))
         if task is not None and task_finished.receivers:
             # The row as written (finished_at by this process's clock, within a round trip of the database's).
@@ -243,7 +243,7 @@ class Outcomes:
             except StaleClaim as stale:
                 if quiet_stale:
                     raise
-                self.stats.lost += 1
+                tally.count(self.stats, row, "lost", alias=self.alias)
                 logger.warning(
                     "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
                     self.worker_id, row.id, stale,

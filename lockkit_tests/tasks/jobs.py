@@ -166,3 +166,15 @@ def _raise_on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
 def _exit_on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
     if task_result.task.module_path == bomb_on_finished.module_path:
         raise SystemExit(0)  # escapes the attempt: its runner cannot go on
+
+
+@task(takes_context=True)
+def lose_own_claim(context: TaskContext[..., Any], alias: str) -> None:
+    """Another worker takes this task's claim while it runs: the worker's outcome is dropped (``lost``)."""
+    from django.db.models import F
+
+    from lockkit.tasks.models import QueuedTask
+
+    QueuedTask.objects.using(alias).filter(pk=context.task_result.id).update(
+        claimed_by="thief", claim_token=F("claim_token") + 1
+    )

@@ -66,8 +66,8 @@ def test_enqueue_task(alias: str, task: Any) -> None:
             result = task.enqueue(1, two=3)
     finally:
         task_enqueued.disconnect(dispatch_uid="lockkit-enqueue-test")
-    # One INSERT; on PostgreSQL one pg_notify too (delivered on commit).
-    assert len(queries) == (2 if alias == "default" else 1)
+    # One statement: on PostgreSQL the INSERT and the NOTIFY (delivered on commit) together.
+    assert len(queries) == 1
     assert uuid.UUID(result.id).version == 4
     assert result.status == TaskResultStatus.READY
     assert not result.is_finished
@@ -165,7 +165,8 @@ def test_missing_task_path(alias: str) -> None:
 
 def test_check(alias: str) -> None:
     with backend_on(alias) as backend:
-        assert list(backend.check()) == []
+        # A task table off "default" is warned about (no transaction spans the two): lockkit.tasks.W001.
+        assert [m.id for m in backend.check()] == ([] if alias == "default" else ["lockkit.tasks.W001"])
 
 
 def test_enqueue_inside_atomic_is_transactional(alias: str) -> None:

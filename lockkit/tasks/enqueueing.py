@@ -1,0 +1,98 @@
+"""Writing an enqueued task: its one statement, and which transaction it joins when the table is on another alias.
+
+On PostgreSQL the ``INSERT`` and the ``NOTIFY`` that wakes idle workers are one statement (the ``INSERT`` in a
+data-modifying CTE, always run to completion; ``pg_notify`` in the outer ``SELECT``). PostgreSQL folds identical
+notifications of one transaction into one, so a transaction of many enqueues wakes the workers once. See
+https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING and
+https://www.postgresql.org/docs/current/sql-notify.html.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections, transaction
+
+from lockkit._engine import commits
+from lockkit.scopes.stack import innermost_scope
+from lockkit.tasks.notify import CHANNEL
+
+
+def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) -> None:
+    """Insert ``row`` (a ``QueuedTask``) on ``alias`` in the caller's transaction, then call ``then()``.
+
+    In an open ``atomic()`` on ``alias`` the row joins it. Otherwise, when a transaction is open on one other
+    alias (the caller's: a ``locked()`` scope's alias first), the insert is deferred to that transaction's
+    commit, so a rolled-back or retried caller leaves no task; with none open it commits at once (and an open
+    lockkit attempt elsewhere is told: it is not run again).
+
+    Args:
+        row: The unsaved task row.
+        alias: The task table's alias.
+        notify: The queue whose idle PostgreSQL workers are woken on commit, or ``None``.
+        then: Called once the row is written (the ``task_enqueued`` signal).
+
+    Raises:
+        django.db.transaction.TransactionManagementError: transactions are open on several other aliases and
+            none of them is a lockkit scope's: which one the task belongs to is unknown.
+    """
+
+    def insert() -> None:
+        _insert(row, alias, notify)
+        if not connections[alias].in_atomic_block:
+            commits.committed(alias)
+        then()
+
+    if connections[alias].in_atomic_block:
+        insert()
+        return
+    callers = [
+        c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block and c.alias != alias
+    ]
+    if not callers:
+        insert()
+        return
+    scope = innermost_scope()
+    if scope is not None and scope.alias in callers:
+        scope.on_commit(insert)
+    elif len(callers) == 1:
+        transaction.on_commit(insert, using=callers[0])
+    else:
+        names = ", ".join(map(repr, sorted(callers)))
+        raise transaction.TransactionManagementError(
+            f"enqueue(): the task table is on {alias!r} and transactions are open on {names}: which one the task "
+            f"belongs to is unknown. Enqueue from transaction.on_commit(..., using=<the caller's alias>), or "
+            f"inside atomic(using={alias!r}) to join the task table's transaction"
+        )
+
+
+def _insert(row: Any, alias: str, notify: str | None) -> None:
+    connection = connections[alias]
+    postgresql = connection.vendor == "postgresql"
+    fields = type(row)._meta.concrete_fields
+    values = [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields]
+    sql = _statement(connection, type(row), postgresql and notify is not None)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, CHANNEL, notify] if postgresql and notify is not None else values)
+
+
+def _statement(connection: Any, model: Any, notify: bool) -> str:
+    """The ``INSERT`` of one task row; with ``notify``, PostgreSQL's one statement with the ``NOTIFY``."""
+    key = (model, connection.vendor, notify)
+    if key not in _STATEMENTS:
+        _STATEMENTS[key] = _compose(connection.ops.quote_name, model, notify)
+    return _STATEMENTS[key]
+
+
+#: The statement per (model, vendor, notify): the quoting of names is the vendor's.
+_STATEMENTS: dict[tuple[Any, str, bool], str] = {}
+
+
+def _compose(quote: Callable[[str], str], model: Any, notify: bool) -> str:
+    fields = model._meta.concrete_fields
+    insert = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))})"
+    )
+    return f"WITH inserted AS ({insert}) SELECT pg_notify(%s, %s)" if notify else insert
