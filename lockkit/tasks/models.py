@@ -37,6 +37,8 @@ class QueuedTask(Claimable):
         return_value: The JSON return value of a successful run.
         errors: One ``{"exception_class_path", "traceback", "attempt"}`` per failed attempt.
         worker_log: The worker of each attempt, one per line (``TaskResult.worker_ids``), appended when claimed.
+        retry_of: The ``id`` of the finished task this row runs again (the admin's "retry" action), or ``NULL``;
+            a task is run again at most once (unique): retry the newest run.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -56,6 +58,7 @@ class QueuedTask(Claimable):
     return_value = models.JSONField(null=True, blank=True)
     errors = models.JSONField(default=list, blank=True)
     worker_log = models.TextField(default="", blank=True)
+    retry_of = models.UUIDField(null=True, blank=True, unique=True, editable=False)
 
     # Declared, so type checkers know it even where the app is not installed (Django < 6, mypy's plugin).
     objects: models.Manager[QueuedTask] = models.Manager()
@@ -78,6 +81,11 @@ class QueuedTask(Claimable):
     def __str__(self) -> str:
         """``<task path> <id> (<status>)``."""
         return f"{self.task_path} {self.id} ({self.status})"
+
+    @property
+    def task_name(self) -> str:
+        """The task function's name (``Task.name``): the last part of ``task_path``, read without importing it."""
+        return self.task_path.rpartition(".")[2]
 
     @property
     def worker_ids(self) -> list[str]:
