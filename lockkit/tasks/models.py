@@ -9,6 +9,7 @@ from django.db import models
 from django.tasks.base import TaskResultStatus
 
 from lockkit.claims.mixin import Claimable
+from lockkit.tasks.arguments import FloatKeepingEncoder
 
 __all__ = ["QueuedTask"]
 
@@ -34,7 +35,9 @@ class QueuedTask(Claimable):
         run_after: The task's own ``run_after`` (``Task.run_after``), or ``NULL``.
         ready_at: The earliest the next attempt may start: ``run_after`` at first, then the retry's backoff.
         enqueued_at, started_at, finished_at, last_attempted_at: As ``TaskResult`` has them.
-        return_value: The JSON return value of a successful run.
+        return_value: The JSON return value of a successful run (floats written so that they stay floats).
+        return_value_recorded: ``False`` while a task that ``lockkit.tasks.fenced()`` completed has not had its
+            return value written: for good when its worker died (or kept failing to write) in between.
         errors: One ``{"exception_class_path", "traceback", "attempt"}`` per failed attempt.
         worker_log: The worker of each attempt, one per line (``TaskResult.worker_ids``), appended when claimed.
         retry_of: The ``id`` of the finished task this row runs again (the admin's "retry" action), or ``NULL``;
@@ -47,7 +50,7 @@ class QueuedTask(Claimable):
     priority = models.SmallIntegerField(default=0)
     task_path = models.CharField(max_length=255)
     takes_context = models.BooleanField(default=False)
-    args_kwargs = models.JSONField()
+    args_kwargs = models.JSONField(encoder=FloatKeepingEncoder)
     status = models.CharField(max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY)
     run_after = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
@@ -55,7 +58,8 @@ class QueuedTask(Claimable):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
-    return_value = models.JSONField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True, encoder=FloatKeepingEncoder)
+    return_value_recorded = models.BooleanField(default=True)
     errors = models.JSONField(default=list, blank=True)
     worker_log = models.TextField(default="", blank=True)
     retry_of = models.UUIDField(null=True, blank=True, unique=True, editable=False)

@@ -14,6 +14,8 @@ from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend
 from django.utils.module_loading import import_string
 
+from lockkit.tasks.errors import ReturnValueNotRecorded
+
 if TYPE_CHECKING:
     from lockkit.tasks.models import QueuedTask
 
@@ -142,18 +144,28 @@ class StoredTaskResult(TaskResult):  # type: ignore[type-arg,misc]
 
     Attributes:
         stored_return_value: What the task returned (JSON), or ``None`` until it succeeded.
+        return_value_recorded: ``False`` when the task succeeded (its ``fenced()`` block committed) but its
+            return value was not written: ``return_value`` raises ``ReturnValueNotRecorded``.
     """
 
     stored_return_value: Any = None
+    return_value_recorded: bool = True
 
     @property
     def return_value(self) -> Any:
         """The task's return value.
 
         Raises:
+            lockkit.tasks.errors.ReturnValueNotRecorded: the task succeeded (its ``fenced()`` block committed)
+                but its worker stopped before writing the value (a ``ValueError``).
             ValueError: the task failed, or has not finished yet.
         """
         if self.status == TaskResultStatus.SUCCESSFUL:
+            if not self.return_value_recorded:
+                raise ReturnValueNotRecorded(
+                    f"Task {self.id} succeeded (its fenced() block committed) but its return value was not "
+                    f"recorded: its worker stopped, or lost the database, before writing it"
+                )
             return self.stored_return_value
         if self.status == TaskResultStatus.FAILED:
             raise ValueError("Task failed")
@@ -182,6 +194,7 @@ _REFRESHED = (
     "enqueued_at",
     "worker_ids",
     "stored_return_value",
+    "return_value_recorded",
 )
 
 
@@ -206,4 +219,5 @@ def result_of(row: QueuedTask, task: Task[..., Any] | None = None) -> TaskResult
         errors=errors_of(row),
         worker_ids=row.worker_ids,
         stored_return_value=row.return_value if row.status == TaskResultStatus.SUCCESSFUL else None,
+        return_value_recorded=row.return_value_recorded,
     )

@@ -341,7 +341,7 @@ class Worker:
             return
         result = results.result_of(row, task)
         task_started.send(sender=DatabaseBackend, task_result=result)
-        with running.running(claim) as run:
+        with running.running(claim, errors) as run:
             try:
                 value = _call(task, result, row)
                 stored = arguments.json_value(value, "the return value")
@@ -359,13 +359,8 @@ class Worker:
                 else:
                     self._finish(row, claim, TaskResultStatus.FAILED, errors=errors, task=task)
                 return
-        if run.completed:
-            try:
-                QueuedTask.objects.using(self.alias).filter(
-                    pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
-                ).update(return_value=stored)
-            except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
-                logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
+        if run.completed:  # the fenced() block committed: SUCCESSFUL, with or without its value
+            running.record_value(run, stored)
             self.stats.succeeded += 1
             self.stats.ids.append(str(row.pk))
             return
