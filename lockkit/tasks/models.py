@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from django.db import models
-from django.tasks.base import TaskResultStatus
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskResultStatus
 
 from lockkit.claims.mixin import Claimable
 from lockkit.tasks.arguments import FloatKeepingEncoder
@@ -28,7 +28,8 @@ class QueuedTask(Claimable):
         id: The task result's id (``TaskResult.id``), a UUID.
         backend_name: The alias of the backend in ``settings.TASKS``.
         queue_name: The task's queue.
-        priority: -100 to 100; higher runs first.
+        priority: -100 to 100 (Django's ``TASK_MIN_PRIORITY`` to ``TASK_MAX_PRIORITY``, checked by the database
+            too); higher runs first.
         task_path: The dotted path of the ``Task`` object.
         takes_context: Whether the task function receives a ``TaskContext``.
         args_kwargs: ``{"args": [...], "kwargs": {...}}``, as JSON.
@@ -79,6 +80,12 @@ class QueuedTask(Claimable):
         indexes = (
             models.Index(fields=("status", "-priority", "enqueued_at"), name="lockkit_tasks_status_idx"),
             models.Index(fields=("claimed_by",), name="lockkit_tasks_worker_idx"),
+        )
+        constraints = (
+            models.CheckConstraint(
+                condition=models.Q(priority__range=(TASK_MIN_PRIORITY, TASK_MAX_PRIORITY)),
+                name="lockkit_tasks_priority_range",
+            ),
         )
         verbose_name = "task"
 

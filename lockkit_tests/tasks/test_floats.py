@@ -44,3 +44,14 @@ def test_floats_jsonb_would_rewrite_stay_the_same_floats(alias: str) -> None:
         for got in (result.return_value["args"], result.return_value["kwargs"]["x"]):
             assert [type(value) for value in got] == [float] * len(floats)
             assert got == floats
+
+
+def test_floats_stay_floats_through_batched_completions(alias: str) -> None:
+    floats = jobs.AWKWARD_FLOATS
+    with backend_on(alias) as backend:
+        results = [jobs.echo.enqueue(*floats) for _ in range(4)]
+        assert run_worker(backend, concurrency=2, batch=4).succeeded == 4
+        for result in results:
+            result.refresh()
+            assert result.return_value["args"] == floats
+            assert [type(value) for value in result.return_value["args"]] == [float] * len(floats)

@@ -7,6 +7,12 @@ class Migration(migrations.Migration):
     dependencies = [("lockkit_tasks", "0001_initial")]
 
     operations = [
+        migrations.AddConstraint(
+            model_name="queuedtask",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__range", (-100, 100))), name="lockkit_tasks_priority_range"
+            ),
+        ),
         migrations.AddField(
             model_name="queuedtask",
             name="retry_of",
