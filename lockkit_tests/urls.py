@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import URLPattern, URLResolver, path
 
 import lockkit
 from lockkit_tests.models import Stock
@@ -29,7 +29,7 @@ def reserve_view(request: HttpRequest, sku: str) -> JsonResponse:
     return JsonResponse({"available": available})
 
 
-urlpatterns = [path("reserve/<str:sku>/", reserve_view)]
+urlpatterns: list[URLPattern | URLResolver] = [path("reserve/<str:sku>/", reserve_view)]
 if apps.is_installed("django.contrib.admin"):  # Django 6 runs (the tasks admin's tests)
     from django.contrib import admin
 

@@ -62,7 +62,8 @@ class QueuedTaskAdmin(_ModelAdmin):
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """Whether the user may run tasks again: Django's change permission on tasks (view is not enough)."""
         codename = get_permission_codename("change", self.opts)
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+        user: Any = request.user  # a User, or AnonymousUser: both have has_perm()
+        return bool(user.has_perm(f"{self.opts.app_label}.{codename}"))
 
     def get_readonly_fields(self, request: HttpRequest, obj: QueuedTask | None = None) -> Any:
         """Every field."""

@@ -17,6 +17,7 @@ from lockkit.claims import fenced as fenced_claim
 from lockkit.claims.sql import claims_sql_for
 from lockkit.guarded import guarded_update
 from lockkit.scopes.scope import LockScope
+from lockkit.tasks.models import QueuedTask
 
 logger = logging.getLogger("lockkit.tasks.worker")
 
@@ -105,7 +106,7 @@ def record_value(run: Run, value: Any) -> bool:
     which the result reports (``ReturnValueNotRecorded``); the failure is logged.
     """
     claim = run.claim
-    rows = claim.model._default_manager.using(claim.alias).filter(
+    rows = QueuedTask.objects.using(claim.alias).filter(
         pk=claim.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
     )
     try:
