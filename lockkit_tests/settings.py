@@ -37,6 +37,33 @@ INSTALLED_APPS = [
 # tests are not collected (lockkit_tests/conftest.py).
 if django.VERSION >= (6, 0):
     INSTALLED_APPS.append("lockkit.tasks")
+    # The tasks admin, tested through the test client with real users (lockkit_tests/tasks/test_admin.py).
+    INSTALLED_APPS += [
+        "django.contrib.admin",
+        "django.contrib.auth",
+        "django.contrib.contenttypes",
+        "django.contrib.sessions",
+        "django.contrib.messages",
+    ]
+    MIDDLEWARE = [
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+    ]
+    TEMPLATES = [
+        {
+            "BACKEND": "django.template.backends.django.DjangoTemplates",
+            "APP_DIRS": True,
+            "OPTIONS": {
+                "context_processors": [
+                    "django.template.context_processors.request",
+                    "django.contrib.auth.context_processors.auth",
+                    "django.contrib.messages.context_processors.messages",
+                ]
+            },
+        }
+    ]
     TASKS: dict[str, dict[str, Any]] = {
         "default": {
             "BACKEND": "lockkit.tasks.DatabaseBackend",

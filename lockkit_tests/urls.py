@@ -1,9 +1,10 @@
-"""A view for the ATOMIC_REQUESTS test: a locked operation nested in the request's transaction."""
+"""A view for the ATOMIC_REQUESTS test (a locked operation nested in the request's transaction), and the admin."""
 
 from __future__ import annotations
 
+from django.apps import apps
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import URLPattern, URLResolver, path
 
 import lockkit
 from lockkit_tests.models import Stock
@@ -28,4 +29,8 @@ def reserve_view(request: HttpRequest, sku: str) -> JsonResponse:
     return JsonResponse({"available": available})
 
 
-urlpatterns = [path("reserve/<str:sku>/", reserve_view)]
+urlpatterns: list[URLPattern | URLResolver] = [path("reserve/<str:sku>/", reserve_view)]
+if apps.is_installed("django.contrib.admin"):  # Django 6 runs (the tasks admin's tests)
+    from django.contrib import admin
+
+    urlpatterns.append(path("admin/", admin.site.urls))

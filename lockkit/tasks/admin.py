@@ -6,10 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_permission_codename
+from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.tasks.base import TaskResultStatus
+from django.template.response import TemplateResponse
 
+from lockkit.tasks import results
+from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.models import QueuedTask
 
 if TYPE_CHECKING:
@@ -17,22 +23,31 @@ if TYPE_CHECKING:
 else:  # ModelAdmin is generic for type checkers only (django-stubs); at run time it takes no subscript
     _ModelAdmin = admin.ModelAdmin
 
+#: The page that asks before tasks that already succeeded run again.
+CONFIRMATION_TEMPLATE = "admin/lockkit_tasks/queuedtask/retry_confirmation.html"
+
 
 class QueuedTaskAdmin(_ModelAdmin):
-    """Tasks as workers left them: read-only (workers own the rows), with "retry" for finished ones."""
+    """Tasks as workers left them: read-only (workers own the rows), with "retry" for finished ones.
+
+    "Retry" needs the change permission on tasks; it enqueues each selected finished task again as a new row whose
+    ``retry_of`` is the old row's id, which keeps its record (status, errors, workers, return value) untouched.
+    A task that already succeeded runs again only after a confirmation page.
+    """
 
     list_display = (
         "id",
-        "task_path",
+        "task_name",
         "status",
         "queue_name",
         "priority",
         "attempts",
         "enqueued_at",
         "finished_at",
+        "retry_of",
     )
     list_filter = ("status", "queue_name", "backend_name")
-    search_fields = ("id", "task_path", "claimed_by")
+    search_fields = ("id", "task_path", "claimed_by", "retry_of")
     ordering = ("-enqueued_at",)
     actions = ("retry",)
 
@@ -44,21 +59,72 @@ class QueuedTaskAdmin(_ModelAdmin):
         """Read-only: a worker may be writing the row."""
         return False
 
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may run tasks again: Django's change permission on tasks (view is not enough)."""
+        codename = get_permission_codename("change", self.opts)
+        user: Any = request.user  # a User, or AnonymousUser: both have has_perm()
+        return bool(user.has_perm(f"{self.opts.app_label}.{codename}"))
+
     def get_readonly_fields(self, request: HttpRequest, obj: QueuedTask | None = None) -> Any:
         """Every field."""
         return [f.name for f in self.model._meta.fields]
 
-    @admin.action(description="Retry the selected finished tasks", permissions=["view"])
-    def retry(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> None:
-        """Make the selected ``FAILED``/``SUCCESSFUL`` tasks ``READY`` again, unclaimed (running ones are left)."""
+    @admin.action(description="Retry the selected finished tasks", permissions=["retry"])
+    def retry(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> TemplateResponse | None:
+        """Enqueue the selected ``FAILED``/``SUCCESSFUL`` tasks again, each as a new row linked by ``retry_of``.
+
+        Running, waiting and already retried tasks are left. When a selected task already succeeded, the first
+        request answers with a confirmation page; the action runs when that page's form is posted.
+        """
         finished = queryset.filter(
             status__in=(TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL), lease_expires_at__isnull=True
+        ).exclude(
+            pk__in=QueuedTask.objects.using(queryset.db).filter(retry_of__isnull=False).values("retry_of")
         )
-        count = finished.update(
-            status=TaskResultStatus.READY, ready_at=None, finished_at=None, return_value=None, worker_log="",
-            errors=[],
-        )  # fmt: skip
-        self.message_user(request, f"{count} task(s) will run again.", messages.SUCCESS)
+        succeeded = [row for row in finished if row.status == TaskResultStatus.SUCCESSFUL]
+        if succeeded and request.POST.get("post") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Run tasks that already succeeded again?",
+                "opts": self.opts,
+                "succeeded": succeeded,
+                "selected": queryset.values_list("pk", flat=True),
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                "action": "retry",
+            }
+            return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)
+        enqueued, refused = 0, []
+        for row in finished:
+            try:
+                _enqueue_again(row)
+                enqueued += 1
+            except (
+                Exception,
+                DatabaseError,
+            ) as failure:  # one bad row (a path refused, a race) leaves the rest
+                refused.append(f"{row.id}: {failure}")
+        self.message_user(request, f"{enqueued} task(s) will run again, as new tasks.", messages.SUCCESS)
+        if refused:
+            self.message_user(request, f"Not run again: {'; '.join(refused)}", messages.ERROR)
+        return None
+
+
+def _enqueue_again(row: QueuedTask) -> None:
+    """Enqueue ``row``'s task with its arguments as a new row linked to it (one transaction).
+
+    Raises:
+        django.tasks.exceptions.InvalidTask, ImportError, SuspiciousOperation: as ``results.task_of``.
+        django.db.IntegrityError: the row was run again meanwhile (``retry_of`` is unique).
+    """
+    task = results.task_of(row)
+    backend = task.get_backend()
+    if not isinstance(backend, DatabaseBackend):
+        raise TypeError(f"backend {row.backend_name!r} is not a lockkit.tasks.DatabaseBackend any more")
+    alias = backend.database()
+    args, kwargs = row.arguments()
+    with transaction.atomic(using=alias):
+        again = task.enqueue(*args, **kwargs)
+        QueuedTask.objects.using(alias).filter(pk=again.id).update(retry_of=row.pk)
 
 
 # Django imports admin.py only when django.contrib.admin is installed; the check lets the class be imported anyway.

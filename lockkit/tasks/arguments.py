@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from django.utils.json import normalize_json
@@ -61,6 +62,45 @@ def json_value(value: Any, name: str) -> Any:
     if json.loads(text) != normalized:
         raise TypeError(f"{name} must survive a JSON round trip unchanged: dict keys must be strings")
     return normalized
+
+
+class FloatKeepingEncoder(json.JSONEncoder):
+    """JSON in which every float keeps a fractional part, so each vendor's JSON column gives back a float.
+
+    PostgreSQL's ``jsonb`` stores numbers as ``numeric``: Python writes ``1e16`` as ``1e+16``, which comes back as
+    ``10000000000000000`` (an ``int``), and ``1e300`` as an ``int`` of another value. Written ``10000000000000000.0``
+    (positional, every digit of Python's shortest repr, and ``.0``), a float keeps its scale and comes back as the
+    same float. Other floats are written as Python writes them (their repr already has a ``.`` or an exponent
+    below zero, which ``numeric`` shows as a fraction). Used as the ``encoder`` of the task table's JSON fields.
+    """
+
+    def encode(self, o: Any) -> str:
+        """``o`` as JSON text, floats written so that they stay floats.
+
+        Raises:
+            TypeError, ValueError: as ``json.dumps`` (a value JSON cannot hold, NaN or infinity).
+        """
+        text = json.dumps(o, allow_nan=False)
+        if "e+" not in text:  # no float written with a positive exponent: nothing for jsonb to rewrite
+            return text
+        return _keeping_floats(o)
+
+    def iterencode(self, o: Any, _one_shot: bool = False) -> Iterator[str]:
+        """``encode(o)`` as one chunk."""
+        yield self.encode(o)
+
+
+def _keeping_floats(value: Any) -> str:
+    if isinstance(value, float):
+        text = repr(value)
+        return f"{Decimal(text):f}.0" if "e+" in text else text
+    if isinstance(value, Mapping):
+        return (
+            "{" + ",".join(f"{json.dumps(key)}:{_keeping_floats(item)}" for key, item in value.items()) + "}"
+        )
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_keeping_floats(item) for item in value) + "]"
+    return json.dumps(value, allow_nan=False)
 
 
 def storable_text(text: str, limit: int = MAX_TEXT) -> str:

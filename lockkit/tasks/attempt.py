@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections
+from django.db import close_old_connections
 from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_started
 
@@ -76,7 +76,7 @@ class Attempts:
                 task=task,
             )
             return
-        with running.running(claim) as run:
+        with running.running(claim, errors) as run:
             try:
                 result = results.result_of(row, task)
                 task_started.send(sender=DatabaseBackend, task_result=result)
@@ -92,13 +92,8 @@ class Attempts:
                     return
                 self.outcomes.fail(row, claim, [*errors, error_entry(failure, attempt)], attempt, task)
                 return
-        if run.completed:
-            try:
-                QueuedTask.objects.using(self.outcomes.alias).filter(
-                    pk=row.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
-                ).update(return_value=stored)
-            except DatabaseError as failure:  # the fenced() block committed: SUCCESSFUL, without its value
-                logger.error("task %s: SUCCESSFUL but its return value was not stored: %s", row.id, failure)
+        if run.completed:  # the fenced() block committed: SUCCESSFUL, with or without its value
+            running.record_value(run, stored)
             tally.count(self.outcomes.stats, row, "succeeded", alias=self.outcomes.alias)
             self.outcomes.stats.ids.append(str(row.pk))
             return

@@ -101,13 +101,17 @@ class DatabaseBackend(BaseTaskBackend):
         return result
 
     def validate_task(self, task: Task[..., Any]) -> None:
-        """Django's checks, plus: the task is bound to this backend (``task.backend``).
+        """Django's checks, plus: the task is bound to this backend, and its path is one a worker imports.
+
+        The path must pass ``lockkit.tasks.results.check_task_path`` (an installed app's, or ``task_modules``).
 
         Raises:
-            django.tasks.exceptions.InvalidTask: the task is not valid for this backend, or is another
-                backend's (its result could not be read back through ``task.get_result()`` or ``refresh()``).
+            django.tasks.exceptions.InvalidTask: the task is not valid for this backend, is another backend's
+                (its result could not be read back through ``task.get_result()`` or ``refresh()``), or its
+                module is in no installed app nor in ``OPTIONS["task_modules"]``.
         """
         super().validate_task(task)
+        results.check_task_path(task.module_path, self.settings.task_modules)
         if task.backend != self.alias:
             raise InvalidTask(
                 f"Task {task.module_path!r} uses backend {task.backend!r}, not {self.alias!r}: enqueue it with "
@@ -145,6 +149,9 @@ class DatabaseBackend(BaseTaskBackend):
 
         Raises:
             django.tasks.exceptions.TaskResultDoesNotExist: no task of this id, or an id that is not a UUID.
+            django.tasks.exceptions.InvalidTask: the row's ``task_path`` is refused (``check_task_path``),
+                before anything is imported.
+            ImportError: the row's ``task_path`` does not import any more.
         """
         from lockkit.tasks.models import QueuedTask
 

@@ -6,9 +6,10 @@ import uuid
 from typing import Any
 
 from django.db import models
-from django.tasks.base import TaskResultStatus
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskResultStatus
 
 from lockkit.claims.mixin import Claimable
+from lockkit.tasks.arguments import FloatKeepingEncoder
 
 __all__ = ["QueuedTask"]
 
@@ -27,16 +28,21 @@ class QueuedTask(Claimable):
         id: The task result's id (``TaskResult.id``), a UUID.
         backend_name: The alias of the backend in ``settings.TASKS``.
         queue_name: The task's queue.
-        priority: -100 to 100; higher runs first.
+        priority: -100 to 100 (Django's ``TASK_MIN_PRIORITY`` to ``TASK_MAX_PRIORITY``, checked by the database
+            too); higher runs first.
         task_path: The dotted path of the ``Task`` object.
         takes_context: Whether the task function receives a ``TaskContext``.
         args_kwargs: ``{"args": [...], "kwargs": {...}}``, as JSON.
         run_after: The task's own ``run_after`` (``Task.run_after``), or ``NULL``.
         ready_at: The earliest the next attempt may start: ``run_after`` at first, then the retry's backoff.
         enqueued_at, started_at, finished_at, last_attempted_at: As ``TaskResult`` has them.
-        return_value: The JSON return value of a successful run.
+        return_value: The JSON return value of a successful run (floats written so that they stay floats).
+        return_value_recorded: ``False`` while a task that ``lockkit.tasks.fenced()`` completed has not had its
+            return value written: for good when its worker died (or kept failing to write) in between.
         errors: One ``{"exception_class_path", "traceback", "attempt"}`` per failed attempt.
         worker_log: The worker of each attempt, one per line (``TaskResult.worker_ids``), appended when claimed.
+        retry_of: The ``id`` of the finished task this row runs again (the admin's "retry" action), or ``NULL``;
+            a task is run again at most once (unique): retry the newest run.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -45,7 +51,7 @@ class QueuedTask(Claimable):
     priority = models.SmallIntegerField(default=0)
     task_path = models.CharField(max_length=255)
     takes_context = models.BooleanField(default=False)
-    args_kwargs = models.JSONField()
+    args_kwargs = models.JSONField(encoder=FloatKeepingEncoder)
     status = models.CharField(max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY)
     run_after = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
@@ -53,9 +59,11 @@ class QueuedTask(Claimable):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
-    return_value = models.JSONField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True, encoder=FloatKeepingEncoder)
+    return_value_recorded = models.BooleanField(default=True)
     errors = models.JSONField(default=list, blank=True)
     worker_log = models.TextField(default="", blank=True)
+    retry_of = models.UUIDField(null=True, blank=True, unique=True, editable=False)
 
     # Declared, so type checkers know it even where the app is not installed (Django < 6, mypy's plugin).
     objects: models.Manager[QueuedTask] = models.Manager()
@@ -73,11 +81,22 @@ class QueuedTask(Claimable):
             models.Index(fields=("status", "-priority", "enqueued_at"), name="lockkit_tasks_status_idx"),
             models.Index(fields=("claimed_by",), name="lockkit_tasks_worker_idx"),
         )
+        constraints = (
+            models.CheckConstraint(
+                condition=models.Q(priority__range=(TASK_MIN_PRIORITY, TASK_MAX_PRIORITY)),
+                name="lockkit_tasks_priority_range",
+            ),
+        )
         verbose_name = "task"
 
     def __str__(self) -> str:
         """``<task path> <id> (<status>)``."""
         return f"{self.task_path} {self.id} ({self.status})"
+
+    @property
+    def task_name(self) -> str:
+        """The task function's name (``Task.name``): the last part of ``task_path``, read without importing it."""
+        return self.task_path.rpartition(".")[2]
 
     @property
     def worker_ids(self) -> list[str]:

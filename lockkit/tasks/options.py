@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "retry_backoff_max": 300.0,
     "poll_interval": 1.0,
     "notify": True,
+    "task_modules": (),
 }
 
 
@@ -37,6 +38,8 @@ class TaskOptions:
         poll_interval: The longest an idle worker waits before looking for ready tasks again, in seconds (on
             PostgreSQL a ``NOTIFY`` sent when an enqueue commits wakes it sooner).
         notify: Whether enqueues on PostgreSQL send ``NOTIFY`` (on commit) to wake idle workers.
+        task_modules: Modules (dotted names) outside ``INSTALLED_APPS`` whose tasks (and their submodules')
+            may be enqueued and run; a task path in neither is refused before anything is imported.
     """
 
     database: str | None
@@ -46,6 +49,7 @@ class TaskOptions:
     retry_backoff_max: float
     poll_interval: float
     notify: bool
+    task_modules: tuple[str, ...]
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt`` (1-based): exponential, capped."""
@@ -85,6 +89,12 @@ def parse(alias: str, options: object) -> TaskOptions:
             raise ValueError(f"database must be an alias of settings.DATABASES ({known}), got {database!r}")
         if not isinstance(values["notify"], bool):
             raise TypeError(f"notify must be True or False, not {type(values['notify']).__name__}")
+        modules = values["task_modules"]
+        if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
+            raise TypeError(f"task_modules must be a list of module names, not {type(modules).__name__}")
+        for module in modules:
+            if not isinstance(module, str) or not all(part.isidentifier() for part in module.split(".")):
+                raise ValueError(f"task_modules must hold dotted module names, got {module!r}")
         parsed = TaskOptions(
             database=database,
             lease=duration(values["lease"], "lease"),
@@ -93,6 +103,7 @@ def parse(alias: str, options: object) -> TaskOptions:
             retry_backoff_max=duration(values["retry_backoff_max"], "retry_backoff_max"),
             poll_interval=duration(values["poll_interval"], "poll_interval"),
             notify=values["notify"],
+            task_modules=tuple(modules),
         )
     except (TypeError, ValueError) as error:
         raise ImproperlyConfigured(f"{where}: {error}") from error

@@ -3,21 +3,69 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.core.exceptions import SuspiciousOperation
+from django.tasks import task_backends
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend
 from django.utils.module_loading import import_string
+
+from lockkit.tasks.errors import ReturnValueNotRecorded
 
 if TYPE_CHECKING:
     from lockkit.tasks.models import QueuedTask
 
 
+def check_task_path(path: str, task_modules: Iterable[str] = ()) -> None:
+    """Refuse a task path lockkit would not import: checked before anything is imported.
+
+    A path is accepted when it is dotted Python names (no ``<locals>``), has no ``__main__`` part, and its module is
+    the module of an app in ``INSTALLED_APPS`` or inside it, or one of ``task_modules`` (the backend's
+    ``OPTIONS["task_modules"]``) or inside it. A task table row can name any path: without this check, taking
+    the row would import (run) any module on the worker's path, ``unittest.__main__`` included.
+
+    Args:
+        path: The dotted path (``Task.module_path``, ``QueuedTask.task_path``).
+        task_modules: Further modules (dotted names) whose tasks may run.
+
+    Raises:
+        django.tasks.exceptions.InvalidTask: the path is refused; the message names it and why.
+    """
+    module, _, _name = path.rpartition(".")
+    parts = path.split(".")
+    if not module or not all(part.isidentifier() for part in parts) or "__main__" in parts:
+        raise InvalidTask(
+            f"task path {path!r} is not a module-level task of an importable module (dotted names, no "
+            f"__main__): refused without importing it"
+        )
+    roots = [config.name for config in apps.get_app_configs()] + list(task_modules)
+    if not any(module == root or module.startswith(root + ".") for root in roots):
+        raise InvalidTask(
+            f"task path {path!r} is in no app of INSTALLED_APPS nor in the backend's OPTIONS['task_modules']: "
+            f"refused without importing it"
+        )
+
+
+def _task_modules(row: QueuedTask) -> list[str]:
+    """The ``task_modules`` option of the row's backend (checked when the backend was built), else none."""
+    try:
+        backend = task_backends[row.backend_name]
+    except InvalidTaskBackend:
+        return []
+    return list(backend.options.get("task_modules", []))
+
+
 def task_of(row: QueuedTask) -> Task[..., Any]:
     """The ``Task`` the row was enqueued with (its ``priority``, ``queue_name`` and ``run_after`` too).
 
+    The path is checked (``check_task_path``) before anything is imported.
+
     Raises:
+        django.tasks.exceptions.InvalidTask: ``task_path`` is refused by ``check_task_path`` (nothing imported).
         ImportError: ``task_path`` cannot be imported any more.
         SuspiciousOperation: ``task_path`` names something that is not a ``Task``.
     """
@@ -25,6 +73,7 @@ def task_of(row: QueuedTask) -> Task[..., Any]:
 
 
 def _imported(row: QueuedTask) -> Task[..., Any]:
+    check_task_path(row.task_path, _task_modules(row))
     found = import_string(row.task_path)
     if not isinstance(found, Task):
         raise SuspiciousOperation(f"Task {row.id} does not point to a Task ({row.task_path})")
@@ -57,7 +106,7 @@ class TaskCache:
         """As the module's ``task_of``.
 
         Raises:
-            ImportError, SuspiciousOperation: as ``task_of``.
+            InvalidTask, ImportError, SuspiciousOperation: as ``task_of``.
         """
         found = self._found.get(row.task_path)
         if found is None:
@@ -95,18 +144,28 @@ class StoredTaskResult(TaskResult):  # type: ignore[type-arg,misc]
 
     Attributes:
         stored_return_value: What the task returned (JSON), or ``None`` until it succeeded.
+        return_value_recorded: ``False`` when the task succeeded (its ``fenced()`` block committed) but its
+            return value was not written: ``return_value`` raises ``ReturnValueNotRecorded``.
     """
 
     stored_return_value: Any = None
+    return_value_recorded: bool = True
 
     @property
     def return_value(self) -> Any:
         """The task's return value.
 
         Raises:
+            lockkit.tasks.errors.ReturnValueNotRecorded: the task succeeded (its ``fenced()`` block committed)
+                but its worker stopped before writing the value (a ``ValueError``).
             ValueError: the task failed, or has not finished yet.
         """
         if self.status == TaskResultStatus.SUCCESSFUL:
+            if not self.return_value_recorded:
+                raise ReturnValueNotRecorded(
+                    f"Task {self.id} succeeded (its fenced() block committed) but its return value was not "
+                    f"recorded: its worker stopped, or lost the database, before writing it"
+                )
             return self.stored_return_value
         if self.status == TaskResultStatus.FAILED:
             raise ValueError("Task failed")
@@ -135,6 +194,7 @@ _REFRESHED = (
     "enqueued_at",
     "worker_ids",
     "stored_return_value",
+    "return_value_recorded",
 )
 
 
@@ -142,7 +202,7 @@ def result_of(row: QueuedTask, task: Task[..., Any] | None = None) -> TaskResult
     """The row as a ``TaskResult`` (a ``StoredTaskResult``: ``return_value`` answers only once the task succeeded).
 
     Raises:
-        ImportError, SuspiciousOperation: as ``task_of`` (unless ``task`` is given).
+        InvalidTask, ImportError, SuspiciousOperation: as ``task_of`` (unless ``task`` is given).
     """
     args, kwargs = row.arguments()
     return StoredTaskResult(
@@ -159,4 +219,5 @@ def result_of(row: QueuedTask, task: Task[..., Any] | None = None) -> TaskResult
         errors=errors_of(row),
         worker_ids=row.worker_ids,
         stored_return_value=row.return_value if row.status == TaskResultStatus.SUCCESSFUL else None,
+        return_value_recorded=row.return_value_recorded,
     )

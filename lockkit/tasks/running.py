@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from django.db import DatabaseError
 from django.tasks.base import TaskResultStatus
 
 from lockkit.claims import Claim, complete
 from lockkit.claims import fenced as fenced_claim
 from lockkit.claims.sql import claims_sql_for
+from lockkit.guarded import guarded_update
 from lockkit.scopes.scope import LockScope
+from lockkit.tasks.models import QueuedTask
+
+logger = logging.getLogger("lockkit.tasks.worker")
 
 
 @dataclass
 class Run:
-    """The task being run on this thread: its claim, and whether ``fenced()`` already completed it."""
+    """The task being run on this thread: its claim, its errors so far, and whether ``fenced()`` completed it.
+
+    ``errors`` are the row's errors as the completion writes them (the ``WorkerLost`` of earlier attempts included).
+    """
 
     claim: Claim
+    errors: list[dict[str, Any]] = field(default_factory=list)
     completed: bool = False
 
 
@@ -50,10 +61,13 @@ def fenced() -> Iterator[LockScope]:
 
     On entry the task's row is locked and its claim checked (``lockkit.claims.fenced``): a worker whose task was
     taken by another (it froze past its lease, its claim was reclaimed) gets ``StaleClaim`` and writes nothing.
-    On a normal exit the task is marked ``SUCCESSFUL`` in the same transaction, so the block's database
-    effects happen exactly once even when a worker dies right after the commit (the task is not run again).
-    The return value of the task function is written after it returns; an exception raised after the block
-    is logged, and the task stays ``SUCCESSFUL``. Use it at most once per task, around its database writes.
+    On a normal exit the task is marked ``SUCCESSFUL`` in the same transaction (with the ``WorkerLost`` errors of
+    earlier attempts), so the block's database effects happen exactly once even when a worker dies right after
+    the commit (the task is not run again). The return value of the task function is written after it returns
+    (a lost connection is reconnected, per the retry policy); until it is, and for good when the worker dies in
+    between, the result's ``return_value`` raises ``lockkit.tasks.ReturnValueNotRecorded`` rather than answer
+    ``None``. An exception raised after the block is logged, and the task stays ``SUCCESSFUL``. Use it at most
+    once per task, around its database writes.
     See https://docs.djangoproject.com/en/6.0/topics/db/transactions/.
 
     Yields:
@@ -73,15 +87,45 @@ def fenced() -> Iterator[LockScope]:
         now = claims_sql_for(run.claim.model, run.claim.alias).now()
         complete(
             run.claim,
-            set={"status": TaskResultStatus.SUCCESSFUL, "finished_at": now, "return_value": None},
+            set={
+                "status": TaskResultStatus.SUCCESSFUL,
+                "finished_at": now,
+                "return_value": None,
+                "return_value_recorded": False,
+                "errors": run.errors,
+            },
         )
     run.completed = True
 
 
+def record_value(run: Run, value: Any) -> bool:
+    """Write the return value of a task its ``fenced()`` block completed; ``False`` when it could not be written.
+
+    One conditional ``UPDATE`` (``lockkit.guarded_update``: the row, this claim's token, ``SUCCESSFUL``), retried
+    on a lost connection as the retry policy says. A value not written leaves ``return_value_recorded`` false,
+    which the result reports (``ReturnValueNotRecorded``); the failure is logged.
+    """
+    claim = run.claim
+    rows = QueuedTask.objects.using(claim.alias).filter(
+        pk=claim.pk, claim_token=claim.token, status=TaskResultStatus.SUCCESSFUL
+    )
+    try:
+        written = guarded_update(rows, return_value=value, return_value_recorded=True)
+    except DatabaseError as failure:
+        logger.error("task %s: SUCCESSFUL but its return value was not recorded: %s", claim.pk, failure)
+        return False
+    if not written:
+        logger.error("task %s: SUCCESSFUL but its return value was not recorded: the row changed", claim.pk)
+    return bool(written)
+
+
 @contextmanager
-def running(claim: Claim) -> Iterator[Run]:
-    """Make ``claim`` this thread's current task run for the duration of the block (the worker's side)."""
-    run = Run(claim)
+def running(claim: Claim, errors: list[dict[str, Any]]) -> Iterator[Run]:
+    """Make ``claim`` this thread's current task run for the duration of the block (the worker's side).
+
+    ``errors`` are the row's errors so far, written by ``fenced()``'s completion.
+    """
+    run = Run(claim, list(errors))
     token = _current.set(run)
     try:
         yield run

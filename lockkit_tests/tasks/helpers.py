@@ -47,10 +47,10 @@ def vendor_aliases(*, apps: list[str] | None = None) -> list[Any]:
     """PostgreSQL, MariaDB (when configured) and SQLite, each marked transactional on its alias.
 
     Args:
-        apps: The apps whose tables are emptied after each test (``available_apps``); default
-            ``lockkit.tasks`` only.
+        apps: The apps whose tables are emptied after each test (``available_apps``); default ``APPS``: the
+            app registry holds only these during the test, and a task path must be in one of them.
     """
-    available = apps or ["lockkit", "lockkit.tasks"]
+    available = apps or APPS
 
     def mark(*databases: str) -> Any:
         return pytest.mark.django_db(transaction=True, databases=list(databases), available_apps=available)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.db import connections
 from django.dispatch import receiver
 from django.tasks import TaskContext, task
 from django.tasks.signals import task_finished, task_started
@@ -178,3 +179,61 @@ def lose_own_claim(context: TaskContext[..., Any], alias: str) -> None:
     QueuedTask.objects.using(alias).filter(pk=context.task_result.id).update(
         claimed_by="thief", claim_token=F("claim_token") + 1
     )
+
+
+@task(takes_context=True)
+def fenced_after_hang(context: TaskContext[..., Any], marker: str) -> int:
+    """Attempt 1 writes ``<marker>.started`` and hangs (to be killed); later attempts write in ``fenced()``."""
+    if context.attempt == 1:
+        Path(marker + ".started").write_text(str(os.getpid()))
+        time.sleep(120)
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=f"fenced-{context.attempt}")
+    return context.attempt
+
+
+@task()
+def fenced_then_die(name: str) -> str:
+    """Write in ``fenced()``, then kill the worker before it can record the return value."""
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return name
+
+
+@task()
+def fenced_then_lose_connection(name: str) -> str:
+    """Write in ``fenced()``, then end the worker's own database session from another one, and return ``name``.
+
+    The worker's next statement, the one recording the return value, finds its connection gone.
+    """
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+        alias = scope.alias
+    connection = connections[alias]
+    vendor = connection.vendor
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        (session,) = cursor.fetchone()
+    other = connections.create_connection(alias)
+    try:
+        with other.cursor() as cursor:
+            if vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [session])  # waits until it is gone
+            else:
+                cursor.execute(f"KILL CONNECTION {int(session)}")
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    cursor.execute(
+                        "SELECT COUNT(*) FROM information_schema.processlist WHERE id = %s", [session]
+                    )
+                    if cursor.fetchone()[0] == 0:
+                        break
+                    time.sleep(0.02)
+    finally:
+        other.close()
+    return name
+
+
+#: Floats PostgreSQL's jsonb would turn into integers (or other values) if written as Python writes them.
+AWKWARD_FLOATS = [1e16, 1.5e16, -2e22, 1e300, 1.7976931348623157e308, 1e-300, 5e-324, 0.1, 123456789.125]

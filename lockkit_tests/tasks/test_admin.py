@@ -1,27 +1,38 @@
-"""The admin: read-only, filtered by status/queue/backend, and "retry" making finished tasks ready again."""
+"""The admin: read-only, filtered by status/queue/backend, and "retry" running finished tasks again as new rows.
+
+Through Django's test client with real users: one who may only view tasks, one who may change them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from django.apps import apps
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.sites import AdminSite
+from django.contrib.auth.models import Permission, User
+from django.db.migrations.autodetector import MigrationAutodetector
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.state import ProjectState
 from django.tasks import TaskResultStatus
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 
 from lockkit.tasks.admin import QueuedTaskAdmin
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import backend_on, run_worker, vendor_aliases
+from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, vendor_aliases
+
+ADMIN_APPS = [*APPS, "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes"]
+ADMIN_APPS += ["django.contrib.sessions", "django.contrib.messages"]
+on_postgresql = pytest.mark.django_db(transaction=True, databases=["default"], available_apps=ADMIN_APPS)
+CHANGELIST = "/admin/lockkit_tasks/queuedtask/"
 
 
-class RecordingAdmin(QueuedTaskAdmin):
-    """The real admin, recording its messages instead of needing the messages middleware."""
-
-    messages: list[str]
-
-    def message_user(self, request: Any, message: Any, *args: Any, **kwargs: Any) -> None:
-        self.messages.append(str(message))
+def test_migrations_match_the_models() -> None:
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    detector = MigrationAutodetector(loader.project_state(), ProjectState.from_apps(apps))
+    assert detector.changes(graph=loader.graph, trim_to_apps={"lockkit_tasks"}) == {}
 
 
 def test_admin_configuration_passes_djangos_checks() -> None:
@@ -37,8 +48,110 @@ def test_admin_is_read_only() -> None:
     assert model_admin.list_filter == ("status", "queue_name", "backend_name")
 
 
+def _staff(name: str, *codenames: str) -> Client:
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="lockkit_tasks", codename__in=codenames)
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _retry(client: Client, *ids: str, confirm: bool = False, follow: bool = False) -> Any:
+    data: dict[str, Any] = {"action": "retry", ACTION_CHECKBOX_NAME: list(ids), "index": 0}
+    if confirm:
+        data["post"] = "yes"
+    return client.post(CHANGELIST, data, follow=follow)
+
+
+def _snapshot(pk: str) -> dict[str, Any]:
+    row = QueuedTask.objects.using("default").get(pk=pk)
+    return {
+        "status": row.status,
+        "errors": row.errors,
+        "worker_log": row.worker_log,
+        "value": row.return_value,
+    }
+
+
+@on_postgresql
+def test_a_view_only_user_cannot_retry() -> None:
+    with backend_on("default", max_attempts=1) as backend:
+        failed = jobs.failing_task_value_error.enqueue()
+        run_worker(backend)
+        before = _snapshot(failed.id)
+        viewer = _staff("viewer", "view_queuedtask")
+        assert viewer.get(CHANGELIST).status_code == 200  # the viewer sees the list...
+        response = _retry(viewer, failed.id, confirm=True, follow=True)
+        assert response.status_code == 200  # the list again: no action is offered to a viewer, none ran
+        assert 'value="retry"' not in viewer.get(CHANGELIST).content.decode()
+        assert QueuedTask.objects.using("default").count() == 1
+        assert _snapshot(failed.id) == before
+
+
+@on_postgresql
+def test_retry_keeps_the_earlier_run_and_links_the_new_one() -> None:
+    with backend_on("default", max_attempts=1) as backend:
+        failed = jobs.failing_task_value_error.enqueue()
+        run_worker(backend)
+        before = _snapshot(failed.id)
+        assert before["status"] == TaskResultStatus.FAILED
+        assert len(before["errors"]) == 1
+        changer = _staff("changer", "view_queuedtask", "change_queuedtask")
+        response = _retry(changer, failed.id)  # not succeeded: no confirmation needed
+        assert response.status_code == 302
+        assert _snapshot(failed.id) == before  # the earlier run's record is untouched
+        rerun = QueuedTask.objects.using("default").get(retry_of=failed.id)
+        assert rerun.status == TaskResultStatus.READY
+        assert (rerun.task_path, rerun.args_kwargs) == (
+            "lockkit_tests.tasks.jobs.failing_task_value_error",
+            {"args": [], "kwargs": {}},
+        )
+        assert run_worker(backend).ids == [str(rerun.pk)]
+        rerun.refresh_from_db()
+        assert rerun.status == TaskResultStatus.FAILED
+        assert len(rerun.worker_ids) == 1
+        assert len(rerun.errors) == 1
+        # Retried once already: selecting it again does nothing (retry the newest run instead).
+        _retry(changer, failed.id)
+        assert QueuedTask.objects.using("default").count() == 2
+
+
+@on_postgresql
+def test_retrying_a_succeeded_task_asks_for_confirmation_first() -> None:
+    with backend_on("default") as backend:
+        done = jobs.calculate_meaning_of_life.enqueue()
+        run_worker(backend)
+        before = _snapshot(done.id)
+        changer = _staff("changer", "view_queuedtask", "change_queuedtask")
+        page = _retry(changer, done.id)
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert "already succeeded" in text
+        assert str(done.id) in text
+        assert 'name="post" value="yes"' in text
+        assert QueuedTask.objects.using("default").count() == 1  # nothing yet
+        assert _snapshot(done.id) == before
+        assert _retry(changer, done.id, confirm=True).status_code == 302
+        assert _snapshot(done.id) == before
+        rerun = QueuedTask.objects.using("default").get(retry_of=done.id)
+        assert run_worker(backend).ids == [str(rerun.pk)]
+        rerun.refresh_from_db()
+        assert (rerun.status, rerun.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+
+
+class RecordingAdmin(QueuedTaskAdmin):
+    """The real admin, recording its messages instead of needing the messages middleware."""
+
+    messages: list[str]
+
+    def message_user(self, request: Any, message: Any, *args: Any, **kwargs: Any) -> None:
+        self.messages.append(str(message))
+
+
 @pytest.mark.parametrize("alias", vendor_aliases())
-def test_retry_action_makes_finished_tasks_ready_and_leaves_others(alias: str) -> None:
+def test_retry_action_enqueues_finished_tasks_again_and_leaves_others(alias: str) -> None:
     with backend_on(alias, max_attempts=1) as backend:
         failed = jobs.failing_task_value_error.enqueue()
         done = jobs.calculate_meaning_of_life.enqueue()
@@ -46,16 +159,13 @@ def test_retry_action_makes_finished_tasks_ready_and_leaves_others(alias: str) -
         waiting = jobs.noop_task.enqueue()
         model_admin = RecordingAdmin(QueuedTask, AdminSite())
         model_admin.messages = []
-        request = RequestFactory().post("/")
-        model_admin.retry(request, QueuedTask.objects.using(alias).all())
-        assert model_admin.messages == ["2 task(s) will run again."]
-        statuses = dict(QueuedTask.objects.using(alias).values_list("pk", "status"))
-        assert {str(pk): status for pk, status in statuses.items()} == {
-            failed.id: TaskResultStatus.READY,
-            done.id: TaskResultStatus.READY,
-            waiting.id: TaskResultStatus.READY,
-        }
-        assert sorted(run_worker(backend).ids) == sorted([failed.id, done.id, waiting.id])
-        failed.refresh()
-        assert failed.status == TaskResultStatus.FAILED
-        assert failed.attempts == 1  # a fresh attempt budget
+        request = RequestFactory().post("/", {"post": "yes"})
+        assert model_admin.retry(request, QueuedTask.objects.using(alias).all()) is None
+        assert model_admin.messages == ["2 task(s) will run again, as new tasks."]
+        rows = {str(row.pk): row for row in QueuedTask.objects.using(alias)}
+        assert len(rows) == 5
+        assert (rows[failed.id].status, rows[done.id].status) == (TaskResultStatus.FAILED, "SUCCESSFUL")
+        again = {str(row.retry_of): str(row.pk) for row in rows.values() if row.retry_of}
+        assert set(again) == {failed.id, done.id}
+        assert sorted(run_worker(backend).ids) == sorted([*again.values(), waiting.id])
+        assert QueuedTask.objects.using(alias).get(pk=again[done.id]).return_value == 42

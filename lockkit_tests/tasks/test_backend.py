@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import SuspiciousOperation
 from django.db import connections, transaction
 from django.tasks import TaskResultStatus, default_task_backend, task_backends
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -139,13 +139,25 @@ def test_invalid_task_path(alias: str) -> None:
             args_kwargs={"args": [["exit", "1"]], "kwargs": {}},
             enqueued_at=timezone.now(),
         )
-        with pytest.raises(SuspiciousOperation, match=f"Task {row.id} does not point to a Task"):
+        # In no installed app: refused before anything is imported (test_task_paths.py).
+        with pytest.raises(InvalidTask, match=r"subprocess\.check_output"):
             backend.get_result(str(row.id))
-        stats = run_worker(backend)  # the worker never calls it: the task fails
-        assert stats.failed == 1
-        stored = QueuedTask.objects.using(alias).get()
-        assert stored.status == TaskResultStatus.FAILED
-        assert stored.errors[0]["exception_class_path"] == "django.core.exceptions.SuspiciousOperation"
+        not_a_task = QueuedTask.objects.using(alias).create(
+            backend_name="default",
+            queue_name="default",
+            task_path="lockkit_tests.tasks.jobs.ComplexError",
+            args_kwargs={"args": [], "kwargs": {}},
+            enqueued_at=timezone.now(),
+        )
+        with pytest.raises(SuspiciousOperation, match=f"Task {not_a_task.id} does not point to a Task"):
+            backend.get_result(str(not_a_task.id))
+        stats = run_worker(backend)  # the worker never calls them: the tasks fail
+        assert stats.failed == 2
+        classes = {str(r.pk): r.errors[0]["exception_class_path"] for r in QueuedTask.objects.using(alias)}
+        assert classes == {
+            str(row.id): "django.tasks.exceptions.InvalidTask",
+            str(not_a_task.id): "django.core.exceptions.SuspiciousOperation",
+        }
 
 
 def test_missing_task_path(alias: str) -> None:
@@ -153,7 +165,7 @@ def test_missing_task_path(alias: str) -> None:
         row = QueuedTask.objects.using(alias).create(
             backend_name="default",
             queue_name="default",
-            task_path="missing.func",
+            task_path="lockkit_tests.tasks.missing.func",
             args_kwargs={"args": [], "kwargs": {}},
             enqueued_at=timezone.now(),
         )

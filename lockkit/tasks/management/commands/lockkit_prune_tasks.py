@@ -1,0 +1,141 @@
+"""``manage.py lockkit_prune_tasks``: delete finished tasks older than an age, in bounded batches."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Q
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+from django.tasks.base import TaskResultStatus
+from django.tasks.exceptions import InvalidTaskBackend
+from django.utils import timezone
+
+from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.models import QueuedTask
+
+#: The finished statuses, the only ones pruned.
+FINISHED = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+#: The largest ``--batch-size``: one statement never deletes more rows than this.
+MAX_BATCH = 100_000
+
+
+def _days(name: str, value: object) -> float:
+    """``value`` of ``--name`` as a number of days, at least 0; else ``CommandError`` naming the option."""
+    try:
+        days = float(str(value))
+    except ValueError:
+        raise CommandError(f"--{name} must be a number of days (0 or more), got {value!r}") from None
+    if not math.isfinite(days) or days < 0:
+        raise CommandError(f"--{name} must be a number of days (0 or more), got {value!r}")
+    return days
+
+
+def _count(name: str, value: object, high: int | None) -> int:
+    """``value`` of ``--name`` as a whole number from 1 to ``high``; else ``CommandError`` naming the option."""
+    allowed = f"--{name} must be a whole number from 1" + (f" to {high}" if high else "")
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise CommandError(f"{allowed}, got {value!r}") from None
+    if number < 1 or (high is not None and number > high):
+        raise CommandError(f"{allowed}, got {value!r}")
+    return number
+
+
+class Command(BaseCommand):
+    """``manage.py lockkit_prune_tasks``: delete finished tasks by age and status, in bounded batches.
+
+    Options: ``--backend``, ``--queue-name``, ``--min-age-days``, ``--failed-min-age-days``, ``--status``,
+    ``--batch-size``, ``--max-rows``, ``--dry-run``. The names of the options it shares with django-tasks' ``prune_db_task_results`` are the same, with the same
+    defaults. Only ``SUCCESSFUL`` and ``FAILED`` tasks are deleted, by ``finished_at``; waiting and running ones
+    never. Each batch is one short ``DELETE`` of at most ``--batch-size`` rows (oldest first) in its own
+    transaction, so workers claiming and finishing tasks are never blocked for long. See docs/tasks.md.
+    """
+
+    help = "Delete finished tasks (SUCCESSFUL/FAILED) of a lockkit.tasks.DatabaseBackend older than an age."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        """The options."""
+        parser.add_argument(
+            "--backend", default="default", help="The alias in settings.TASKS (default: default)."
+        )
+        parser.add_argument(
+            "--queue-name",
+            default=DEFAULT_TASK_QUEUE_NAME,
+            help="The queues to prune, separated by commas; '*' for every queue (default: default).",
+        )
+        parser.add_argument(
+            "--min-age-days",
+            default=14,
+            help="Days since a task finished before it is deleted (default: 14).",
+        )
+        parser.add_argument(
+            "--failed-min-age-days",
+            default=None,
+            help="Days since a FAILED task finished before it is deleted (default: --min-age-days).",
+        )
+        parser.add_argument(
+            "--status",
+            action="append",
+            choices=[str(status) for status in FINISHED],
+            help="Delete only tasks of this status (repeatable; default: both).",
+        )
+        parser.add_argument(
+            "--batch-size", default=1000, help=f"Rows deleted per statement (1 to {MAX_BATCH}; default 1000)."
+        )
+        parser.add_argument(
+            "--max-rows", default=None, help="Rows deleted at most in this run (default: all)."
+        )
+        parser.add_argument("--dry-run", action="store_true", help="Count the tasks that would be deleted.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Delete (or count) the tasks.
+
+        Raises:
+            CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (named), before
+                any SQL.
+        """
+        min_age = _days("min-age-days", options["min_age_days"])
+        failed = options["failed_min_age_days"]
+        failed_age = min_age if failed is None else _days("failed-min-age-days", failed)
+        batch = _count("batch-size", options["batch_size"], MAX_BATCH)
+        limit = None if options["max_rows"] is None else _count("max-rows", options["max_rows"], None)
+        statuses = set(options["status"] or FINISHED)
+        try:
+            backend = task_backends[options["backend"]]
+        except InvalidTaskBackend as error:
+            raise CommandError(f"--backend: {error}") from error
+        if not isinstance(backend, DatabaseBackend):
+            raise CommandError(f"--backend {options['backend']!r} is not a lockkit.tasks.DatabaseBackend")
+        now = timezone.now()
+        ages = {
+            TaskResultStatus.SUCCESSFUL: now - timedelta(days=min_age),
+            TaskResultStatus.FAILED: now - timedelta(days=failed_age),
+        }
+        due = Q()
+        for status in statuses:
+            due |= Q(status=status, finished_at__lte=ages[TaskResultStatus(status)])
+        alias = backend.database()
+        tasks = QueuedTask.objects.using(alias).filter(
+            due, backend_name=backend.alias, lease_expires_at__isnull=True
+        )
+        queues = options["queue_name"].split(",")
+        if "*" not in queues:
+            tasks = tasks.filter(queue_name__in=queues)
+        if options["dry_run"]:
+            count = tasks.count() if limit is None else min(limit, tasks.count())
+            self.stdout.write(f"Would delete {count} task result(s)")
+            return
+        deleted = 0
+        while limit is None or deleted < limit:
+            size = batch if limit is None else min(batch, limit - deleted)
+            pks = list(tasks.order_by("finished_at", "pk").values_list("pk", flat=True)[:size])
+            if not pks:
+                break
+            # The filter again: a row that changed since it was read is left (and not read again).
+            count, _ = tasks.filter(pk__in=pks).delete()
+            deleted += count
+        self.stdout.write(f"Deleted {deleted} task result(s)")

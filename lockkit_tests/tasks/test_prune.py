@@ -1,0 +1,114 @@
+"""``manage.py lockkit_prune_tasks``: finished tasks deleted by age and status, in bounded batches; plus the
+database's own check of a task's priority and ``QueuedTask.task_name``.
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import IntegrityError, connections, transaction
+from django.tasks import TaskResultStatus
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from lockkit.tasks.models import QueuedTask
+from lockkit_tests.tasks.helpers import backend_on, vendor_aliases
+
+ALL = vendor_aliases()
+
+
+def _row(alias: str, status: str, days: float | None, *, queue: str = "default", **fields: Any) -> str:
+    now = timezone.now()
+    row = QueuedTask.objects.using(alias).create(
+        backend_name="default",
+        queue_name=queue,
+        task_path="lockkit_tests.tasks.jobs.noop_task",
+        args_kwargs={"args": [], "kwargs": {}},
+        enqueued_at=now - timedelta(days=days or 0),
+        status=status,
+        finished_at=None if days is None else now - timedelta(days=days),
+        **fields,
+    )
+    return str(row.pk)
+
+
+def _prune(*args: str) -> str:
+    out = io.StringIO()
+    call_command("lockkit_prune_tasks", *args, stdout=out)
+    return out.getvalue()
+
+
+def _left(alias: str) -> set[str]:
+    return {str(pk) for pk in QueuedTask.objects.using(alias).values_list("pk", flat=True)}
+
+
+@pytest.mark.parametrize("alias", ALL)
+def test_prune_deletes_old_finished_tasks_only(alias: str) -> None:
+    with backend_on(alias):
+        old_ok = _row(alias, TaskResultStatus.SUCCESSFUL, 20)
+        old_failed = _row(alias, TaskResultStatus.FAILED, 20)
+        young_failed = _row(alias, TaskResultStatus.FAILED, 5)
+        other_queue = _row(alias, TaskResultStatus.SUCCESSFUL, 20, queue="queue-1")
+        ready = _row(alias, TaskResultStatus.READY, None)
+        running = _row(alias, TaskResultStatus.RUNNING, None)
+        assert "Would delete 2 task result(s)" in _prune("--dry-run")
+        assert len(_left(alias)) == 6
+        assert "Deleted 2 task result(s)" in _prune()  # default: 14 days, queue "default", both statuses
+        assert _left(alias) == {young_failed, other_queue, ready, running}
+        assert "Deleted 1 task result(s)" in _prune("--queue-name", "*", "--failed-min-age-days", "30")
+        assert _left(alias) == {young_failed, ready, running}
+        assert "Deleted 1 task result(s)" in _prune("--min-age-days", "1", "--status", "FAILED")
+        assert _left(alias) == {ready, running}
+        assert {old_ok, old_failed}.isdisjoint(_left(alias))
+
+
+@pytest.mark.parametrize("alias", ALL)
+def test_prune_works_in_bounded_batches(alias: str) -> None:
+    with backend_on(alias):
+        old = [_row(alias, TaskResultStatus.SUCCESSFUL, 30 - n) for n in range(5)]  # oldest first
+        with CaptureQueriesContext(connections[alias]) as queries:
+            assert "Deleted 3 task result(s)" in _prune("--batch-size", "2", "--max-rows", "3")
+        deletes = [q["sql"] for q in queries.captured_queries if q["sql"].upper().startswith("DELETE")]
+        assert len(deletes) == 2  # 2 + 1 rows
+        assert _left(alias) == set(old[3:])  # the oldest went first
+        assert "Deleted 2 task result(s)" in _prune("--batch-size", "1")
+        assert _left(alias) == set()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--min-age-days", "-1"],
+        ["--min-age-days", "x"],
+        ["--failed-min-age-days", "nan"],
+        ["--batch-size", "0"],
+        ["--batch-size", "100001"],
+        ["--max-rows", "0"],
+        ["--status", "RUNNING"],
+        ["--backend", "nope"],
+    ],
+)
+def test_prune_refuses_bad_options(args: list[str]) -> None:
+    with pytest.raises(CommandError, match=f"{args[0]}"):
+        _prune(*args)
+
+
+@pytest.mark.parametrize("alias", ALL)
+@pytest.mark.parametrize("priority", [101, -101, 32000])
+def test_the_database_refuses_a_priority_out_of_range(alias: str, priority: int) -> None:
+    with backend_on(alias):
+        with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+            _row(alias, TaskResultStatus.READY, None, priority=priority)
+        _row(alias, TaskResultStatus.READY, None, priority=100)
+        _row(alias, TaskResultStatus.READY, None, priority=-100)
+        assert QueuedTask.objects.using(alias).count() == 2
+
+
+def test_task_name_is_read_from_the_path_without_importing() -> None:
+    row = QueuedTask(task_path="lockkit_tests.tasks.jobs.echo")
+    assert row.task_name == "echo"
+    assert QueuedTask(task_path="gone.module.send_receipt").task_name == "send_receipt"
