@@ -17,6 +17,7 @@ from django.utils import timezone
 from lockkit._engine.liveness import discard_if_dead
 from lockkit.tasks import arguments, options, results
 from lockkit.tasks.notify import CHANNEL
+from lockkit.tasks.periodic import schedules
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -159,8 +160,9 @@ class DatabaseBackend(BaseTaskBackend):
         return results.result_of(row)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Django's checks, plus an error when ``lockkit.tasks`` is missing from ``INSTALLED_APPS``."""
+        """Django's checks, plus errors for a missing ``lockkit.tasks`` app and a periodic task that does not resolve."""
         found: list[checks.CheckMessage] = list(super().check(**kwargs))
+        found += schedules.check(self)
         if not apps.is_installed("lockkit.tasks"):
             found.append(
                 checks.Error(

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from lockkit.tasks.periodic import schedules
 from lockkit.validation import duration, positive_int
 
 #: Every option and its default (seconds for durations).
@@ -20,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "retry_backoff_max": 300.0,
     "poll_interval": 1.0,
     "notify": True,
+    "periodic": {},
 }
 
 
@@ -37,6 +39,7 @@ class TaskOptions:
         poll_interval: The longest an idle worker waits before looking for ready tasks again, in seconds (on
             PostgreSQL a ``NOTIFY`` sent when an enqueue commits wakes it sooner).
         notify: Whether enqueues on PostgreSQL send ``NOTIFY`` (on commit) to wake idle workers.
+        periodic: The periodic tasks the workers enqueue (``{name: {"task": path, "cron": expression}}``).
     """
 
     database: str | None
@@ -46,6 +49,7 @@ class TaskOptions:
     retry_backoff_max: float
     poll_interval: float
     notify: bool
+    periodic: tuple[schedules.Schedule, ...] = ()
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt`` (1-based): exponential, capped."""
@@ -93,6 +97,7 @@ def parse(alias: str, options: object) -> TaskOptions:
             retry_backoff_max=duration(values["retry_backoff_max"], "retry_backoff_max"),
             poll_interval=duration(values["poll_interval"], "poll_interval"),
             notify=values["notify"],
+            periodic=schedules.parse(values["periodic"]),
         )
     except (TypeError, ValueError) as error:
         raise ImproperlyConfigured(f"{where}: {error}") from error

@@ -37,6 +37,7 @@ from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
+from lockkit.tasks.periodic.firing import Periodic
 from lockkit.validation import duration
 
 logger = logging.getLogger("lockkit.tasks.worker")
@@ -146,6 +147,7 @@ class Worker:
             "worker_log": Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR)),
         }
         self._order = [F("priority").desc(), F("enqueued_at").asc()]
+        self._periodic = Periodic(backend, self.alias)
 
     def stop(self) -> None:
         """Finish the running tasks, give back the claimed ones not started, and return from ``run()``."""
@@ -230,6 +232,7 @@ class Worker:
         runners_started = self.concurrency > 1
         failures = 0
         while not self.stopping.is_set():
+            self._periodic.fire_due()
             self._release_forgotten()
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
             claimed: list[Claimed[Any]] = []
