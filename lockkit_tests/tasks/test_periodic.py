@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import signal
 from contextlib import ExitStack
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from django.test import override_settings
 from django.test.client import RequestFactory
 from django.utils import timezone
 
+from lockkit.tasks import DatabaseBackend
 from lockkit.tasks.models import PeriodicSchedule, QueuedTask
 from lockkit.tasks.periodic.admin import PeriodicScheduleAdmin
 from lockkit.tasks.worker import Worker
@@ -121,10 +122,16 @@ def test_a_restart_of_all_workers_neither_repeats_nor_loses_a_tick(alias: str) -
 
 
 @pytest.mark.parametrize("alias", VENDORS)
-@pytest.mark.parametrize("missed", ["once", "skip"])
-def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(alias: str, missed: str) -> None:
+@pytest.mark.parametrize(
+    ("missed", "grace", "fires"),
+    [("once", 0.05, True), ("skip", 0.05, False), ("skip", 60, True)],
+    ids=["once", "skip-late", "skip-within-grace"],
+)
+def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
+    alias: str, missed: str, grace: float, fires: bool
+) -> None:
     seconds = 2
-    with backend_on(alias, periodic=every(seconds, missed=missed, grace=0.05)) as backend:
+    with backend_on(alias, periodic=every(seconds, missed=missed, grace=grace)) as backend:
         run_worker(backend)  # the schedule's row: ticks fire from now on
         assert fired(alias) == []
         created = PeriodicSchedule.objects.using(alias).get().created_at
@@ -141,7 +148,7 @@ def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(alias: str, m
     row = PeriodicSchedule.objects.using(alias).get()
     assert row.last_tick is not None
     assert row.last_tick >= latest
-    if missed == "once":
+    if fires:
         # One task for all the missed ticks: the latest (a tick coming due during the run may follow it).
         assert ticks, "no task for the missed ticks"
         assert ticks[0] == latest, (ticks, latest)
@@ -213,3 +220,20 @@ def test_the_admin_lists_schedules_read_only_with_their_ticks() -> None:
     assert not model_admin.has_add_permission(request)
     assert not model_admin.has_change_permission(request)
     assert {"name", "cron", "last_tick", "next_tick"} <= set(model_admin.list_display)
+
+
+@pytest.mark.parametrize(
+    ("zone", "expected"),
+    [("UTC", datetime(2026, 1, 15, 3, tzinfo=UTC)), ("Europe/Paris", datetime(2026, 1, 15, 2, tzinfo=UTC))],
+)
+def test_cron_is_read_in_the_time_zone_setting(zone: str, expected: datetime) -> None:
+    with override_settings(
+        TIME_ZONE=zone, TASKS=tasks_setting("default", periodic={"n": {"task": TASK, "cron": "0 3 * * *"}})
+    ):
+        backend = task_backends["default"]
+        assert isinstance(backend, DatabaseBackend)
+        (schedule,) = backend.settings.periodic
+        assert schedule.after(datetime(2026, 1, 15, 0, tzinfo=UTC)) == expected
+        assert schedule.latest(expected + timedelta(hours=1)) == expected
+        assert schedule.latest(expected) == expected
+        assert schedule.latest(expected - timedelta(microseconds=1)) == expected - timedelta(days=1)
