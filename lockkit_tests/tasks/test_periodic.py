@@ -6,6 +6,7 @@ granularity is the normal use. The tick of each enqueued task is its ``run_after
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 from contextlib import ExitStack
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.sites import AdminSite
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.tasks import task_backends
 from django.test import override_settings
 from django.test.client import RequestFactory
@@ -23,6 +25,7 @@ from django.utils import timezone
 from lockkit.tasks import DatabaseBackend
 from lockkit.tasks.models import PeriodicSchedule, QueuedTask
 from lockkit.tasks.periodic.admin import PeriodicScheduleAdmin
+from lockkit.tasks.periodic.firing import RETRY_AFTER, Periodic
 from lockkit.tasks.worker import Worker
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, tasks_setting, wait_for, worker_process
@@ -237,3 +240,37 @@ def test_cron_is_read_in_the_time_zone_setting(zone: str, expected: datetime) ->
         assert schedule.latest(expected + timedelta(hours=1)) == expected
         assert schedule.latest(expected) == expected
         assert schedule.latest(expected - timedelta(microseconds=1)) == expected - timedelta(days=1)
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_a_lost_connection_is_logged_and_a_later_call_fires(caplog: pytest.LogCaptureFixture) -> None:
+    alias = "default"
+    with backend_on(alias, periodic=every(1)) as backend:
+        periodic = Periodic(backend, alias)
+        periodic.fire_due()  # reads (creates) the schedule's row
+        created = PeriodicSchedule.objects.using(alias).get().created_at
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        killer = connections.create_connection(alias)
+        try:
+            with killer.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            killer.close()
+        wait_for(lambda: timezone.now() > created + timedelta(seconds=1.1), timeout=5, what="a tick")
+        caplog.set_level(logging.WARNING, logger="lockkit.tasks.periodic")
+        periodic.fire_due()
+        assert [r.getMessage() for r in caplog.records if r.name == "lockkit.tasks.periodic"], "no warning"
+        assert fired(alias) == []
+
+        def fire() -> list[datetime]:
+            periodic.fire_due()
+            return fired(alias)
+
+        # The first call after the pause replaces the dead connection and fires (the tick is due by then).
+        ticks = wait_for(fire, timeout=RETRY_AFTER + 1.5, what="the first call after the pause to fire")
+        warnings = [r for r in caplog.records if r.name == "lockkit.tasks.periodic"]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert_each_tick_once(ticks, 1)
+    assert ticks[0] >= latest_tick(created, 1) + timedelta(seconds=1)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 from django.utils import timezone
 
-from lockkit._engine.liveness import discard_if_dead
 from lockkit.scopes.blocks import locked
 from lockkit.tasks.periodic.models import PeriodicSchedule
 from lockkit.tasks.periodic.schedules import Schedule, resolve
@@ -63,7 +62,6 @@ class Periodic:
         if self._rows and not any(due is not None and due <= now for due in self._due.values()):
             return
         try:
-            discard_if_dead(self.alias)  # one an earlier failure left dead is replaced, not failed on again
             if not self._rows:
                 self._load(now)
             for schedule in self.schedules:
