@@ -175,6 +175,8 @@ def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
         ({"t": {"task": TASK, "cron": "* * * * *", "kwargs": {"a": {1, 2}}}}, "periodic['t']['kwargs']"),
         ({"t": {"task": TASK, "cron": "* * * * *", "every": 5}}, "'every'"),
         ({"t": {"cron": "* * * * *"}}, "periodic['t']['task']"),
+        ({"t": {"task": "a." + "b" * 255, "cron": "* * * * *"}}, "periodic['t']['task']"),
+        ({"x" * 101: {"task": TASK, "cron": "* * * * *"}}, "a schedule's name"),
         ({"t": "* * * * *"}, "periodic['t']"),
         ({"": {"task": TASK, "cron": "* * * * *"}}, "periodic['']"),
         ([], "periodic must be a dict"),

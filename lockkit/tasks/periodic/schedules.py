@@ -26,6 +26,8 @@ KEYS: dict[str, Any] = {"task": None, "cron": None, "args": [], "kwargs": {}, "m
 MISSED = ("once", "skip")
 #: The longest schedule name (the ``PeriodicSchedule.name`` column).
 NAME_MAX_LENGTH = 100
+#: The longest task path and cron expression (their columns).
+TEXT_MAX_LENGTH = 255
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,14 @@ def parse(value: object) -> tuple[Schedule, ...]:
             )
         values = {**KEYS, **spec}
         task, cron, missed, grace = values["task"], values["cron"], values["missed"], values["grace"]
-        if not isinstance(task, str) or "." not in task:
-            raise ValueError(f"{where}['task'] must be the dotted path of a Task, got {task!r}")
-        if not isinstance(cron, str):
-            raise TypeError(f"{where}['cron'] must be a cron expression (a str), got {cron!r}")
+        if not isinstance(task, str) or "." not in task or len(task) > TEXT_MAX_LENGTH:
+            raise ValueError(
+                f"{where}['task'] must be the dotted path of a Task (at most {TEXT_MAX_LENGTH} characters), got {task!r}"
+            )
+        if not isinstance(cron, str) or len(cron) > TEXT_MAX_LENGTH:
+            raise TypeError(
+                f"{where}['cron'] must be a cron expression (a str of at most {TEXT_MAX_LENGTH} characters), got {cron!r}"
+            )
         try:
             next(CronSim(cron, timezone.now()))
         except (CronSimError, StopIteration) as bad:
