@@ -124,7 +124,9 @@ def test_a_restart_of_all_workers_neither_repeats_nor_loses_a_tick(alias: str) -
     assert_each_tick_once(ticks, seconds)
 
 
-@pytest.mark.parametrize("alias", VENDORS)
+@pytest.mark.parametrize(
+    "alias", [*VENDORS, pytest.param("sqlite", id="sqlite", marks=_mark("default", "sqlite"))]
+)
 @pytest.mark.parametrize(
     ("missed", "grace", "fires"),
     [("once", 0.05, True), ("skip", 0.05, False), ("skip", 60, True)],
