@@ -130,3 +130,6 @@ def _enqueue_again(row: QueuedTask) -> None:
 # Django imports admin.py only when django.contrib.admin is installed; the check lets the class be imported anyway.
 if apps.is_installed("django.contrib.admin"):
     admin.site.register(QueuedTask, QueuedTaskAdmin)
+
+# The periodic schedules' admin (registered on import).
+from lockkit.tasks.periodic import admin as periodic_admin  # noqa: E402, F401

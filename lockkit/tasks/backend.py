@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from lockkit._engine.liveness import discard_if_dead
 from lockkit.tasks import arguments, enqueueing, options, results
+from lockkit.tasks.periodic import schedules
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -164,12 +165,14 @@ class DatabaseBackend(BaseTaskBackend):
         return results.result_of(row)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Django's checks, plus ``lockkit.tasks.E001`` (the app is not installed) and ``W001`` (another alias).
+        """Django's checks, plus ``lockkit.tasks.E001`` (the app is not installed) ``W001`` (another alias), and
+        the errors of a periodic task that does not resolve.
 
         ``lockkit.tasks.W001``: the task table is not on ``default``, where callers' transactions usually are;
         an ``enqueue()`` in a transaction on another alias is written when that transaction commits.
         """
         found: list[checks.CheckMessage] = list(super().check(**kwargs))
+        found += schedules.check(self)
         alias = self.settings.database
         if alias is not None and alias != DEFAULT_DB_ALIAS:
             found.append(

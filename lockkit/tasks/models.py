@@ -107,3 +107,9 @@ class QueuedTask(Claimable):
         """The stored ``(args, kwargs)``."""
         stored = self.args_kwargs or {}
         return list(stored.get("args", [])), dict(stored.get("kwargs", {}))
+
+
+# Periodic tasks keep their state in a model of their own package; imported here, it is part of the app.
+from lockkit.tasks.periodic.models import PeriodicSchedule  # noqa: E402
+
+__all__ += ["PeriodicSchedule"]

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from lockkit.tasks.periodic import schedules
 from lockkit.validation import duration, positive_int
 
 #: Every option and its default (seconds for durations).
@@ -21,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "poll_interval": 1.0,
     "notify": True,
     "task_modules": (),
+    "periodic": {},
 }
 
 
@@ -40,6 +42,7 @@ class TaskOptions:
         notify: Whether enqueues on PostgreSQL send ``NOTIFY`` (on commit) to wake idle workers.
         task_modules: Modules (dotted names) outside ``INSTALLED_APPS`` whose tasks (and their submodules')
             may be enqueued and run; a task path in neither is refused before anything is imported.
+        periodic: The periodic tasks the workers enqueue (``{name: {"task": path, "cron": expression}}``).
     """
 
     database: str | None
@@ -50,6 +53,7 @@ class TaskOptions:
     poll_interval: float
     notify: bool
     task_modules: tuple[str, ...]
+    periodic: tuple[schedules.Schedule, ...] = ()
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt`` (1-based): exponential, capped."""
@@ -104,6 +108,7 @@ def parse(alias: str, options: object) -> TaskOptions:
             poll_interval=duration(values["poll_interval"], "poll_interval"),
             notify=values["notify"],
             task_modules=tuple(modules),
+            periodic=schedules.parse(values["periodic"]),
         )
     except (TypeError, ValueError) as error:
         raise ImproperlyConfigured(f"{where}: {error}") from error

@@ -30,6 +30,7 @@ from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
 from lockkit.tasks.outcomes import Outcomes, Stats, worker_log
+from lockkit.tasks.periodic.firing import Periodic
 from lockkit.tasks.stopping import block_stop_signals, restore_signals, stop_on_signals
 from lockkit.validation import duration
 
@@ -134,6 +135,7 @@ class Worker:
             "worker_log": Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR)),
         }
         self._order = [F("priority").desc(), F("enqueued_at").asc()]
+        self._periodic = Periodic(backend, self.alias)
 
     def stop(self) -> None:
         """Finish the running tasks, give back the claimed ones not started (at once), and return from ``run()``."""
@@ -236,6 +238,7 @@ class Worker:
         runners_started = self.concurrency > 1
         failures = 0
         while not self.stopping.is_set():
+            self._periodic.fire_due()
             self.outcomes.release_forgotten(beat)
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
             claimed: list[Claimed[Any]] = []

@@ -1,0 +1,136 @@
+"""The worker's hook: ``Periodic.fire_due()``, once per loop iteration, enqueues each due tick exactly once.
+
+Each schedule has one row (``PeriodicSchedule``). Firing a tick is one transaction: an ``UPDATE`` that moves
+``last_tick`` from the value this worker read to the tick, and, when it updated the row, the enqueue. Two workers
+that try the same tick meet on the row: the second waits for the first's commit, then matches no row and enqueues
+nothing. The row outlives the workers, so a restart neither repeats nor forgets a tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from lockkit.scopes.blocks import locked
+from lockkit.tasks.periodic.models import PeriodicSchedule
+from lockkit.tasks.periodic.schedules import Schedule, resolve
+
+if TYPE_CHECKING:
+    from django.tasks.base import Task
+
+    from lockkit.tasks.backend import DatabaseBackend
+
+logger = logging.getLogger("lockkit.tasks.periodic")
+
+#: Seconds before trying again after a database error.
+RETRY_AFTER = 1.0
+
+
+class Periodic:
+    """The periodic schedules of one backend, as one worker fires them.
+
+    Args:
+        backend: The ``DatabaseBackend`` (its ``periodic`` option).
+        alias: The database alias of the task table.
+
+    Raises:
+        django.core.exceptions.ImproperlyConfigured: a schedule's task cannot be resolved (the message names
+            the setting). Nothing touches the database here.
+    """
+
+    def __init__(self, backend: DatabaseBackend, alias: str) -> None:
+        """Resolve each schedule's task (importing it): a bad path fails when the worker starts."""
+        self.backend = backend
+        self.alias = alias
+        self.schedules = backend.settings.periodic
+        self._tasks: dict[str, Task[..., Any]] = {s.name: resolve(s, backend) for s in self.schedules}
+        self._rows: dict[str, PeriodicSchedule] = {}
+        # When each schedule is due next, as this worker last read it: until then, no query.
+        self._due: dict[str, datetime | None] = {}
+        self._pause_until = 0.0
+
+    def fire_due(self) -> None:
+        """Enqueue the due tick of each schedule, unless another worker did; a database error is logged."""
+        if not self.schedules or time.monotonic() < self._pause_until:
+            return
+        now = timezone.now()
+        if self._rows and not any(due is not None and due <= now for due in self._due.values()):
+            return
+        try:
+            if not self._rows:
+                self._load(now)
+            for schedule in self.schedules:
+                due = self._due[schedule.name]
+                if due is not None and due <= now:
+                    self._fire(schedule, now)
+        except DatabaseError as failure:
+            self._rows.clear()  # read again: the failure may have been a lost commit
+            self._pause_until = time.monotonic() + RETRY_AFTER
+            logger.warning("periodic tasks of backend %r: %s; trying again", self.backend.alias, failure)
+
+    def _load(self, now: datetime) -> None:
+        """Read every schedule's row, creating the missing ones (a new schedule fires from now on)."""
+        rows = PeriodicSchedule.objects.using(self.alias).filter(backend_name=self.backend.alias)
+        new = [
+            PeriodicSchedule(
+                backend_name=self.backend.alias,
+                name=s.name,
+                task_path=s.task,
+                cron=s.cron,
+                created_at=now,
+                next_tick=s.after(now),
+            )
+            for s in self.schedules
+        ]
+        # INSERT ... ON CONFLICT DO NOTHING / INSERT IGNORE: workers starting together create each row once.
+        PeriodicSchedule.objects.using(self.alias).bulk_create(new, ignore_conflicts=True)
+        self._rows = {row.name: row for row in rows.filter(name__in=[s.name for s in self.schedules])}
+        for schedule in self.schedules:
+            self._due[schedule.name] = self._next(schedule)
+
+    def _next(self, schedule: Schedule) -> datetime | None:
+        row = self._rows[schedule.name]
+        return schedule.after(row.last_tick or row.created_at)
+
+    def _fire(self, schedule: Schedule, now: datetime) -> None:
+        row = self._rows[schedule.name]
+        tick = schedule.latest(now)
+        if tick is None or tick <= (row.last_tick or row.created_at):
+            self._due[schedule.name] = self._next(schedule)
+            return
+        on_time = (now - tick).total_seconds() <= schedule.grace
+        action = "fired" if schedule.missed == "once" or on_time else "skipped"
+        following = schedule.after(tick)
+        guard = {"last_tick": row.last_tick} if row.last_tick is not None else {"last_tick__isnull": True}
+        with locked(using=self.alias):
+            moved = (
+                PeriodicSchedule.objects.using(self.alias)
+                .filter(pk=row.pk, **guard)
+                .update(
+                    last_tick=tick,
+                    last_action=action,
+                    next_tick=following,
+                    task_path=schedule.task,
+                    cron=schedule.cron,
+                )
+            )
+            if moved and action == "fired":
+                task = self._tasks[schedule.name].using(run_after=tick)
+                self.backend.enqueue(task, list(schedule.args), dict(schedule.kwargs))
+        if not moved:  # another worker took this tick (or a later one): read the row again
+            fresh = PeriodicSchedule.objects.using(self.alias).filter(pk=row.pk).first()
+            if fresh is None:  # deleted (the admin): created again on the next call
+                self._rows.clear()
+                return
+            self._rows[schedule.name] = fresh
+            self._due[schedule.name] = self._next(schedule)
+            return
+        row.last_tick = tick
+        self._due[schedule.name] = following
+        if action == "skipped":
+            logger.info("periodic task %r: tick %s found late, skipped", schedule.name, tick.isoformat())

@@ -1,0 +1,191 @@
+"""The ``periodic`` option of a ``DatabaseBackend``: each schedule checked once, and its ticks by the cron string."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.tasks.base import Task
+from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from lockkit.tasks import arguments
+
+if TYPE_CHECKING:
+    from lockkit.tasks.backend import DatabaseBackend
+
+#: What a schedule may say, and the default of each optional key.
+KEYS: dict[str, Any] = {"task": None, "cron": None, "args": [], "kwargs": {}, "missed": "once", "grace": 60.0}
+#: ``missed``: a tick found late (no worker ran at its time) is still fired, once for all of them; or skipped.
+MISSED = ("once", "skip")
+#: The longest schedule name (the ``PeriodicSchedule.name`` column).
+NAME_MAX_LENGTH = 100
+#: The longest task path and cron expression (their columns).
+TEXT_MAX_LENGTH = 255
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One periodic task, checked.
+
+    Attributes:
+        name: The schedule's name (its key in ``periodic``): its identity in the database.
+        task: The dotted path of the ``Task`` to enqueue.
+        cron: The cron expression: 5 fields (minute hour day month weekday), or 6 with seconds first. It is read
+            in ``settings.TIME_ZONE``.
+        args: The positional arguments of each enqueue (JSON).
+        kwargs: The keyword arguments of each enqueue (JSON).
+        missed: ``"once"``: the ticks no worker fired on time are fired late, as one task (for the latest);
+            ``"skip"``: a tick found more than ``grace`` seconds late is not fired.
+        grace: Seconds after its time a tick still counts as on time (with ``missed="skip"``).
+    """
+
+    name: str
+    task: str
+    cron: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    missed: str
+    grace: float
+
+    def latest(self, now: datetime) -> datetime | None:
+        """The latest tick at or before ``now`` (``None`` if none in the last 50 years)."""
+        return _tick(self.cron, now.replace(microsecond=0) + timedelta(seconds=1), reverse=True)
+
+    def after(self, moment: datetime) -> datetime | None:
+        """The first tick strictly after ``moment`` (``None`` if none in the next 50 years)."""
+        return _tick(self.cron, moment, reverse=False)
+
+
+def _tick(cron: str, moment: datetime, *, reverse: bool) -> datetime | None:
+    from cronsim import CronSim  # the ``periodic`` extra; parse() said so if it is missing
+
+    try:
+        found = next(CronSim(cron, timezone.localtime(moment), reverse=reverse))
+    except StopIteration:
+        return None
+    return found.astimezone(timezone.get_default_timezone())
+
+
+def parse(value: object) -> tuple[Schedule, ...]:
+    """Check the ``periodic`` option: ``{name: {"task": path, "cron": expression, ...}}``.
+
+    Args:
+        value: The option's value.
+
+    Returns:
+        The schedules, in the order given.
+
+    Raises:
+        TypeError, ValueError: a bad schedule; the message names it as ``periodic["name"]["key"]``. Also when
+            schedules are given and cronsim (the ``periodic`` extra) is not installed.
+    """
+    if not isinstance(value, Mapping):
+        raise TypeError(f"periodic must be a dict of schedules by name, not {type(value).__name__}")
+    if not value:
+        return ()
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError as missing:
+        raise ValueError("periodic schedules need cronsim: pip install 'lockkit[periodic]'") from missing
+    found = []
+    for name, spec in value.items():
+        where = f"periodic[{name!r}]"
+        if not isinstance(name, str) or not 0 < len(name) <= NAME_MAX_LENGTH:
+            raise ValueError(f"{where}: a schedule's name must be a str of 1 to {NAME_MAX_LENGTH} characters")
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"{where} must be a dict with 'task' and 'cron', not {type(spec).__name__}")
+        unknown = sorted(str(key) for key in spec if key not in KEYS)
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(KEYS)}"
+            )
+        values = {**KEYS, **spec}
+        task, cron, missed, grace = values["task"], values["cron"], values["missed"], values["grace"]
+        if not isinstance(task, str) or "." not in task or len(task) > TEXT_MAX_LENGTH:
+            raise ValueError(
+                f"{where}['task'] must be the dotted path of a Task (at most {TEXT_MAX_LENGTH} characters), got {task!r}"
+            )
+        if not isinstance(cron, str) or len(cron) > TEXT_MAX_LENGTH:
+            raise TypeError(
+                f"{where}['cron'] must be a cron expression (a str of at most {TEXT_MAX_LENGTH} characters), got {cron!r}"
+            )
+        try:
+            next(CronSim(cron, timezone.now()))
+        except (CronSimError, StopIteration) as bad:
+            raise ValueError(
+                f"{where}['cron'] is not a cron expression that fires: {cron!r} ({bad or 'never fires'}); five "
+                f"fields (minute hour day month weekday), or six with seconds first"
+            ) from bad
+        if missed not in MISSED:
+            raise ValueError(
+                f"{where}['missed'] must be one of {', '.join(map(repr, MISSED))}, got {missed!r}"
+            )
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, (int, float))
+            or not (grace > 0 and math.isfinite(grace))
+        ):
+            raise ValueError(f"{where}['grace'] must be a positive number of seconds, got {grace!r}")
+        if not isinstance(values["args"], (list, tuple)):
+            raise TypeError(f"{where}['args'] must be a list, not {type(values['args']).__name__}")
+        if not isinstance(values["kwargs"], Mapping):
+            raise TypeError(f"{where}['kwargs'] must be a dict, not {type(values['kwargs']).__name__}")
+        found.append(
+            Schedule(
+                name=name,
+                task=task,
+                cron=cron,
+                args=arguments.json_value(list(values["args"]), f"{where}['args']"),
+                kwargs=arguments.json_value(dict(values["kwargs"]), f"{where}['kwargs']"),
+                missed=missed,
+                grace=float(grace),
+            )
+        )
+    return tuple(found)
+
+
+def resolve(schedule: Schedule, backend: DatabaseBackend) -> Task[..., Any]:
+    """The schedule's ``Task``, checked against ``backend`` (imported now: done at worker start and by checks).
+
+    Raises:
+        ImproperlyConfigured: the path does not import, is not a ``Task``, or the task is not valid for this
+            backend (another backend's, a queue it lacks...); the message names the setting.
+    """
+    where = f'TASKS["{backend.alias}"]["OPTIONS"]["periodic"][{schedule.name!r}]["task"]'
+    try:
+        task = import_string(schedule.task)
+    except ImportError as missing:
+        raise ImproperlyConfigured(f"{where}: cannot import {schedule.task!r}: {missing}") from missing
+    if not isinstance(task, Task):
+        raise ImproperlyConfigured(
+            f"{where}: {schedule.task!r} is a {type(task).__name__}, not a django.tasks Task"
+        )
+    try:
+        backend.validate_task(task)
+    except InvalidTask as invalid:
+        raise ImproperlyConfigured(f"{where}: {invalid}") from invalid
+    return task
+
+
+def check(backend: DatabaseBackend) -> list[checks.CheckMessage]:
+    """``lockkit.tasks.E002`` for each schedule whose task cannot be resolved (see ``resolve``)."""
+    found: list[checks.CheckMessage] = []
+    for schedule in backend.settings.periodic:
+        try:
+            resolve(schedule, backend)
+        except ImproperlyConfigured as error:
+            found.append(
+                checks.Error(
+                    str(error),
+                    hint="Name a Task (a function decorated with @task) of this backend by its dotted path.",
+                    id="lockkit.tasks.E002",
+                )
+            )
+    return found

@@ -1,0 +1,280 @@
+"""Periodic tasks: each tick fired once by any number of worker processes, across restarts; missed ticks; bad input.
+
+The schedules tick every few seconds (six-field cron, seconds first) so that a test sees several ticks; minute
+granularity is the normal use. The tick of each enqueued task is its ``run_after``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.admin.sites import AdminSite
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.tasks import task_backends
+from django.test import override_settings
+from django.test.client import RequestFactory
+from django.utils import timezone
+
+from lockkit.tasks import DatabaseBackend
+from lockkit.tasks.models import PeriodicSchedule, QueuedTask
+from lockkit.tasks.periodic.admin import PeriodicScheduleAdmin
+from lockkit.tasks.periodic.firing import RETRY_AFTER, Periodic
+from lockkit.tasks.worker import Worker
+from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
+from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, tasks_setting, wait_for, worker_process
+
+TASK = "lockkit_tests.tasks.jobs.noop_task"
+
+
+def _mark(*databases: str) -> Any:
+    return pytest.mark.django_db(transaction=True, databases=list(databases), available_apps=APPS)
+
+
+VENDORS = [
+    pytest.param("default", id="postgresql", marks=_mark("default")),
+    pytest.param(
+        "mariadb",
+        id="mariadb",
+        marks=[_mark("default", "mariadb")]
+        if MYSQL_CONFIGURED
+        else [pytest.mark.skip(reason=MYSQL_SKIP_REASON)],
+    ),
+]
+
+
+def every(seconds: int, **extra: Any) -> dict[str, Any]:
+    """``periodic`` with one schedule, ``tick``, of ``noop_task`` every ``seconds`` seconds."""
+    return {"tick": {"task": TASK, "cron": f"*/{seconds} * * * * *", **extra}}
+
+
+def fired(alias: str) -> list[datetime]:
+    """The tick of every periodic task enqueued, in order (duplicates kept)."""
+    rows = QueuedTask.objects.using(alias).filter(task_path=TASK)
+    return sorted(tick for tick in rows.values_list("run_after", flat=True) if tick is not None)
+
+
+def assert_each_tick_once(ticks: list[datetime], seconds: int) -> None:
+    """No tick twice, none missing between the first and the last."""
+    assert len(ticks) == len(set(ticks)), (
+        f"ticks fired twice: {sorted(t for t in ticks if ticks.count(t) > 1)}"
+    )
+    expected = [ticks[0] + timedelta(seconds=seconds * n) for n in range(len(ticks))]
+    assert ticks == expected, f"missing ticks: {sorted(set(expected) - set(ticks))}"
+
+
+def latest_tick(moment: datetime, seconds: int) -> datetime:
+    """The latest tick of ``*/seconds`` at or before ``moment`` (UTC: the seconds divisible by ``seconds``)."""
+    moment = moment.replace(microsecond=0)
+    return moment - timedelta(seconds=moment.second % seconds)
+
+
+def stop_all(workers: list[Any]) -> None:
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        code, output = worker.wait(timeout=30)
+        assert code == 0, output
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_three_workers_fire_each_tick_exactly_once(alias: str) -> None:
+    options = {"periodic": every(2)}
+    with ExitStack() as stack:
+        workers = [
+            stack.enter_context(worker_process(alias, "--worker-id", f"w{n}", options=options))
+            for n in range(3)
+        ]
+        wait_for(lambda: len(fired(alias)) >= 6, timeout=90, what="six ticks")
+        stop_all(workers)
+    ticks = fired(alias)
+    assert len(ticks) >= 6
+    assert_each_tick_once(ticks, 2)
+    row = PeriodicSchedule.objects.using(alias).get()
+    assert (row.name, row.last_tick, row.last_action) == ("tick", ticks[-1], "fired")
+    assert row.next_tick == ticks[-1] + timedelta(seconds=2)
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_restart_of_all_workers_neither_repeats_nor_loses_a_tick(alias: str) -> None:
+    seconds = 6
+    options = {"periodic": every(seconds)}
+    with ExitStack() as stack:
+        workers = [stack.enter_context(worker_process(alias, options=options)) for _ in range(3)]
+        wait_for(lambda: len(fired(alias)) >= 2, timeout=60, what="two ticks")
+        stop_all(workers)
+    before = fired(alias)
+    # The next tick passes while no worker runs: the workers started after it fire it, late, once.
+    missed = before[-1] + timedelta(seconds=seconds)
+    wait_for(
+        lambda: timezone.now() > missed + timedelta(seconds=0.2), timeout=3 * seconds, what="a missed tick"
+    )
+    with ExitStack() as stack:
+        workers = [stack.enter_context(worker_process(alias, options=options)) for _ in range(3)]
+        wait_for(lambda: len(fired(alias)) >= len(before) + 2, timeout=60, what="two more ticks")
+        stop_all(workers)
+    ticks = fired(alias)
+    assert missed in ticks
+    assert_each_tick_once(ticks, seconds)
+
+
+@pytest.mark.parametrize(
+    "alias", [*VENDORS, pytest.param("sqlite", id="sqlite", marks=_mark("default", "sqlite"))]
+)
+@pytest.mark.parametrize(
+    ("missed", "grace", "fires"),
+    [("once", 0.05, True), ("skip", 0.05, False), ("skip", 60, True)],
+    ids=["once", "skip-late", "skip-within-grace"],
+)
+def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
+    alias: str, missed: str, grace: float, fires: bool
+) -> None:
+    seconds = 2
+    with backend_on(alias, periodic=every(seconds, missed=missed, grace=grace)) as backend:
+        run_worker(backend)  # the schedule's row: ticks fire from now on
+        assert fired(alias) == []
+        created = PeriodicSchedule.objects.using(alias).get().created_at
+        # Three ticks or more pass with no worker running.
+        wait_for(
+            lambda: timezone.now() > created + timedelta(seconds=3 * seconds + 0.2),
+            timeout=20,
+            what="missed ticks",
+        )
+        started = timezone.now()
+        run_worker(backend)
+    latest = latest_tick(started, seconds)
+    ticks = fired(alias)
+    row = PeriodicSchedule.objects.using(alias).get()
+    assert row.last_tick is not None
+    assert row.last_tick >= latest
+    if fires:
+        # One task for all the missed ticks: the latest (a tick coming due during the run may follow it).
+        assert ticks, "no task for the missed ticks"
+        assert ticks[0] == latest, (ticks, latest)
+        assert_each_tick_once(ticks, seconds)
+    else:
+        assert [tick for tick in ticks if tick <= started] == []
+        if row.last_tick == latest:
+            assert row.last_action == "skipped"
+
+
+@pytest.mark.parametrize(
+    ("periodic", "named"),
+    [
+        ({"t": {"task": TASK, "cron": "61 * * * *"}}, "periodic['t']['cron']"),
+        ({"t": {"task": TASK, "cron": "* * *"}}, "periodic['t']['cron']"),
+        ({"t": {"task": TASK, "cron": "0 0 30 2 *"}}, "periodic['t']['cron']"),
+        ({"t": {"task": TASK, "cron": 5}}, "periodic['t']['cron']"),
+        ({"t": {"task": TASK, "cron": "* * * * *", "missed": "all"}}, "periodic['t']['missed']"),
+        ({"t": {"task": TASK, "cron": "* * * * *", "grace": 0}}, "periodic['t']['grace']"),
+        ({"t": {"task": TASK, "cron": "* * * * *", "args": "x"}}, "periodic['t']['args']"),
+        ({"t": {"task": TASK, "cron": "* * * * *", "kwargs": {"a": {1, 2}}}}, "periodic['t']['kwargs']"),
+        ({"t": {"task": TASK, "cron": "* * * * *", "every": 5}}, "'every'"),
+        ({"t": {"cron": "* * * * *"}}, "periodic['t']['task']"),
+        ({"t": {"task": "a." + "b" * 255, "cron": "* * * * *"}}, "periodic['t']['task']"),
+        ({"x" * 101: {"task": TASK, "cron": "* * * * *"}}, "a schedule's name"),
+        ({"t": "* * * * *"}, "periodic['t']"),
+        ({"": {"task": TASK, "cron": "* * * * *"}}, "periodic['']"),
+        ([], "periodic must be a dict"),
+    ],
+)
+def test_a_bad_schedule_is_refused_when_the_backend_is_built(periodic: Any, named: str) -> None:
+    with override_settings(TASKS=tasks_setting("default", periodic=periodic)):
+        with pytest.raises(ImproperlyConfigured) as refused:
+            task_backends["default"]
+    assert str(refused.value).startswith('TASKS["default"]["OPTIONS"]: ')
+    assert named in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "lockkit_tests.tasks.jobs.no_such_task",
+        "lockkit_tests.no_such_module.task",
+        "lockkit_tests.tasks.jobs.Path",
+    ],
+)
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_a_task_path_that_does_not_resolve_fails_the_checks_and_the_worker(path: str) -> None:
+    named = 'TASKS["default"]["OPTIONS"]["periodic"][\'t\']["task"]'
+    periodic = {"t": {"task": path, "cron": "* * * * *"}}
+    with backend_on("default", periodic=periodic) as backend:
+        errors = backend.check()
+        assert [error.id for error in errors] == ["lockkit.tasks.E002"]
+        assert named in errors[0].msg
+        assert path in errors[0].msg
+        with pytest.raises(ImproperlyConfigured, match=re.escape(named)):
+            Worker(backend, queues=["default"])
+    # manage.py lockkit_worker runs the system checks before it starts: it exits at once, naming the setting.
+    with worker_process("default", "--burst", options={"periodic": periodic}) as worker:
+        code, output = worker.wait(timeout=60)
+    assert code == 1
+    assert "lockkit.tasks.E002" in output
+    assert named in output
+    assert not PeriodicSchedule.objects.exists()
+
+
+def test_the_admin_lists_schedules_read_only_with_their_ticks() -> None:
+    model_admin = PeriodicScheduleAdmin(PeriodicSchedule, AdminSite())
+    assert model_admin.check() == []
+    request = RequestFactory().get("/")
+    assert not model_admin.has_add_permission(request)
+    assert not model_admin.has_change_permission(request)
+    assert {"name", "cron", "last_tick", "next_tick"} <= set(model_admin.list_display)
+
+
+@pytest.mark.parametrize(
+    ("zone", "expected"),
+    [("UTC", datetime(2026, 1, 15, 3, tzinfo=UTC)), ("Europe/Paris", datetime(2026, 1, 15, 2, tzinfo=UTC))],
+)
+def test_cron_is_read_in_the_time_zone_setting(zone: str, expected: datetime) -> None:
+    with override_settings(
+        TIME_ZONE=zone, TASKS=tasks_setting("default", periodic={"n": {"task": TASK, "cron": "0 3 * * *"}})
+    ):
+        backend = task_backends["default"]
+        assert isinstance(backend, DatabaseBackend)
+        (schedule,) = backend.settings.periodic
+        assert schedule.after(datetime(2026, 1, 15, 0, tzinfo=UTC)) == expected
+        assert schedule.latest(expected + timedelta(hours=1)) == expected
+        assert schedule.latest(expected) == expected
+        assert schedule.latest(expected - timedelta(microseconds=1)) == expected - timedelta(days=1)
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_a_lost_connection_is_logged_and_a_later_call_fires(caplog: pytest.LogCaptureFixture) -> None:
+    alias = "default"
+    with backend_on(alias, periodic=every(1)) as backend:
+        periodic = Periodic(backend, alias)
+        periodic.fire_due()  # reads (creates) the schedule's row
+        created = PeriodicSchedule.objects.using(alias).get().created_at
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        killer = connections.create_connection(alias)
+        try:
+            with killer.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            killer.close()
+        wait_for(lambda: timezone.now() > created + timedelta(seconds=1.1), timeout=5, what="a tick")
+        caplog.set_level(logging.WARNING, logger="lockkit.tasks.periodic")
+        periodic.fire_due()
+        assert [r.getMessage() for r in caplog.records if r.name == "lockkit.tasks.periodic"], "no warning"
+        assert fired(alias) == []
+
+        def fire() -> list[datetime]:
+            periodic.fire_due()
+            return fired(alias)
+
+        # The first call after the pause replaces the dead connection and fires (the tick is due by then).
+        ticks = wait_for(fire, timeout=RETRY_AFTER + 1.5, what="the first call after the pause to fire")
+        warnings = [r for r in caplog.records if r.name == "lockkit.tasks.periodic"]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert_each_tick_once(ticks, 1)
+    assert ticks[0] >= latest_tick(created, 1) + timedelta(seconds=1)
