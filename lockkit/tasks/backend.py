@@ -165,8 +165,7 @@ class DatabaseBackend(BaseTaskBackend):
         return results.result_of(row)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Django's checks, plus ``lockkit.tasks.E001`` (the app is not installed) ``W001`` (another alias), and
-        the errors of a periodic task that does not resolve.
+        """Django's checks, plus ``lockkit.tasks.E001`` (no app), ``W001`` (another alias), periodic tasks' errors.
 
         ``lockkit.tasks.W001``: the task table is not on ``default``, where callers' transactions usually are;
         an ``enqueue()`` in a transaction on another alias is written when that transaction commits.
