@@ -7,9 +7,7 @@ to call from many threads at once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import warnings
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -17,7 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from lockkit._engine.liveness import discard_after_loss
 from lockkit._engine.transaction import in_transaction
@@ -27,7 +25,7 @@ from lockkit.advisory.keys import AdvisoryKey, advisory_key
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import ConnectionLost, Failure, LockError
+from lockkit.errors import ConnectionLost, Failure
 from lockkit.retries import call_with_retry, from_settings
 from lockkit.scopes.aliases import check_alias
 from lockkit.scopes.blocks import Locked, locked, refuse_unsupported
@@ -36,7 +34,6 @@ from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")
 R = TypeVar("R")
-logger = logging.getLogger("lockkit.advisory")
 
 
 @dataclass
@@ -119,28 +116,27 @@ class AdvisoryLock:
             raise
         entry = _Entry(self, None, None)
         if self.session:
-            held: HeldLock | None = None
+            taken: list[HeldLock] = []  # the lock, as soon as the server granted it (see advisory_locks.take)
             try:
                 # A short transaction only to bound the wait (transaction-scoped lock_timeout); the lock outlives
                 # it, being session-level.
                 with self._scope(alias) as scope:
-                    held = advisory_locks.take(
+                    advisory_locks.take(
                         alias,
                         self.key,
                         shared=self.shared,
                         session=True,
                         nowait=self.nowait,
                         lock_timeout=scope.lock_timeout,
+                        record=taken.append,
                     )
-            except BaseException as exc:
-                if held is not None:  # taken, then the short transaction failed to end: give it back
-                    advisory_locks.give_back(held, raise_errors=False)
-                elif not isinstance(exc, DatabaseError | LockError):
-                    # Interrupted (Ctrl-C, a time limit raised by a signal handler) while the server was granting
-                    # it: the session may hold a lock no one will release. Drop the session, and the lock with it.
-                    _discard_session(alias)
+            except BaseException:
+                if (
+                    taken
+                ):  # taken, then the short transaction failed to end (or was interrupted): give it back
+                    advisory_locks.give_back(taken[0], raise_errors=False)
                 raise
-            entry.held = held
+            entry.held = taken[0]
         else:
             scope_cm = self._scope(alias)
             scope = scope_cm.__enter__()
@@ -258,16 +254,3 @@ def advisory_lock(
 
 
 __all__ = ["AdvisoryLock", "advisory_lock"]
-
-
-def _discard_session(alias: str) -> None:
-    """Close the alias's connection (outside any transaction) so the server ends its session and its locks."""
-    connection = connections[alias]
-    if connection.connection is not None and not connection.in_atomic_block:
-        logger.warning(
-            "lockkit: a session-level advisory lock on %r was interrupted while being taken; the connection is "
-            "closed so that a lock the server may have granted does not outlive the block",
-            alias,
-        )
-        with contextlib.suppress(DatabaseError):
-            connection.close()

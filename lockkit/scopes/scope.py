@@ -343,6 +343,9 @@ class LockScope:
         self._check_active()
         backend = self._transaction.backend
         backend.locks.check_advisory(connections[self.alias], shared=shared, session=False)
+        # A lock the transaction does not release (MariaDB's GET_LOCK) is the scope's to release as soon as it is
+        # granted, before take() returns (an interrupt in between would strand it).
+        record = None if backend.features.advisory_locks_end_with_transaction else self._advisory.append
 
         def take() -> HeldLock:
             return advisory_locks.take(
@@ -353,6 +356,7 @@ class LockScope:
                 nowait=self.nowait,
                 lock_timeout=self.lock_timeout,
                 attempts=self.attempt,
+                record=record,
             )
 
         try:
@@ -365,8 +369,6 @@ class LockScope:
             # A refusal dooms the block, as a row lock's does, even if the body catches it.
             self._transaction.doom(error)
             raise
-        if not backend.features.advisory_locks_end_with_transaction:
-            self._advisory.append(held)
         return held
 
     def lock_table(
