@@ -129,6 +129,7 @@ class AdvisoryLock:
                         nowait=self.nowait,
                         lock_timeout=scope.lock_timeout,
                         record=taken.append,
+                        unless_held=not self._held_here(alias),
                     )
             except BaseException:
                 if (
@@ -147,6 +148,19 @@ class AdvisoryLock:
                 raise
             entry.scope = scope_cm
         return entry
+
+    def _held_here(self, alias: str) -> bool:
+        """Whether an enclosing entry of this thread or task holds the key on ``alias``.
+
+        Entering again is then the server's re-entrancy on this client's own session, not another client's lock
+        (``AdvisoryLockAlreadyHeld``).
+        """
+        return any(
+            e.held is not None
+            and e.held.alias == alias
+            and (e.held.key.value, e.held.key.pair) == (self.key.value, self.key.pair)
+            for e in _entries.get()
+        )
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -180,8 +194,9 @@ def _warn_if_pooled(alias: str) -> None:
         warnings.warn(
             f"advisory_lock(session=True) on {alias!r}, which looks like it is behind a connection pooler "
             f"({found}): a session-level lock needs one server session for the whole block, which a pooler in "
-            "transaction mode does not give (lockkit raises AdvisoryLockLost at the end if it notices); use "
-            "session pooling, a direct connection for this alias, or session=False",
+            "transaction mode does not give (lockkit refuses the key with AdvisoryLockAlreadyHeld when the server "
+            "session it gets already holds it, and raises AdvisoryLockLost at the end if another session "
+            "releases it); use session pooling, a direct connection for this alias, or session=False",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -235,6 +250,9 @@ def advisory_lock(
         LockTimeout: the key was not granted within ``lock_timeout`` (the message names the key and the holder).
         ConnectionLost: the connection was lost, or the server refused it, before the key was taken, on every
             attempt for ``settings.LOCKKIT["RETRY"]``'s ``reconnect_within`` (once inside a transaction).
+        AdvisoryLockAlreadyHeld: (``session=True``) on entry, the server session this connection got already held
+            the key and no enclosing block of this thread or task took it: a pooler in transaction mode handed it
+            another client's session; refused in the statement that would have taken it, nothing taken.
         AdvisoryLockLost: (``session=True``) at exit, the session that took the lock no longer held it (the
             connection was replaced, or a transaction-mode pooler served the block from another server session).
     """

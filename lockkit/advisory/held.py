@@ -18,7 +18,7 @@ from lockkit.advisory.keys import AdvisoryKey
 from lockkit.backends import backend_for
 from lockkit.backends.base import Backend
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import AdvisoryLockLost, LockError, LockNotAvailable, LockTimeout
+from lockkit.errors import AdvisoryLockAlreadyHeld, AdvisoryLockLost, LockError, LockNotAvailable, LockTimeout
 
 logger = logging.getLogger("lockkit.advisory")
 
@@ -52,6 +52,7 @@ def take(
     lock_timeout: float | None,
     attempts: int = 1,
     record: Callable[[HeldLock], None] | None = None,
+    unless_held: bool = False,
 ) -> HeldLock:
     """Take an advisory lock on this thread's connection to ``alias``, inside the caller's transaction.
 
@@ -60,6 +61,9 @@ def take(
     time limit raised by a signal handler) before ``record`` has it may leave a lock granted on the server that no
     one would release: the connection is closed then, inside an ``atomic()`` block too (which then rolls back), and
     the server drops the lock with the session.
+
+    ``unless_held`` (a session-level lock the caller does not hold already): refuse the key when this server session
+    holds it, checked in the statement that takes it; then nothing is taken.
 
     The caller's scope has set the transaction's ``lock_timeout`` (PostgreSQL); MariaDB's ``GET_LOCK`` gets
     ``lock_timeout`` itself. A failure marks the enclosing atomic block for rollback, like any locking failure.
@@ -71,6 +75,7 @@ def take(
     Raises:
         LockNotAvailable: with ``nowait``, another session holds the key.
         LockTimeout: the wait for the key took longer than ``lock_timeout``.
+        AdvisoryLockAlreadyHeld: with ``unless_held``, this server session already held the key.
         django.db.NotSupportedError: the database has no such advisory lock.
     """
     connection = connections[alias]
@@ -83,8 +88,16 @@ def take(
             translating(alias, nowait=nowait, attempts=attempts),
         ):
             granted, pid = backend.locks.acquire_advisory(
-                connection, key, shared=shared, session=session, nowait=nowait, timeout=lock_timeout
+                connection,
+                key,
+                shared=shared,
+                session=session,
+                nowait=nowait,
+                timeout=lock_timeout,
+                unless_held=unless_held,
             )
+            if granted is None:
+                raise AdvisoryLockAlreadyHeld(_already_held(alias, key, pid), alias=alias, attempts=attempts)
             if not granted:
                 # GET_LOCK returns 0 (and pg_try_advisory_*_lock false) instead of raising: the transaction is
                 # intact, so the holder can be asked on the same connection.
@@ -198,6 +211,16 @@ def _timed_out(
     return (
         f"lock_timeout on database {alias!r}: advisory lock {key} was not granted within {within}: it is "
         f"{_held_by(holders)}"
+    )
+
+
+def _already_held(alias: str, key: AdvisoryKey, pid: int | None) -> str:
+    return (
+        f"advisory lock {key} on database {alias!r} refused: server session {pid} already holds it, and this block "
+        "did not take it: a pooler in transaction mode (PgBouncer pool_mode = transaction) handed this client the "
+        "server session on which another client holds the key, where it is re-entrant, so a session-level lock "
+        "would exclude nobody; nothing was taken. Use session pooling or a direct connection for this alias, or "
+        "session=False"
     )
 
 
