@@ -24,6 +24,7 @@ from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKey, advisory_key
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
+from lockkit.conf import advisory_namespace
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import ConnectionLost, Failure
 from lockkit.retries import call_with_retry, from_settings
@@ -78,7 +79,7 @@ class AdvisoryLock:
     def __repr__(self) -> str:
         """Show the key, the alias and the kind of lock."""
         mode = "session" if self.session else "transaction"
-        return f"<AdvisoryLock key={self.key} using={self.using!r} {mode}{' shared' if self.shared else ''}>"
+        return f"<AdvisoryLock key={self.key.source!r} using={self.using!r} {mode}{' shared' if self.shared else ''}>"
 
     def _scope(self, alias: str) -> Locked:
         return locked(alias, nowait=self.nowait, lock_timeout=self.lock_timeout)
@@ -90,20 +91,22 @@ class AdvisoryLock:
         retried as ``settings.LOCKKIT["RETRY"]`` retries a lost connection (``RETRIED``).
         """
         alias = check_alias(self.using if self.using is not None else DEFAULT_DB_ALIAS)
+        # The project's namespace is read at each entry (settings are read lazily), before any SQL.
+        key = advisory_key(self.key.source, namespace=advisory_namespace())
         if self.session:
             _warn_if_pooled(alias)
         # Inside a transaction a lost connection took the caller's transaction with it: never retried here.
         setting = None if in_transaction(connections[alias]) else from_settings(retry_on=RETRIED)
         if setting is None:
-            entry = self._take(alias, 1)
+            entry = self._take(alias, key, 1)
         else:
-            take = functools.partial(self._take, alias)
+            take = functools.partial(self._take, alias, key)
             entry = call_with_retry(setting, take, alias=alias, operation="lockkit.advisory_lock")
         _entries.set((*_entries.get(), entry))
         assert entry.held is not None
         return entry.held
 
-    def _take(self, alias: str, number: int) -> _Entry:
+    def _take(self, alias: str, key: AdvisoryKey, number: int) -> _Entry:
         """One attempt at taking the lock: the entry holding it, or the error (nothing held)."""
         connection = connections[alias]
         backend = backend_for(connection)
@@ -123,13 +126,13 @@ class AdvisoryLock:
                 with self._scope(alias) as scope:
                     advisory_locks.take(
                         alias,
-                        self.key,
+                        key,
                         shared=self.shared,
                         session=True,
                         nowait=self.nowait,
                         lock_timeout=scope.lock_timeout,
                         record=taken.append,
-                        unless_held=not self._held_here(alias),
+                        unless_held=not self._held_here(alias, key),
                     )
             except BaseException:
                 if (
@@ -149,7 +152,7 @@ class AdvisoryLock:
             entry.scope = scope_cm
         return entry
 
-    def _held_here(self, alias: str) -> bool:
+    def _held_here(self, alias: str, key: AdvisoryKey) -> bool:
         """Whether an enclosing entry of this thread or task holds the key on ``alias``.
 
         Entering again is then the server's re-entrancy on this client's own session, not another client's lock
@@ -158,7 +161,7 @@ class AdvisoryLock:
         return any(
             e.held is not None
             and e.held.alias == alias
-            and (e.held.key.value, e.held.key.pair) == (self.key.value, self.key.pair)
+            and (e.held.key.value, e.held.key.pair) == (key.value, key.pair)
             for e in _entries.get()
         )
 
@@ -229,7 +232,8 @@ def advisory_lock(
     Args:
         key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits as django-pglock hashes it, so the same
             PostgreSQL lock as ``pglock.advisory(key)``; see ``lockkit.advisory.keys.hash_text``) or a
-            ``(namespace, key)`` pair; see docs/advisory.md for what collisions mean.
+            ``(namespace, key)`` pair; see docs/advisory.md for what collisions mean. With
+            ``settings.LOCKKIT["ADVISORY_NAMESPACE"]`` set, text is hashed in that namespace (read at each entry).
         using: The database alias (default ``"default"``).
         shared: Take a shared lock (PostgreSQL only): shared holders exclude exclusive ones, not each other.
         nowait: Fail at once with ``LockNotAvailable`` when another session holds the key.
@@ -242,7 +246,9 @@ def advisory_lock(
         decorator.
 
     Raises:
-        TypeError, ValueError: a bad key, flag, alias or duration, before any SQL runs.
+        TypeError, ValueError: a bad key, flag, alias or duration, before any SQL runs; on entry, before any SQL,
+            a bad ``settings.LOCKKIT["ADVISORY_NAMESPACE"]`` (``lockkit.conf.SettingTypeError``/``SettingValueError``,
+            naming it).
         django.db.NotSupportedError: on entry, before any SQL: ``shared`` on MariaDB/MySQL, ``session`` on SQLite,
             or a database without advisory locks.
         LockNotAvailable: with ``nowait``, another session holds the key (the message names the key and the

@@ -24,6 +24,7 @@ from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
 from lockkit.backends.sql import relations
+from lockkit.conf import advisory_namespace
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import Failure, LockError, NotInLockedScope
@@ -322,14 +323,16 @@ class LockScope:
         a row lock's. See https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS.
 
         Args:
-            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits) or a ``(namespace, key)`` pair.
+            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits, in ``settings.LOCKKIT["ADVISORY_NAMESPACE"]``
+                when it is set) or a ``(namespace, key)`` pair.
             shared: Take a shared lock (PostgreSQL): shared holders exclude exclusive ones, not each other.
 
         Returns:
             The ``HeldLock`` (alias, key with its 64-bit value, server session id).
 
         Raises:
-            TypeError, ValueError: a bad key or flag, before any SQL runs.
+            TypeError, ValueError: a bad key or flag, or (``lockkit.conf.SettingTypeError``/``SettingValueError``)
+                a bad ``settings.LOCKKIT["ADVISORY_NAMESPACE"]``, before any SQL runs.
             NotInLockedScope: the scope is not active in this thread or task.
             django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
                 nested in a transaction that does not hold the write lock.
@@ -338,7 +341,7 @@ class LockScope:
                 body catches it).
             LockTimeout: the key was not granted within the scope's ``lock_timeout`` (named and doomed alike).
         """
-        checked = advisory_key(key)
+        checked = advisory_key(key, namespace=advisory_namespace())
         flag(shared, "shared")
         self._check_active()
         backend = self._transaction.backend
