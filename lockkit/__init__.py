@@ -16,6 +16,8 @@ from lockkit import (
 )
 from lockkit.advisory.api import advisory_lock
 from lockkit.errors import (
+    AdvisoryLockAlreadyHeld,
+    AdvisoryLockError,
     AdvisoryLockLost,
     AliasMismatch,
     CommitOutcomeUnknown,
@@ -51,6 +53,8 @@ from lockkit.tablemodes import TableLockMode
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AdvisoryLockAlreadyHeld",
+    "AdvisoryLockError",
     "AdvisoryLockLost",
     "AliasMismatch",
     "CommitOutcomeUnknown",

@@ -147,7 +147,8 @@ def configuration_warnings(alias: str) -> list[str]:
         # A session-level advisory lock lives on the server session that took it.
         advice += (
             "; advisory_lock(session=True) needs one server session for the whole block, which transaction "
-            "pooling does not give (lockkit raises AdvisoryLockLost at the end when it notices)"
+            "pooling does not give (lockkit refuses it with AdvisoryLockAlreadyHeld when the server session it gets "
+            "already holds the key, and raises AdvisoryLockLost at the end when another session releases it)"
         )
         warnings.append(f"{alias!r} looks like it is behind a connection pooler ({found_pooler}): {advice}")
         if connection.vendor == "postgresql" and not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):

@@ -20,6 +20,10 @@ Keys:
         every one of them retries a lost or refused connection): a ``RetryPolicy``, a tenacity ``Retrying``, a dict
         of ``RetryPolicy`` keyword arguments, or ``None`` for no retries. Read through
         ``lockkit.retries.from_settings``. Default: ``RetryPolicy()``.
+    ``ADVISORY_NAMESPACE`` (default ``None``): a per-project namespace mixed into the hash of every ``str`` advisory
+        key (and ``(namespace, key)`` pair with a ``str`` in it), so that another account of the same server cannot
+        take the project's keys without knowing it; ``None`` keeps django-pglock's hash. A non-empty ``str``
+        without NUL characters; read by ``advisory_namespace()``.
     ``OBSERVERS`` (default ``[]``): dotted paths of callables run once, without arguments, when the ``lockkit``
         app is ready (it must be in ``INSTALLED_APPS``), e.g. ``"lockkit.contrib.prometheus.install"`` and
         ``"lockkit.contrib.otel.install"``.
@@ -58,7 +62,9 @@ T = TypeVar("T")
 DEFAULT_LOCK_TIMEOUT = 5.0
 
 #: The keys ``settings.LOCKKIT`` may hold (checked by ``manage.py check``, lockkit.E002).
-KNOWN_KEYS = frozenset({"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY", "OBSERVERS", "LOCKS_PRESETS"})
+KNOWN_KEYS = frozenset(
+    {"LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "RETRY", "OBSERVERS", "LOCKS_PRESETS", "ADVISORY_NAMESPACE"}
+)
 _MISSING = object()
 
 # (name, converter) -> the converted value; emptied whenever LOCKKIT changes. Only successful conversions are kept,
@@ -155,6 +161,39 @@ def resolved(name: str, default: Any, convert: Callable[[Any], T]) -> T:
             raise SettingValueError(str(exc)) from exc
         _resolved[key] = value
     return value
+
+
+def check_advisory_namespace(value: object) -> str | None:
+    """Validate ``LOCKKIT['ADVISORY_NAMESPACE']``: ``None``, or a non-empty ``str`` without NUL, encodable as UTF-8.
+
+    Raises:
+        TypeError: neither ``None`` nor a ``str``.
+        ValueError: an empty string, a NUL character (the separator of the hashed text), or a lone surrogate.
+    """
+    name = "LOCKKIT['ADVISORY_NAMESPACE']"
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be an empty string (None keeps the default keys)")
+    if "\x00" in value:
+        raise ValueError(f"{name} must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} must be encodable as UTF-8: {exc}") from None
+    return value
+
+
+def advisory_namespace() -> str | None:
+    """Return ``settings.LOCKKIT["ADVISORY_NAMESPACE"]``, validated (default ``None``).
+
+    Raises:
+        SettingTypeError: it is neither ``None`` nor a ``str`` (the message names the setting).
+        SettingValueError: it is empty, contains NUL, or is not encodable as UTF-8.
+    """
+    return resolved("ADVISORY_NAMESPACE", None, check_advisory_namespace)
 
 
 def _invalidate(*, setting: str, **kwargs: Any) -> None:

@@ -231,7 +231,24 @@ class QueryInChange(LockError, TransactionManagementError):
     """
 
 
-class AdvisoryLockLost(LockError):
+class AdvisoryLockError(LockError):
+    """Base class of the errors of an advisory lock that could not keep its promise.
+
+    ``AdvisoryLockAlreadyHeld`` at entry, ``AdvisoryLockLost`` at exit. Never retried.
+    """
+
+
+class AdvisoryLockAlreadyHeld(AdvisoryLockError):
+    """A session-level advisory lock was refused at entry: the server session already held the key.
+
+    This block did not take it before (it is not a nested entry of the same block): a pooler in transaction mode
+    (PgBouncer ``pool_mode = transaction``) handed this client the server session on which another client holds the
+    key, where the lock is re-entrant, so it would have been granted and excluded nobody. Nothing was taken (the
+    check and the lock are one statement); the block did not run. Never retried.
+    """
+
+
+class AdvisoryLockLost(AdvisoryLockError):
     """A session-level advisory lock was no longer held by this session when its block ended.
 
     The connection was closed or replaced during the block (``close_old_connections()``, a lost connection, a

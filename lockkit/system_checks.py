@@ -78,6 +78,13 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         )
     else:
         messages.extend(error for path in observers if (error := _unimportable(path)) is not None)
+    if "ADVISORY_NAMESPACE" in value:
+        try:
+            conf.check_advisory_namespace(value["ADVISORY_NAMESPACE"])
+        except (TypeError, ValueError) as exc:
+            messages.append(
+                Error(str(exc), hint="A non-empty str without NUL characters, or None.", id="lockkit.E003")
+            )
     if "RETRY" in value:
         try:
             check_retry(value["RETRY"], "LOCKKIT['RETRY']")

@@ -7,9 +7,7 @@ to call from many threads at once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import warnings
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -17,7 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from lockkit._engine.liveness import discard_after_loss
 from lockkit._engine.transaction import in_transaction
@@ -26,8 +24,9 @@ from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKey, advisory_key
 from lockkit.backends import backend_for
 from lockkit.capabilities import pooler
+from lockkit.conf import advisory_namespace
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import ConnectionLost, Failure, LockError
+from lockkit.errors import ConnectionLost, Failure
 from lockkit.retries import call_with_retry, from_settings
 from lockkit.scopes.aliases import check_alias
 from lockkit.scopes.blocks import Locked, locked, refuse_unsupported
@@ -36,7 +35,6 @@ from lockkit.validation import flag, optional_duration
 
 P = ParamSpec("P")
 R = TypeVar("R")
-logger = logging.getLogger("lockkit.advisory")
 
 
 @dataclass
@@ -81,7 +79,7 @@ class AdvisoryLock:
     def __repr__(self) -> str:
         """Show the key, the alias and the kind of lock."""
         mode = "session" if self.session else "transaction"
-        return f"<AdvisoryLock key={self.key} using={self.using!r} {mode}{' shared' if self.shared else ''}>"
+        return f"<AdvisoryLock key={self.key.source!r} using={self.using!r} {mode}{' shared' if self.shared else ''}>"
 
     def _scope(self, alias: str) -> Locked:
         return locked(alias, nowait=self.nowait, lock_timeout=self.lock_timeout)
@@ -93,20 +91,22 @@ class AdvisoryLock:
         retried as ``settings.LOCKKIT["RETRY"]`` retries a lost connection (``RETRIED``).
         """
         alias = check_alias(self.using if self.using is not None else DEFAULT_DB_ALIAS)
+        # The project's namespace is read at each entry (settings are read lazily), before any SQL.
+        key = advisory_key(self.key.source, namespace=advisory_namespace())
         if self.session:
             _warn_if_pooled(alias)
         # Inside a transaction a lost connection took the caller's transaction with it: never retried here.
         setting = None if in_transaction(connections[alias]) else from_settings(retry_on=RETRIED)
         if setting is None:
-            entry = self._take(alias, 1)
+            entry = self._take(alias, key, 1)
         else:
-            take = functools.partial(self._take, alias)
+            take = functools.partial(self._take, alias, key)
             entry = call_with_retry(setting, take, alias=alias, operation="lockkit.advisory_lock")
         _entries.set((*_entries.get(), entry))
         assert entry.held is not None
         return entry.held
 
-    def _take(self, alias: str, number: int) -> _Entry:
+    def _take(self, alias: str, key: AdvisoryKey, number: int) -> _Entry:
         """One attempt at taking the lock: the entry holding it, or the error (nothing held)."""
         connection = connections[alias]
         backend = backend_for(connection)
@@ -119,28 +119,28 @@ class AdvisoryLock:
             raise
         entry = _Entry(self, None, None)
         if self.session:
-            held: HeldLock | None = None
+            taken: list[HeldLock] = []  # the lock, as soon as the server granted it (see advisory_locks.take)
             try:
                 # A short transaction only to bound the wait (transaction-scoped lock_timeout); the lock outlives
                 # it, being session-level.
                 with self._scope(alias) as scope:
-                    held = advisory_locks.take(
+                    advisory_locks.take(
                         alias,
-                        self.key,
+                        key,
                         shared=self.shared,
                         session=True,
                         nowait=self.nowait,
                         lock_timeout=scope.lock_timeout,
+                        record=taken.append,
+                        unless_held=not self._held_here(alias, key),
                     )
-            except BaseException as exc:
-                if held is not None:  # taken, then the short transaction failed to end: give it back
-                    advisory_locks.give_back(held, raise_errors=False)
-                elif not isinstance(exc, DatabaseError | LockError):
-                    # Interrupted (Ctrl-C, a time limit raised by a signal handler) while the server was granting
-                    # it: the session may hold a lock no one will release. Drop the session, and the lock with it.
-                    _discard_session(alias)
+            except BaseException:
+                if (
+                    taken
+                ):  # taken, then the short transaction failed to end (or was interrupted): give it back
+                    advisory_locks.give_back(taken[0], raise_errors=False)
                 raise
-            entry.held = held
+            entry.held = taken[0]
         else:
             scope_cm = self._scope(alias)
             scope = scope_cm.__enter__()
@@ -151,6 +151,19 @@ class AdvisoryLock:
                 raise
             entry.scope = scope_cm
         return entry
+
+    def _held_here(self, alias: str, key: AdvisoryKey) -> bool:
+        """Whether an enclosing entry of this thread or task holds the key on ``alias``.
+
+        Entering again is then the server's re-entrancy on this client's own session, not another client's lock
+        (``AdvisoryLockAlreadyHeld``).
+        """
+        return any(
+            e.held is not None
+            and e.held.alias == alias
+            and (e.held.key.value, e.held.key.pair) == (key.value, key.pair)
+            for e in _entries.get()
+        )
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -184,8 +197,9 @@ def _warn_if_pooled(alias: str) -> None:
         warnings.warn(
             f"advisory_lock(session=True) on {alias!r}, which looks like it is behind a connection pooler "
             f"({found}): a session-level lock needs one server session for the whole block, which a pooler in "
-            "transaction mode does not give (lockkit raises AdvisoryLockLost at the end if it notices); use "
-            "session pooling, a direct connection for this alias, or session=False",
+            "transaction mode does not give (lockkit refuses the key with AdvisoryLockAlreadyHeld when the server "
+            "session it gets already holds it, and raises AdvisoryLockLost at the end if another session "
+            "releases it); use session pooling, a direct connection for this alias, or session=False",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -218,7 +232,8 @@ def advisory_lock(
     Args:
         key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits as django-pglock hashes it, so the same
             PostgreSQL lock as ``pglock.advisory(key)``; see ``lockkit.advisory.keys.hash_text``) or a
-            ``(namespace, key)`` pair; see docs/advisory.md for what collisions mean.
+            ``(namespace, key)`` pair; see docs/advisory.md for what collisions mean. With
+            ``settings.LOCKKIT["ADVISORY_NAMESPACE"]`` set, text is hashed in that namespace (read at each entry).
         using: The database alias (default ``"default"``).
         shared: Take a shared lock (PostgreSQL only): shared holders exclude exclusive ones, not each other.
         nowait: Fail at once with ``LockNotAvailable`` when another session holds the key.
@@ -231,7 +246,9 @@ def advisory_lock(
         decorator.
 
     Raises:
-        TypeError, ValueError: a bad key, flag, alias or duration, before any SQL runs.
+        TypeError, ValueError: a bad key, flag, alias or duration, before any SQL runs; on entry, before any SQL,
+            a bad ``settings.LOCKKIT["ADVISORY_NAMESPACE"]`` (``lockkit.conf.SettingTypeError``/``SettingValueError``,
+            naming it).
         django.db.NotSupportedError: on entry, before any SQL: ``shared`` on MariaDB/MySQL, ``session`` on SQLite,
             or a database without advisory locks.
         LockNotAvailable: with ``nowait``, another session holds the key (the message names the key and the
@@ -239,6 +256,9 @@ def advisory_lock(
         LockTimeout: the key was not granted within ``lock_timeout`` (the message names the key and the holder).
         ConnectionLost: the connection was lost, or the server refused it, before the key was taken, on every
             attempt for ``settings.LOCKKIT["RETRY"]``'s ``reconnect_within`` (once inside a transaction).
+        AdvisoryLockAlreadyHeld: (``session=True``) on entry, the server session this connection got already held
+            the key and no enclosing block of this thread or task took it: a pooler in transaction mode handed it
+            another client's session; refused in the statement that would have taken it, nothing taken.
         AdvisoryLockLost: (``session=True``) at exit, the session that took the lock no longer held it (the
             connection was replaced, or a transaction-mode pooler served the block from another server session).
     """
@@ -258,16 +278,3 @@ def advisory_lock(
 
 
 __all__ = ["AdvisoryLock", "advisory_lock"]
-
-
-def _discard_session(alias: str) -> None:
-    """Close the alias's connection (outside any transaction) so the server ends its session and its locks."""
-    connection = connections[alias]
-    if connection.connection is not None and not connection.in_atomic_block:
-        logger.warning(
-            "lockkit: a session-level advisory lock on %r was interrupted while being taken; the connection is "
-            "closed so that a lock the server may have granted does not outlive the block",
-            alias,
-        )
-        with contextlib.suppress(DatabaseError):
-            connection.close()

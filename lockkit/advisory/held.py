@@ -6,7 +6,9 @@ What a ``LockScope`` and ``lockkit.advisory_lock`` share: the backend call, the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -16,7 +18,7 @@ from lockkit.advisory.keys import AdvisoryKey
 from lockkit.backends import backend_for
 from lockkit.backends.base import Backend
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import AdvisoryLockLost, LockNotAvailable, LockTimeout
+from lockkit.errors import AdvisoryLockAlreadyHeld, AdvisoryLockLost, LockError, LockNotAvailable, LockTimeout
 
 logger = logging.getLogger("lockkit.advisory")
 
@@ -49,8 +51,19 @@ def take(
     nowait: bool,
     lock_timeout: float | None,
     attempts: int = 1,
+    record: Callable[[HeldLock], None] | None = None,
+    unless_held: bool = False,
 ) -> HeldLock:
     """Take an advisory lock on this thread's connection to ``alias``, inside the caller's transaction.
+
+    A lock the transaction does not release (``session``, MariaDB's ``GET_LOCK``) is handed to ``record`` (its
+    owner, who releases it) as soon as the server granted it. An interrupt that is not a database error (Ctrl-C, a
+    time limit raised by a signal handler) before ``record`` has it may leave a lock granted on the server that no
+    one would release: the connection is closed then, inside an ``atomic()`` block too (which then rolls back), and
+    the server drops the lock with the session.
+
+    ``unless_held`` (a session-level lock the caller does not hold already): refuse the key when this server session
+    holds it, checked in the statement that takes it; then nothing is taken.
 
     The caller's scope has set the transaction's ``lock_timeout`` (PostgreSQL); MariaDB's ``GET_LOCK`` gets
     ``lock_timeout`` itself. A failure marks the enclosing atomic block for rollback, like any locking failure.
@@ -62,19 +75,29 @@ def take(
     Raises:
         LockNotAvailable: with ``nowait``, another session holds the key.
         LockTimeout: the wait for the key took longer than ``lock_timeout``.
+        AdvisoryLockAlreadyHeld: with ``unless_held``, this server session already held the key.
         django.db.NotSupportedError: the database has no such advisory lock.
     """
     connection = connections[alias]
     backend = backend_for(connection)
     refused = False  # the database answered "not granted" without an error
+    recorded = False
     try:
         with (
             transaction.mark_for_rollback_on_error(using=alias),
             translating(alias, nowait=nowait, attempts=attempts),
         ):
             granted, pid = backend.locks.acquire_advisory(
-                connection, key, shared=shared, session=session, nowait=nowait, timeout=lock_timeout
+                connection,
+                key,
+                shared=shared,
+                session=session,
+                nowait=nowait,
+                timeout=lock_timeout,
+                unless_held=unless_held,
             )
+            if granted is None:
+                raise AdvisoryLockAlreadyHeld(_already_held(alias, key, pid), alias=alias, attempts=attempts)
             if not granted:
                 # GET_LOCK returns 0 (and pg_try_advisory_*_lock false) instead of raising: the transaction is
                 # intact, so the holder can be asked on the same connection.
@@ -87,6 +110,10 @@ def take(
                 raise LockTimeout(
                     _timed_out(alias, key, lock_timeout, holders), alias=alias, attempts=attempts
                 )
+            held = HeldLock(alias, key, shared, session, pid)
+            if record is not None:
+                record(held)
+                recorded = True
     except LockTimeout as error:
         if not refused:
             # PostgreSQL's lock_timeout (55P03): the server's words say nothing of the key. The transaction is
@@ -94,7 +121,25 @@ def take(
             error.args = (_timed_out(alias, key, lock_timeout, None),)
             setattr(error, _PENDING, _Pending(key, shared, lock_timeout))
         raise
-    return HeldLock(alias, key, shared, session, pid)
+    except BaseException as exc:
+        if record is not None and not recorded and not isinstance(exc, DatabaseError | LockError):
+            _discard_interrupted(alias)
+        raise
+    return held
+
+
+def _discard_interrupted(alias: str) -> None:
+    """Close the alias's connection so the server ends its session and the lock it may have just granted."""
+    connection = connections[alias]
+    if connection.connection is None:
+        return
+    logger.warning(
+        "lockkit: an advisory lock on %r was interrupted while being taken; the connection is closed so that a "
+        "lock the server may have granted does not outlive the block",
+        alias,
+    )
+    with contextlib.suppress(DatabaseError):
+        _discard(connection)
 
 
 # The attribute of a LockTimeout (lockkit's own error) whose holder is to be named after the rollback.
@@ -166,6 +211,16 @@ def _timed_out(
     return (
         f"lock_timeout on database {alias!r}: advisory lock {key} was not granted within {within}: it is "
         f"{_held_by(holders)}"
+    )
+
+
+def _already_held(alias: str, key: AdvisoryKey, pid: int | None) -> str:
+    return (
+        f"advisory lock {key} on database {alias!r} refused: server session {pid} already holds it, and this block "
+        "did not take it: a pooler in transaction mode (PgBouncer pool_mode = transaction) handed this client the "
+        "server session on which another client holds the key, where it is re-entrant, so a session-level lock "
+        "would exclude nobody; nothing was taken. Use session pooling or a direct connection for this alias, or "
+        "session=False"
     )
 
 

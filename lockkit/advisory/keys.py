@@ -25,12 +25,14 @@ _MAX_READABLE_DATABASE = MAX_LOCK_NAME - len(_NAME_PREFIX) - len("::k") - 16
 AdvisoryKeyLike = int | str | tuple[int | str, int | str]
 
 
-def hash_text(text: str) -> int:
+def hash_text(text: str, *, namespace: str | None = None) -> int:
     """Hash text to a signed 64-bit advisory-lock key: the first 8 bytes of SHA-256 of its UTF-8, little-endian.
 
     django-pglock's hash of a ``str`` lock id (``pglock.advisory(text).int_lock_id``), so ``advisory_lock(text)``
     and ``pglock.advisory(text)`` exclude each other on PostgreSQL. The same in every process, Python version and
-    platform, and reproducible in SQL (docs/advisory.md, "Keys").
+    platform, and reproducible in SQL (docs/advisory.md, "Keys"). With a ``namespace``
+    (``settings.LOCKKIT["ADVISORY_NAMESPACE"]``), the hashed bytes are the namespace's UTF-8, a NUL byte, then the
+    text's: a key space of the project's own.
 
     Raises:
         ValueError: ``text`` cannot be encoded as UTF-8 (a lone surrogate).
@@ -39,6 +41,8 @@ def hash_text(text: str) -> int:
         data = text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"key must be encodable as UTF-8: {exc}") from None
+    if namespace is not None:
+        data = namespace.encode("utf-8") + b"\x00" + data
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little", signed=True)
 
 
@@ -89,7 +93,7 @@ def _check_part(value: object, name: str) -> int | str:
     return value
 
 
-def advisory_key(key: object) -> AdvisoryKey:
+def advisory_key(key: object, *, namespace: str | None = None) -> AdvisoryKey:
     """Validate an advisory-lock key and compute its database forms, before any SQL runs.
 
     Args:
@@ -97,6 +101,8 @@ def advisory_key(key: object) -> AdvisoryKey:
             ``(namespace, key)`` tuple: two ints in the signed 32-bit range use PostgreSQL's two-key form
             (``pg_advisory_lock(int, int)``, a key space of its own); a pair with a ``str`` in it is hashed as the
             compact JSON text ``["namespace","key"]``.
+        namespace: The project's namespace (``settings.LOCKKIT["ADVISORY_NAMESPACE"]``, validated by the caller),
+            mixed into every hash (``hash_text``); ``int`` keys and pairs of two ints are used as they are.
 
     Returns:
         The ``AdvisoryKey``.
@@ -112,13 +118,13 @@ def advisory_key(key: object) -> AdvisoryKey:
     if isinstance(key, str):
         if not key:
             raise ValueError("key must not be an empty string")
-        return AdvisoryKey(hash_text(key), None, key)
+        return AdvisoryKey(hash_text(key, namespace=namespace), None, key)
     if isinstance(key, tuple):
         if len(key) != 2:
             raise ValueError(f"key must be a (namespace, key) pair, got a tuple of {len(key)} items")
-        namespace, inner = _check_part(key[0], "the namespace of key"), _check_part(key[1], "the key of key")
-        if isinstance(namespace, int) and isinstance(inner, int):
-            first = _check_int(namespace, "the namespace of key", INT32_MIN, INT32_MAX, 32)
+        outer, inner = _check_part(key[0], "the namespace of key"), _check_part(key[1], "the key of key")
+        if isinstance(outer, int) and isinstance(inner, int):
+            first = _check_int(outer, "the namespace of key", INT32_MIN, INT32_MAX, 32)
             second = _check_int(inner, "the key of key", INT32_MIN, INT32_MAX, 32)
             combined = int.from_bytes(
                 first.to_bytes(4, "big", signed=True) + second.to_bytes(4, "big", signed=True),
@@ -126,8 +132,8 @@ def advisory_key(key: object) -> AdvisoryKey:
                 signed=True,
             )
             return AdvisoryKey(combined, (first, second), (first, second))
-        text = json.dumps([namespace, inner], ensure_ascii=False, separators=(",", ":"))
-        return AdvisoryKey(hash_text(text), None, (namespace, inner))
+        text = json.dumps([outer, inner], ensure_ascii=False, separators=(",", ":"))
+        return AdvisoryKey(hash_text(text, namespace=namespace), None, (outer, inner))
     raise TypeError(f"key must be an int, a str or a (namespace, key) tuple, not {type(key).__name__}")
 
 

@@ -297,12 +297,15 @@ class Locks:
         session: bool,
         nowait: bool,
         timeout: float | None,
-    ) -> tuple[bool, int | None]:
+        unless_held: bool = False,
+    ) -> tuple[bool | None, int | None]:
         """Take an advisory lock; return whether it was granted and the server session id that holds it.
 
         ``False`` means the ``nowait`` attempt found it held, or (MariaDB) the ``timeout`` in seconds expired; a
         database error (PostgreSQL's expired ``lock_timeout``) propagates. Transaction-scoped locks are taken in
-        the caller's transaction, whose ``lock_timeout`` the caller has set.
+        the caller's transaction, whose ``lock_timeout`` the caller has set. With ``unless_held``, ``None`` means
+        that this server session already held the key and nothing was taken (checked in the statement that takes
+        it, so no other statement of this session can come between).
         """
         self.check_advisory(connection, shared=shared, session=session)
         return False, None  # pragma: no cover - check_advisory raised

@@ -24,6 +24,7 @@ from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
 from lockkit.advisory.keys import AdvisoryKeyLike, advisory_key
 from lockkit.backends.sql import relations
+from lockkit.conf import advisory_namespace
 from lockkit.errorcodes import table as codes
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import Failure, LockError, NotInLockedScope
@@ -322,14 +323,16 @@ class LockScope:
         a row lock's. See https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS.
 
         Args:
-            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits) or a ``(namespace, key)`` pair.
+            key: An ``int`` (signed 64-bit), a ``str`` (hashed to 64 bits, in ``settings.LOCKKIT["ADVISORY_NAMESPACE"]``
+                when it is set) or a ``(namespace, key)`` pair.
             shared: Take a shared lock (PostgreSQL): shared holders exclude exclusive ones, not each other.
 
         Returns:
             The ``HeldLock`` (alias, key with its 64-bit value, server session id).
 
         Raises:
-            TypeError, ValueError: a bad key or flag, before any SQL runs.
+            TypeError, ValueError: a bad key or flag, or (``lockkit.conf.SettingTypeError``/``SettingValueError``)
+                a bad ``settings.LOCKKIT["ADVISORY_NAMESPACE"]``, before any SQL runs.
             NotInLockedScope: the scope is not active in this thread or task.
             django.db.NotSupportedError: before any SQL runs, ``shared`` on MariaDB/MySQL, or on SQLite a scope
                 nested in a transaction that does not hold the write lock.
@@ -338,11 +341,14 @@ class LockScope:
                 body catches it).
             LockTimeout: the key was not granted within the scope's ``lock_timeout`` (named and doomed alike).
         """
-        checked = advisory_key(key)
+        checked = advisory_key(key, namespace=advisory_namespace())
         flag(shared, "shared")
         self._check_active()
         backend = self._transaction.backend
         backend.locks.check_advisory(connections[self.alias], shared=shared, session=False)
+        # A lock the transaction does not release (MariaDB's GET_LOCK) is the scope's to release as soon as it is
+        # granted, before take() returns (an interrupt in between would strand it).
+        record = None if backend.features.advisory_locks_end_with_transaction else self._advisory.append
 
         def take() -> HeldLock:
             return advisory_locks.take(
@@ -353,6 +359,7 @@ class LockScope:
                 nowait=self.nowait,
                 lock_timeout=self.lock_timeout,
                 attempts=self.attempt,
+                record=record,
             )
 
         try:
@@ -365,8 +372,6 @@ class LockScope:
             # A refusal dooms the block, as a row lock's does, even if the body catches it.
             self._transaction.doom(error)
             raise
-        if not backend.features.advisory_locks_end_with_transaction:
-            self._advisory.append(held)
         return held
 
     def lock_table(

@@ -284,3 +284,36 @@ def test_a_killed_session_leaves_no_get_lock_behind(alias: str) -> None:
         again = scope.advisory_lock("killed")
     assert again.pid != held.pid
     assert _held_by_this_session(alias, "killed") == 0
+
+
+@pytest.mark.parametrize("alias", BOTH)
+def test_a_session_lock_already_on_this_server_session_is_refused_and_nothing_is_taken(alias: str) -> None:
+    """What a transaction pooler does (lockkit_tests/topology/test_pooled_advisory.py): the server session this client
+    got already holds the key for another client (here: raw SQL on it, not a block of lockkit's)."""
+    connection = connections[alias]
+    key = advisory_key("cron:left-here")
+    name = key.lock_name(str(connection.settings_dict["NAME"]))
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_advisory_lock(%s)", [key.value])
+        else:
+            cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+    try:
+        with pytest.raises(lockkit.AdvisoryLockAlreadyHeld, match="already holds it"):
+            with lockkit.advisory_lock("cron:left-here", using=alias, session=True, nowait=True):
+                pytest.fail("a session lock that excludes nobody was granted")
+        with connection.cursor() as cursor:  # one hold only: the refusal took none
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s), pg_advisory_unlock(%s)", [key.value, key.value]
+                )
+            else:
+                cursor.execute("SELECT RELEASE_LOCK(%s), RELEASE_LOCK(%s)", [name, name])
+            assert [bool(v) for v in cursor.fetchone()] == [True, False]  # MariaDB: NULL, no such lock
+        assert _free_here(alias, "cron:left-here")
+        with lockkit.advisory_lock(
+            "cron:left-here", using=alias, session=True, nowait=True
+        ) as held:  # next call
+            assert held.pid == backend_pid(alias)
+    finally:
+        connection.close()

@@ -179,6 +179,7 @@ def test_hostile_keys_get_a_hint_too(settings: Any) -> None:
     hints = [str(m.hint) for m in messages]
     assert "Did you mean 'LOCK_TIMEOUT'?" in hints[2]
     assert all(
-        "Valid keys: LOCKS_PRESETS, LOCK_TIMEOUT, OBSERVERS, RETRY, STATEMENT_TIMEOUT." in hint
+        "Valid keys: ADVISORY_NAMESPACE, LOCKS_PRESETS, LOCK_TIMEOUT, OBSERVERS, RETRY, STATEMENT_TIMEOUT."
+        in hint
         for hint in hints
     )

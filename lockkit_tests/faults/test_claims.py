@@ -30,10 +30,9 @@ from lockkit.claims import (
     release_many,
 )
 from lockkit.testing import hold_lock
-from lockkit_harness.cluster import PgBouncer, missing_binaries
 from lockkit_tests.models import Job, JobLog
 from lockkit_tests.support.claims_helpers import expire
-from lockkit_tests.support.faultkit import extra_alias, upstream_of
+from lockkit_tests.support.faultkit import behind_pgbouncer
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "bouncer"])
 
@@ -154,29 +153,8 @@ def test_stale_claim_tells_an_earlier_completion_from_a_reclaim() -> None:
 
 @pytest.fixture
 def bouncer_alias() -> Iterator[str]:
-    reason = missing_binaries(pgbouncer=True)
-    if reason is not None:
-        pytest.skip(f"no PgBouncer: {reason}")
-    upstream = upstream_of("default")
-    if isinstance(upstream, str):
-        # The embedded server (Quick start) listens on a Unix socket of its own system user, which PgBouncer
-        # (run as postgres) cannot reach: a client would queue in PgBouncer until the test timed out. The machine
-        # PostgreSQL (TCP) runs this test in CI.
-        pytest.skip(
-            "PgBouncer needs a TCP PostgreSQL here; the embedded server listens on a Unix socket only"
-        )
-    host, port = upstream
-    with PgBouncer(host, port, {"client_idle_timeout": "1"}) as bouncer:
-        options = {"prepare_threshold": None, "sslmode": "disable"}
-        with extra_alias(
-            "bouncer",
-            "default",
-            HOST="127.0.0.1",
-            PORT=bouncer.port,
-            OPTIONS=options,
-            DISABLE_SERVER_SIDE_CURSORS=True,
-        ) as alias:
-            yield alias
+    with behind_pgbouncer("default", {"client_idle_timeout": "1"}) as alias:
+        yield alias
 
 
 def _bouncer_dropped_client(alias: str, timeout: float = 15.0) -> None:

@@ -14,8 +14,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from django.db import connections, models
 
+from lockkit_harness.cluster import PgBouncer, missing_binaries
 from lockkit_harness.proxy import FaultProxy, Protocol
 
 
@@ -46,6 +48,31 @@ def upstream_of(alias: str) -> tuple[str, int] | str:
     if host.startswith("/"):
         return f"{host}/.s.PGSQL.{port}"
     return (host, port)
+
+
+@contextlib.contextmanager
+def behind_pgbouncer(like: str, settings: dict[str, str], name: str = "bouncer") -> Iterator[str]:
+    """An alias that reaches ``like``'s database through a PgBouncer in transaction mode with ``settings``
+    (``lockkit_harness.cluster.PgBouncer``), started here and stopped after; skips without PgBouncer or a TCP server.
+    """
+    reason = missing_binaries(pgbouncer=True)
+    if reason is not None:
+        pytest.skip(f"no PgBouncer: {reason}")
+    upstream = upstream_of(like)
+    if isinstance(upstream, str):
+        # The embedded server (Quick start) listens on a Unix socket of its own system user, which PgBouncer
+        # (run as postgres) cannot reach: a client would queue in PgBouncer until the test timed out. The machine
+        # PostgreSQL (TCP) runs these tests in CI.
+        pytest.skip(
+            "PgBouncer needs a TCP PostgreSQL here; the embedded server listens on a Unix socket only"
+        )
+    host, port = upstream
+    with PgBouncer(host, port, settings) as bouncer:
+        options = {"prepare_threshold": None, "sslmode": "disable"}
+        with extra_alias(
+            name, like, HOST="127.0.0.1", PORT=bouncer.port, OPTIONS=options, DISABLE_SERVER_SIDE_CURSORS=True
+        ) as alias:
+            yield alias
 
 
 @contextlib.contextmanager

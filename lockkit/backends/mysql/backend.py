@@ -164,10 +164,14 @@ class MySQLLocks(Locks):
         session: bool,
         nowait: bool,
         timeout: float | None,
-    ) -> tuple[bool, int | None]:
-        """``GET_LOCK(name, timeout)``: the wait is bounded by its own timeout (0 with ``nowait``)."""
+        unless_held: bool = False,
+    ) -> tuple[bool | None, int | None]:
+        """``GET_LOCK(name, timeout)``: the wait is bounded by its own timeout (0 with ``nowait``).
+
+        ``unless_held``: ``IS_USED_LOCK`` is read in the same statement, before ``GET_LOCK`` runs.
+        """
         self.check_advisory(connection, shared=shared, session=session)
-        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout)
+        return mysql_locks.acquire(connection, key, timeout=0 if nowait else timeout, unless_held=unless_held)
 
     def release_advisory(
         self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool

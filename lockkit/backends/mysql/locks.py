@@ -34,8 +34,13 @@ def lock_name(connection: BaseDatabaseWrapper, key: AdvisoryKey) -> str:
     return key.lock_name(str(connection.settings_dict["NAME"]))
 
 
-def acquire(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, timeout: float | None) -> tuple[bool, int]:
+def acquire(
+    connection: BaseDatabaseWrapper, key: AdvisoryKey, *, timeout: float | None, unless_held: bool = False
+) -> tuple[bool | None, int]:
     """``GET_LOCK(name, timeout)``: return whether it was granted (0: the wait expired) and the connection id.
+
+    With ``unless_held``, the same statement first asks ``IS_USED_LOCK`` whether this connection already holds
+    the name (``GET_LOCK`` is re-entrant) and, if it does, takes nothing and returns ``None``.
 
     Raises:
         django.db.OperationalError: ``GET_LOCK`` returned ``NULL``: the statement was killed (``KILL QUERY``).
@@ -43,11 +48,20 @@ def acquire(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, timeout: float
     wait = UNBOUNDED_WAIT if timeout is None else timeout
     name = lock_name(connection, key)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT GET_LOCK(%s, %s), CONNECTION_ID()", [name, wait])
+        if unless_held:
+            # IF() evaluates its condition first: -1 (never a GET_LOCK result) when this connection holds it.
+            cursor.execute(
+                "SELECT IF(IS_USED_LOCK(%s) <=> CONNECTION_ID(), -1, GET_LOCK(%s, %s)), CONNECTION_ID()",
+                [name, name, wait],
+            )
+        else:
+            cursor.execute("SELECT GET_LOCK(%s, %s), CONNECTION_ID()", [name, wait])
         row = cursor.fetchone()
     assert row is not None
     if row[0] is None:
         raise OperationalError(f"GET_LOCK({name!r}) was interrupted (KILL QUERY or an error in the server)")
+    if int(row[0]) == -1:
+        return None, int(row[1])
     return bool(row[0]), int(row[1])
 
 

@@ -317,10 +317,15 @@ class PostgreSQLLocks(Locks):
         session: bool,
         nowait: bool,
         timeout: float | None,
-    ) -> tuple[bool, int | None]:
-        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set."""
-        # The wait is bounded by the transaction's lock_timeout, which the caller's scope has set.
-        return postgresql_locks.acquire(connection, key, shared=shared, session=session, nowait=nowait)
+        unless_held: bool = False,
+    ) -> tuple[bool | None, int | None]:
+        """Take the lock; the wait is bounded by the transaction's ``lock_timeout`` the scope has set.
+
+        ``unless_held``: ``pg_locks`` is read in the same statement, before the lock is asked for.
+        """
+        return postgresql_locks.acquire(
+            connection, key, shared=shared, session=session, nowait=nowait, unless_held=unless_held
+        )
 
     def release_advisory(
         self, connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool

@@ -35,22 +35,45 @@ def _arguments(key: AdvisoryKey) -> tuple[str, list[int]]:
     return "(%s)::bigint", [key.value]
 
 
+# Whether this server session already holds the key, in any mode (PostgreSQL's advisory locks are re-entrant: it
+# would be granted again). An uncorrelated subquery: evaluated before the CASE may call the locking function.
+_HELD_HERE = """
+EXISTS (SELECT 1 FROM pg_locks
+        WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND classid::bigint = %s AND objid::bigint = %s AND objsubid = %s)
+"""
+
+
 def acquire(
-    connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool, session: bool, nowait: bool
-) -> tuple[bool, int]:
+    connection: BaseDatabaseWrapper,
+    key: AdvisoryKey,
+    *,
+    shared: bool,
+    session: bool,
+    nowait: bool,
+    unless_held: bool = False,
+) -> tuple[bool | None, int]:
     """Take the lock; return whether it was granted and the session's backend pid.
 
     Waits obey the transaction's ``lock_timeout`` (an expired wait raises SQLSTATE 55P03); with ``nowait`` the
-    ``pg_try_`` form returns at once.
+    ``pg_try_`` form returns at once. With ``unless_held``, the same statement first looks in ``pg_locks`` for a
+    hold of the key by this server session and, if there is one, takes nothing and returns ``None``.
     """
     placeholders, params = _arguments(key)
     function = _function(session=session, shared=shared, try_only=nowait)
+    # The waiting forms return void: "IS NOT NULL" makes them true once granted.
+    call = f"{function}({placeholders})" + ("" if nowait else " IS NOT NULL")
+    if unless_held:
+        sql = f"SELECT CASE WHEN {_HELD_HERE} THEN NULL ELSE {call} END, pg_backend_pid()"
+        params = [*_lock_id(key), *params]
+    else:
+        sql = f"SELECT {call}, pg_backend_pid()"
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}({placeholders}), pg_backend_pid()", params)
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     assert row is not None
-    # The waiting forms return void (psycopg reads it as ""): reaching here means granted.
-    return (not nowait or bool(row[0])), int(row[1])
+    return (None if row[0] is None else bool(row[0])), int(row[1])
 
 
 def release(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool) -> tuple[bool, int]:
@@ -76,6 +99,14 @@ ORDER BY pid
 """
 
 
+def _lock_id(key: AdvisoryKey) -> tuple[int, int, int]:
+    """``(classid, objid, objsubid)``: how ``pg_locks`` shows the key."""
+    if key.pair is not None:
+        return key.pair[0] & 0xFFFF_FFFF, key.pair[1] & 0xFFFF_FFFF, 2
+    unsigned = key.value & 0xFFFF_FFFF_FFFF_FFFF
+    return unsigned >> 32, unsigned & 0xFFFF_FFFF, 1
+
+
 def _in_failed_transaction(connection: BaseDatabaseWrapper) -> bool:
     """Whether the driver says the connection's transaction has failed (psycopg 3 and psycopg2, public API)."""
     raw = connection.connection
@@ -93,13 +124,8 @@ def holders(connection: BaseDatabaseWrapper, key: AdvisoryKey, *, shared: bool) 
     """The other sessions holding ``key`` (exclusively, for a ``shared`` request), or ``None`` in a failed transaction."""
     if _in_failed_transaction(connection):
         return None
-    if key.pair is not None:
-        first, second, subid = key.pair[0] & 0xFFFF_FFFF, key.pair[1] & 0xFFFF_FFFF, 2
-    else:
-        unsigned = key.value & 0xFFFF_FFFF_FFFF_FFFF
-        first, second, subid = unsigned >> 32, unsigned & 0xFFFF_FFFF, 1
     with connection.cursor() as cursor:
-        cursor.execute(_HOLDERS, [first, second, subid, shared])
+        cursor.execute(_HOLDERS, [*_lock_id(key), shared])
         return tuple(int(row[0]) for row in cursor.fetchall())
 
 

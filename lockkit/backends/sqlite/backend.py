@@ -137,8 +137,12 @@ class SQLiteLocks(Locks):
         session: bool,
         nowait: bool,
         timeout: float | None,
-    ) -> tuple[bool, int | None]:
-        """Check that the transaction holds the database write lock, which covers every key."""
+        unless_held: bool = False,
+    ) -> tuple[bool | None, int | None]:
+        """Check that the transaction holds the database write lock, which covers every key.
+
+        ``unless_held`` changes nothing: session-level locks, the only ones that ask, are refused here.
+        """
         self.check_advisory(connection, shared=shared, session=session)
         if not _write_locked(connection):
             # A deferred transaction may hold no lock at all yet: a key "held" here would exclude nobody.
