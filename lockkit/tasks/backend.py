@@ -146,14 +146,15 @@ class DatabaseBackend(BaseTaskBackend):
             The ``TaskResult``.
 
         Raises:
-            django.tasks.exceptions.TaskResultDoesNotExist: no task of this id, or an id that is not a UUID.
+            django.tasks.exceptions.TaskResultDoesNotExist: no task of this id for this backend (another
+                backend's task in the same table), or an id that is not a UUID.
         """
         from lockkit.tasks.models import QueuedTask
 
         alias = self.database()
         discard_if_dead(alias)
         try:
-            row = QueuedTask.objects.using(alias).get(pk=result_id)
+            row = QueuedTask.objects.using(alias).get(pk=result_id, backend_name=self.alias)
         except (QueuedTask.DoesNotExist, ValidationError, TypeError, ValueError) as missing:
             raise TaskResultDoesNotExist(result_id) from missing
         return results.result_of(row)
