@@ -71,6 +71,8 @@ if django.VERSION >= (6, 0):
             "OPTIONS": {"lease": 5, "max_attempts": 3, "retry_backoff": 0.01, "poll_interval": 0.2},
         }
     }
+# Django REST framework (lockkit.contrib.drf's tests, docs/drf.md): no django.contrib.auth here, so no user model.
+REST_FRAMEWORK: dict[str, Any] = {"UNAUTHENTICATED_USER": None}
 ROOT_URLCONF = "lockkit_tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

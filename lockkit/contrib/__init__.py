@@ -1,1 +1,1 @@
-"""Optional integrations, each installed by an explicit call: ``otel`` (OpenTelemetry) and ``prometheus``."""
+"""Optional integrations, each with its own extra: ``otel``, ``prometheus`` and ``drf`` (Django REST framework)."""

@@ -149,7 +149,8 @@ class DatabaseBackend(BaseTaskBackend):
             The ``TaskResult``.
 
         Raises:
-            django.tasks.exceptions.TaskResultDoesNotExist: no task of this id, or an id that is not a UUID.
+            django.tasks.exceptions.TaskResultDoesNotExist: no task of this id for this backend (another
+                backend's task in the same table), or an id that is not a UUID.
             django.tasks.exceptions.InvalidTask: the row's ``task_path`` is refused (``check_task_path``),
                 before anything is imported.
             ImportError: the row's ``task_path`` does not import any more.
@@ -159,7 +160,7 @@ class DatabaseBackend(BaseTaskBackend):
         alias = self.database()
         discard_if_dead(alias)
         try:
-            row = QueuedTask.objects.using(alias).get(pk=result_id)
+            row = QueuedTask.objects.using(alias).get(pk=result_id, backend_name=self.alias)
         except (QueuedTask.DoesNotExist, ValidationError, TypeError, ValueError) as missing:
             raise TaskResultDoesNotExist(result_id) from missing
         return results.result_of(row)

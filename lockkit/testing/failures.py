@@ -20,4 +20,13 @@ class NothingLocked(AssertionError):
     """
 
 
+def invisible_rows(found: str) -> str:
+    """Explain ``found`` (a helper's session did not see a row): the test's uncommitted transaction hides it."""
+    return (
+        f"{found} Another connection cannot see rows written inside a transaction the test has not committed: "
+        "Django's TestCase and pytest.mark.django_db without transaction=True wrap each test in one. Use "
+        "TransactionTestCase or django_db(transaction=True) (the contention marker does it), or check the lookup."
+    )
+
+
 __all__ = ["ContentionTimeout", "NothingLocked"]

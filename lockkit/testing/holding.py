@@ -20,7 +20,7 @@ from django.db import connections, models, transaction
 from lockkit.backends import backend_for
 from lockkit.scopes import aliases
 from lockkit.scopes.blocks import locked
-from lockkit.testing.failures import ContentionTimeout, NothingLocked
+from lockkit.testing.failures import ContentionTimeout, NothingLocked, invisible_rows
 from lockkit.testing.sessions import backend_pid
 from lockkit.validation import Duration, duration
 
@@ -151,11 +151,10 @@ def _as_queryset(target: object) -> tuple[models.QuerySet[Any], str | None]:
 
 def _nothing_locked(queryset: models.QuerySet[Any], alias: str) -> NothingLocked:
     return NothingLocked(
-        f"hold_lock: {queryset.model.__name__} matched no rows on {alias!r} as seen from the holder's own "
-        "session. Another connection cannot see rows written inside a transaction the test has not committed: "
-        "Django's TestCase and pytest.mark.django_db without transaction=True wrap each test in one. Use "
-        "TransactionTestCase or django_db(transaction=True) (the contention marker does it), or check the "
-        "target's filter."
+        invisible_rows(
+            f"hold_lock: {queryset.model.__name__} matched no rows on {alias!r} as seen from the holder's own "
+            "session."
+        )
     )
 
 

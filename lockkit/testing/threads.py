@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import connections
 
-from lockkit.testing.failures import ContentionTimeout
+from lockkit.testing.failures import ContentionTimeout, invisible_rows
 from lockkit.testing.sessions import SessionTracker
 from lockkit.validation import Duration, duration
 
@@ -54,6 +55,26 @@ class Outcome(Generic[T]):
 
 def _limit(value: object, name: str) -> float:
     return duration(value, name)
+
+
+def _explained(outcome: Outcome[T], caller: str) -> Outcome[T]:
+    """Note on a caller's ``DoesNotExist`` why it may not see the row: the test's thread has not committed it.
+
+    Called in the test's thread, whose connections hold the uncommitted rows (a ``TestCase``); ``hold_lock``'s
+    ``NothingLocked`` gives the same explanation. Added once per exception.
+    """
+    error = outcome.error
+    if not isinstance(error, ObjectDoesNotExist):
+        return outcome
+    open_on = sorted(c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block)
+    if open_on and not any(note.startswith(caller) for note in getattr(error, "__notes__", ())):
+        error.add_note(
+            invisible_rows(
+                f"{caller} did not find the row in its own session, while the test's thread is inside an "
+                f"uncommitted transaction on {', '.join(map(repr, open_on))}."
+            )
+        )
+    return outcome
 
 
 class ThreadCall(Generic[T]):
@@ -127,7 +148,7 @@ class ThreadCall(Generic[T]):
             self.cancel_statements()
             self.join(_UNWIND_SECONDS)
             raise ContentionTimeout(f"{self.name} was still running after {limit}s")
-        return self._outcome
+        return _explained(self._outcome, self.name)
 
     def result(self, timeout: Duration = 10.0) -> T:
         """Wait for the callable and return its result, or raise its exception.
@@ -232,7 +253,9 @@ def run_concurrently(
         raise ContentionTimeout(
             f"run_concurrently: {len(stuck)} of {n} caller(s) still running after {limit}s: {names}"
         )
-    outcomes = [call._outcome for call in calls]
+    outcomes = [
+        _explained(call._outcome, f"run_concurrently: caller {call._outcome.index}") for call in calls
+    ]
     if reraise:
         failed = [outcome for outcome in outcomes if outcome.error is not None]
         if failed:

@@ -7,7 +7,11 @@ The code blocks themselves run through Sybil (``conftest.py`` at the repository 
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import django
@@ -33,8 +37,8 @@ PUBLIC_MODULES = (
 )
 # lockkit.tasks needs Django 6 (django.tasks); on Django 5.2 its reference entries are not resolved.
 DJANGO_6_PUBLIC_MODULES = ("lockkit.tasks",)
-# Checked when they import: they need their extra (opentelemetry-api, prometheus-client).
-OPTIONAL_PUBLIC_MODULES = ("lockkit.contrib.otel", "lockkit.contrib.prometheus")
+# Checked when they import: they need their extra (opentelemetry-api, prometheus-client, djangorestframework).
+OPTIONAL_PUBLIC_MODULES = ("lockkit.contrib.otel", "lockkit.contrib.prometheus", "lockkit.contrib.drf")
 SKIP_WITH_REASON = re.compile(r'next\s+"[^"]{10,}"$')
 
 
@@ -139,3 +143,29 @@ def test_the_system_check_hint_points_at_the_documentation_site() -> None:
     assert warning.hint == f"See {DOCS_URL}backends/#the-capability-report"
     # MkDocs builds that anchor from this heading (mkdocs build --strict checks the links between pages).
     assert "\n## The capability report\n" in (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
+
+
+def test_the_readme_says_how_long_the_tests_take_and_gives_a_fast_subset_that_collects() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert re.search(
+        r"Run the tests \(the whole suite, as CI runs it: about \d+ minutes on two cores", quick_start
+    )
+    section = readme.split("## Running the tests\n", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"under 5 minutes on two cores \(about \d, \d+ tests\)", section)
+    (command,) = re.findall(r"```shell\n(.+)\n```", section)
+    args = shlex.split(command)
+    assert args[:3] == [".venv/bin/python", "-m", "pytest"]
+    # The subset's paths and marker expression stay valid: collected here as the reader would run it.
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *args[3:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+        env=os.environ.copy(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    collected = int(re.search(r"(\d+)/\d+ tests collected", done.stdout).group(1))  # type: ignore[union-attr]
+    assert 400 < collected < 1200, done.stdout[-500:]

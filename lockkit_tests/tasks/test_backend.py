@@ -18,13 +18,14 @@ from django.db import connections, transaction
 from django.tasks import TaskResultStatus, default_task_backend, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from lockkit.tasks import DatabaseBackend
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import backend_on, rows, run_worker, status_of, vendor_aliases
+from lockkit_tests.tasks.helpers import backend_on, rows, run_worker, status_of, tasks_setting, vendor_aliases
 
 pytestmark = pytest.mark.parametrize("alias", vendor_aliases())
 
@@ -116,6 +117,25 @@ def test_refresh_result(alias: str) -> None:
         again = backend.get_result(result.id)
         async_to_sync(again.arefresh)()
         assert again == result
+
+
+def test_get_result_reads_only_its_own_backends_tasks(alias: str) -> None:
+    # Two lockkit backends sharing one database (one table): each reads its own tasks only, as its workers do.
+    entry = tasks_setting(alias)["default"]
+    both = {"default": entry, "second": entry}
+    with override_settings(TASKS=both):
+        first, second = task_backends["default"], task_backends["second"]
+        mine = jobs.noop_task.enqueue()
+        theirs = jobs.noop_task.using(backend="second").enqueue()
+        assert first.get_result(mine.id) == mine
+        assert second.get_result(theirs.id) == theirs
+        for backend, foreign in ((first, theirs), (second, mine)):
+            with pytest.raises(TaskResultDoesNotExist):
+                backend.get_result(foreign.id)
+            with pytest.raises(TaskResultDoesNotExist):
+                async_to_sync(backend.aget_result)(foreign.id)
+        # The next call on the same backend still works.
+        assert first.get_result(mine.id) == mine
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,7 @@ def test_plugin_fails_a_contention_test_that_is_not_transactional(
 
         from django.test import TestCase
 
-        from lockkit.testing import NothingLocked, hold_lock
+        from lockkit.testing import NothingLocked, hold_lock, run_concurrently
         from lockkit_tests.models import Item
 
         @pytest.mark.contention
@@ -102,11 +102,18 @@ def test_plugin_fails_a_contention_test_that_is_not_transactional(
                 item = Item.objects.create(name="uncommitted", value=1)
                 with self.assertRaisesRegex(NothingLocked, "matched no rows.*TestCase"), hold_lock(item):
                     pass
+
+        class TestRunConcurrentlyInATestCase(TestCase):  # run_concurrently explains its callers' DoesNotExist
+            def test_run_concurrently_explains_rows_its_callers_cannot_see(self):
+                pk = Item.objects.create(name="uncommitted", value=1).pk
+                (outcome,) = run_concurrently(lambda: Item.objects.get(pk=pk), 1)
+                self.assertIsInstance(outcome.error, Item.DoesNotExist)
+                self.assertRegex(outcome.error.__notes__[0], "did not find the row.*TestCase")
         """,
     )
     result.stdout.fnmatch_lines(["*a contention test needs django_db(transaction=True)*"])
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 1, result.stdout.str()
+    assert outcomes.get("passed") == 2, result.stdout.str()
     assert outcomes.get("failed", 0) + outcomes.get("errors", 0) == 2, result.stdout.str()
 
 

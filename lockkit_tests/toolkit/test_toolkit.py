@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -316,6 +317,37 @@ def test_run_concurrently_raises_quickly_on_a_stuck_caller_and_cancels_its_wait(
         while blocked_by(holder) and time.monotonic() < deadline:
             time.sleep(0.15)  # InnoDB's lock tables refresh after 100 ms without a read
         assert blocked_by(holder) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_concurrently_explains_rows_its_callers_cannot_see() -> None:
+    # A TestCase's rows: written in a transaction the callers' sessions cannot see (see test_testing_plugin).
+    hint = r"TransactionTestCase or django_db\(transaction=True\)"
+    with transaction.atomic():
+        pk = Item.objects.create(name="uncommitted", value=1).pk
+        (outcome,) = run_concurrently(lambda: Item.objects.get(pk=pk).value, 1)
+        assert isinstance(outcome.error, Item.DoesNotExist)
+        assert len(outcome.error.__notes__) == 1
+        assert (
+            "run_concurrently: caller 0 did not find the row in its own session" in outcome.error.__notes__[0]
+        )
+        with pytest.raises(Item.DoesNotExist) as raised:
+            run_concurrently(lambda: Item.objects.get(pk=pk).value, 2, reraise=True)
+        assert any(re.search(hint, note) for note in raised.value.__notes__)
+        # in_thread's result(): the same explanation, once however often it is asked for.
+        call = in_thread(lambda: Item.objects.get(pk=pk).value)
+        for _ in range(2):
+            with pytest.raises(Item.DoesNotExist) as raised:
+                call.result(10)
+        assert [re.search(hint, note) is not None for note in raised.value.__notes__] == [True]
+        transaction.set_rollback(True)
+    # Outside any transaction of the test's thread a missing row is just missing: no explanation added.
+    (outcome,) = run_concurrently(lambda: Item.objects.get(pk=pk).value, 1)
+    assert isinstance(outcome.error, Item.DoesNotExist)
+    assert getattr(outcome.error, "__notes__", []) == []
+    # Once committed, the callers see the row: the next call works.
+    Item.objects.create(pk=pk, name="committed", value=7)
+    assert [o.unwrap() for o in run_concurrently(lambda: Item.objects.get(pk=pk).value, 2)] == [7, 7]
 
 
 @pytest.mark.django_db(transaction=True)
