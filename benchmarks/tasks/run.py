@@ -72,7 +72,7 @@ def _command(worker: str, batch: int) -> list[str]:
         return ["celery", "-A", "benchmarks.tasks.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", QUEUE,
                 "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]  # fmt: skip
     if worker == "lockkit":
-        return ["lockkit_worker", "--batch", str(batch), "--concurrency", "1", "--verbosity", "0"]
+        return ["lockkit_worker", "--claim-batch", str(batch), "--concurrency", "1", "--verbosity", "0"]
     return ["db_worker", "--backend", "django_tasks_db", "--interval", str(POLL), "--no-startup-delay"]
 
 
@@ -219,7 +219,7 @@ def measure(url: str, worker: str, processes: int, batch: int, tasks: int) -> Ro
 def _label(worker: str, batch: int) -> str:
     if worker == "celery":
         return "Celery (Redis, acks_late, prefetch 1)"
-    return f"lockkit_worker --batch {batch}" if worker == "lockkit" else "django-tasks db_worker"
+    return f"lockkit_worker --claim-batch {batch}" if worker == "lockkit" else "django-tasks db_worker"
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=2000, help="tasks timed per measurement (default 2000)")
     parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
     parser.add_argument(
-        "--batch", type=int, default=50, help="lockkit's --batch for the batch rows (default 50)"
+        "--batch", type=int, default=50, help="lockkit's --claim-batch for the batch rows (default 50)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every configuration (default 3)")
     parser.add_argument(

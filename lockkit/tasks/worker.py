@@ -57,6 +57,7 @@ class Worker:
         batch: The most tasks one claiming statement takes (default ``concurrency``).
         lease: The claim's lease in seconds (default the backend's ``lease`` option).
         burst: Exit once no task is ready and none is running.
+        max_tasks: Exit once this many tasks were claimed and ended (``None``: no limit); it never claims more.
         worker_id: The worker's name (default ``<host>-<pid>-<random>``).
 
     Raises:
@@ -72,6 +73,7 @@ class Worker:
         batch: int | None = None,
         lease: float | None = None,
         burst: bool = False,
+        max_tasks: int | None = None,
         worker_id: str | None = None,
     ) -> None:
         """Check the arguments (nothing runs until ``run()``)."""
@@ -90,6 +92,8 @@ class Worker:
         if self.lease < 1:
             raise ValueError(f"lease must be at least 1 second, got {lease!r}")
         self.burst = burst
+        self.max_tasks = None if max_tasks is None else _positive(max_tasks, "max_tasks")
+        self._claimed = 0  # tasks claimed so far (max_tasks)
         self.worker_id = default_worker_id() if worker_id is None else worker_id
         if (
             not self.worker_id
@@ -241,10 +245,16 @@ class Worker:
             self._periodic.fire_due()
             self.outcomes.release_forgotten(beat)
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
+            left = None if self.max_tasks is None else self.max_tasks - self._claimed
+            if left == 0 and idle == self.concurrency:
+                return  # max_tasks claimed, and all of them ended
             claimed: list[Claimed[Any]] = []
-            if idle > 0:
+            if idle > 0 and left != 0:
                 try:
-                    claimed = self._claim(max(self.batch, idle))
+                    claimed = self._claim(
+                        max(self.batch, idle) if left is None else min(max(self.batch, idle), left)
+                    )
+                    self._claimed += len(claimed)
                     failures = 0
                 except DatabaseError as failure:
                     failures += 1

@@ -108,7 +108,9 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "c
 class WorkerProcess:
     """A ``manage.py lockkit_worker`` process on the test databases (``python -m django`` with our settings)."""
 
-    def __init__(self, alias: str, *args: str, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, alias: str, *args: str, options: dict[str, Any] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         keys = ("NAME", "HOST", "PORT", "USER", "OPTIONS")
         names = {
             a: {k: connections[a].settings_dict.get(k) for k in keys} for a in {"default", "sqlite", alias}
@@ -119,6 +121,7 @@ class WorkerProcess:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "LOCKKIT_TASKS_TEST_DATABASES": json.dumps(names),
             "LOCKKIT_TASKS_TEST_TASKS": json.dumps(tasks_setting(alias, **(options or {}))),
+            **(env or {}),
         }
         self.log_file = tempfile.NamedTemporaryFile(prefix="lockkit-worker-", suffix=".log", delete=False)  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -155,9 +158,18 @@ class WorkerProcess:
 
 
 @contextmanager
-def worker_process(alias: str, *args: str, options: dict[str, Any] | None = None) -> Iterator[WorkerProcess]:
-    """A worker process for the block; killed (``SIGCONT`` then ``SIGKILL``) if still running at the end."""
-    worker = WorkerProcess(alias, *args, options=options)
+def worker_process(
+    alias: str, *args: str, options: dict[str, Any] | None = None, env: dict[str, str] | None = None
+) -> Iterator[WorkerProcess]:
+    """A worker process for the block; killed (``SIGCONT`` then ``SIGKILL``) if still running at the end.
+
+    Args:
+        alias: The database alias of the backend.
+        args: The command's arguments.
+        options: The backend's ``OPTIONS`` (over the tests' defaults).
+        env: Environment variables added (``LOCKKIT_TASKS_TEST_NO_LOGGING=1``: no ``LOGGING`` setting).
+    """
+    worker = WorkerProcess(alias, *args, options=options, env=env)
     try:
         yield worker
     except AssertionError as failure:

@@ -90,7 +90,7 @@ def test_sigstop_past_the_lease_the_stale_worker_writes_nothing(alias: str, tmp_
     with backend_on(alias, **opts) as backend:
         result = jobs.slow_then_fenced_write.enqueue(prefix, 3.0, alias)
         waiting = jobs.fenced_effect.enqueue("waiting-effect")  # claimed with the first, not started
-        with worker_process(alias, "--worker-id", "frozen", "--batch", "2", options=opts) as frozen:
+        with worker_process(alias, "--worker-id", "frozen", "--claim-batch", "2", options=opts) as frozen:
             wait_for(lambda: list(tmp_path.glob("s.*.started")), what="the task to start")
             frozen.signal(signal.SIGSTOP)
             wait_for(lambda: lease_expired(alias), what="the frozen worker's lease to expire")
@@ -124,7 +124,9 @@ def test_sigterm_finishes_the_running_task_gives_back_the_others_and_exits_0(
     with backend_on(alias, lease=5):
         running = jobs.slow.enqueue(prefix, 1.0)
         waiting = [jobs.noop_task.enqueue() for _ in range(3)]
-        with worker_process(alias, "--batch", "4", "--concurrency", "1", "--worker-id", "polite") as worker:
+        with worker_process(
+            alias, "--claim-batch", "4", "--concurrency", "1", "--worker-id", "polite"
+        ) as worker:
             wait_for(lambda: Path(prefix + ".started").exists(), what="the slow task to start")
             worker.signal(signal.SIGTERM)
             code, output = worker.wait()

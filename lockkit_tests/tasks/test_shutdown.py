@@ -40,7 +40,7 @@ def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_n
     with backend_on(alias, **opts) as backend:
         running = jobs.slow.enqueue(prefix, 60.0)
         waiting = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
-        args = ("--concurrency", "1", "--batch", "4", "--worker-id", "graceful")
+        args = ("--concurrency", "1", "--claim-batch", "4", "--worker-id", "graceful")
         with worker_process(alias, *args, options=opts) as worker:
             wait_for(lambda: Path(prefix + ".started").exists(), what="the slow task to start")
             assert QueuedTask.objects.using(alias).filter(status="RUNNING").count() == 4  # all four claimed

@@ -2,7 +2,7 @@
 
 ``LOCKKIT_TASKS_TEST_DATABASES`` (JSON ``{alias: {setting: value}}``) points each alias at the database the parent
 uses (its test database's ``NAME``; a throwaway cluster's ``HOST``/``PORT``);
-``LOCKKIT_TASKS_TEST_TASKS`` (JSON) replaces ``TASKS``.
+``LOCKKIT_TASKS_TEST_TASKS`` (JSON) replaces ``TASKS``; ``LOCKKIT_TASKS_TEST_NO_LOGGING`` leaves ``LOGGING`` unset.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ for _alias, _overrides in json.loads(os.environ.get("LOCKKIT_TASKS_TEST_DATABASE
     DATABASES[_alias] = {**DATABASES[_alias], **_overrides, "TEST": {}}
 if "LOCKKIT_TASKS_TEST_TASKS" in os.environ:
     TASKS = json.loads(os.environ["LOCKKIT_TASKS_TEST_TASKS"])
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"lockkit.tasks": {"level": "INFO", "handlers": ["console"]}},
-}
+if not os.environ.get("LOCKKIT_TASKS_TEST_NO_LOGGING"):
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"console": {"class": "logging.StreamHandler"}},
+        "loggers": {"lockkit.tasks": {"level": "INFO", "handlers": ["console"]}},
+    }

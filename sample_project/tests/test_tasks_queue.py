@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_submitted_jobs_run_exactly_once_under_lockkit_worker() -> None:
     jobs = [submit("send-receipt", {"order": n}) for n in range(20)]
     out = StringIO()
-    call_command("lockkit_worker", "--burst", "--concurrency", "2", "--batch", "5", stdout=out)
+    call_command("lockkit_worker", "--burst", "--concurrency", "2", "--claim-batch", "5", stdout=out)
     assert "20 succeeded, 0 failed" in out.getvalue()
     assert set(Job.objects.values_list("state", flat=True)) == {Job.State.DONE}
     assert sorted(JobRun.objects.values_list("job_id", flat=True)) == sorted(job.pk for job in jobs)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -13,13 +12,12 @@ from django.tasks.exceptions import InvalidTaskBackend
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.worker import Worker
 
-logger = logging.getLogger("lockkit.tasks.worker")
-
 #: The allowed range of each numeric option: (lowest, highest, whether a fraction is allowed). See docs/tasks.md.
 BOUNDS: dict[str, tuple[int, int, bool]] = {
     "concurrency": (1, 256, False),
-    "batch": (1, 1000, False),
+    "claim-batch": (1, 1000, False),
     "lease": (1, 86400, True),
+    "max-tasks": (1, 2**31 - 1, False),
 }
 
 
@@ -27,7 +25,7 @@ def bounded(name: str, value: object) -> int | float:
     """``value`` of option ``--name`` as a number within its ``BOUNDS``.
 
     Args:
-        name: The option's name without its dashes (a key of ``BOUNDS``).
+        name: The option's name without its leading dashes (a key of ``BOUNDS``).
         value: What was given: a string from the command line, or a number from ``call_command``.
 
     Returns:
@@ -55,11 +53,14 @@ def bounded(name: str, value: object) -> int | float:
 
 
 class Command(BaseCommand):
-    """``manage.py lockkit_worker [--backend B] [--queue Q ...] [--burst] [--concurrency N] [--batch N] [--lease S]``.
+    """``manage.py lockkit_worker``: claim, run and record the tasks of a ``lockkit.tasks.DatabaseBackend``.
 
-    ``SIGTERM`` or ``SIGINT`` (Ctrl-C): the running tasks finish, claimed tasks not started are given back, and
-    the command exits 0. A second signal stops at once (exit 1); the tasks it was running are taken again by
-    another worker when their lease ends. See docs/tasks.md.
+    ``[--backend B] [--queue Q ...] [--queue-name Q,R|*] [--exclude-queue Q ...] [--burst | --batch]
+    [--max-tasks N] [--concurrency N] [--claim-batch N] [--lease S] [--worker-id NAME]``; the options it shares
+    with django-tasks' ``db_worker`` (``--backend``, ``--queue-name``, ``--batch``, ``--max-tasks``,
+    ``--worker-id``) mean what they mean there. ``SIGTERM`` or ``SIGINT`` (Ctrl-C): the claimed tasks not started
+    are given back at once, the running tasks finish, and the command exits 0. A second signal stops at once
+    (exit 1); the tasks it was running are taken again by another worker when their lease ends. See docs/tasks.md.
     """
 
     help = (
@@ -80,14 +81,40 @@ class Command(BaseCommand):
             help="A queue to take tasks from (repeatable; default: every queue of the backend).",
         )
         parser.add_argument(
+            "--queue-name",
+            default=None,
+            metavar="QUEUES",
+            help="Queues to take tasks from, separated by commas, '*' for all (as db_worker's --queue-name).",
+        )
+        parser.add_argument(
+            "--exclude-queue",
+            action="append",
+            dest="excluded",
+            metavar="QUEUE",
+            help="A queue not to take tasks from (repeatable).",
+        )
+        parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no task is ready and none is running."
         )
+        parser.add_argument(
+            "--batch",
+            nargs="?",
+            const=True,
+            default=False,
+            help="Run what is ready, then exit 0 (as db_worker's --batch; the same as --burst). The number of "
+            "tasks claimed per statement, which --batch N set before, is --claim-batch N.",
+        )
         # Numbers are checked in handle(), so that call_command(..., concurrency=0) is checked too.
+        parser.add_argument(
+            "--max-tasks", default=None, help="Exit 0 after this many tasks (default: no limit)."
+        )
         parser.add_argument(
             "--concurrency", default=1, help="Tasks run at once (threads; 1 to 256, default 1)."
         )
         parser.add_argument(
-            "--batch", default=None, help="Tasks claimed per statement (1 to 1000; default: --concurrency)."
+            "--claim-batch",
+            default=None,
+            help="Tasks claimed per statement (1 to 1000; default: --concurrency).",
         )
         parser.add_argument(
             "--lease",
@@ -101,11 +128,21 @@ class Command(BaseCommand):
 
         Raises:
             CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (a numeric option
-                out of its ``BOUNDS`` is refused before any SQL and before any thread starts).
+                out of its ``BOUNDS``, ``--batch`` with a number, a queue excluded that the backend does not
+                have) before any SQL and before any thread starts; or a runner that could not go on (its claims
+                were given back).
         """
-        concurrency = int(bounded("concurrency", options["concurrency"]))
-        batch = None if options["batch"] is None else int(bounded("batch", options["batch"]))
-        lease = None if options["lease"] is None else float(bounded("lease", options["lease"]))
+        if not isinstance(options["batch"], bool):
+            raise CommandError(
+                f"--batch N is now --claim-batch N (tasks claimed per statement): write --claim-batch "
+                f"{options['batch']}. --batch alone means run what is ready, then exit, as django-tasks' db_worker"
+            )
+        numbers = {
+            name: None
+            if options[name.replace("-", "_")] is None
+            else bounded(name, options[name.replace("-", "_")])
+            for name in BOUNDS
+        }
         try:
             backend = task_backends[options["backend"]]
         except InvalidTaskBackend as error:
@@ -115,19 +152,28 @@ class Command(BaseCommand):
                 f"--backend {options['backend']!r} is {type(backend).__module__}.{type(backend).__qualname__}, "
                 f"not lockkit.tasks.DatabaseBackend"
             )
-        queues = options["queues"] or sorted(backend.queues)
+        queues = _queues(backend, options)
         try:
             worker = Worker(
                 backend,
                 queues=queues,
-                concurrency=concurrency,
-                batch=batch,
-                lease=lease,
-                burst=options["burst"],
+                concurrency=int(numbers["concurrency"] or 1),
+                batch=None if numbers["claim-batch"] is None else int(numbers["claim-batch"]),
+                lease=numbers["lease"],
+                burst=options["burst"] or options["batch"],
+                max_tasks=None if numbers["max-tasks"] is None else int(numbers["max-tasks"]),
                 worker_id=options["worker_id"],
             )
         except (TypeError, ValueError) as error:
             raise CommandError(str(error)) from error
+        if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
+            self.stderr.write(
+                f"lockkit_worker {worker.worker_id}: queues {', '.join(worker.queues)}; concurrency "
+                f"{worker.concurrency}; claim batch {worker.batch}; lease {worker.lease:g}s; backend "
+                f"{backend.alias!r} on database {worker.alias!r}"
+                + ("; until none is ready" if worker.burst else "")
+                + (f"; at most {worker.max_tasks} tasks" if worker.max_tasks else "")
+            )
         try:
             stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()
         except BaseException as failure:
@@ -142,3 +188,24 @@ class Command(BaseCommand):
                 f"worker {worker.worker_id}: {stats.succeeded} succeeded, {stats.failed} failed, "
                 f"{stats.retried} retried, {stats.lost} lost, {stats.given_back} given back"
             )
+
+
+def _queues(backend: DatabaseBackend, options: dict[str, Any]) -> list[str]:
+    """The queues to work on: ``--queue``/``--queue-name`` (else all the backend's), less ``--exclude-queue``.
+
+    Raises:
+        CommandError: a queue excluded that the backend does not have, or no queue left.
+    """
+    named = list(options["queues"] or [])
+    if options["queue_name"]:
+        named += [] if options["queue_name"] == "*" else [q for q in options["queue_name"].split(",") if q]
+    everything = not named or options["queue_name"] == "*"
+    queues = sorted(backend.queues) if everything else named
+    excluded = options["excluded"] or []
+    for name in excluded:
+        if backend.queues and name not in backend.queues:
+            raise CommandError(f"--exclude-queue: {name!r} is not a queue of backend {backend.alias!r}")
+    left = [q for q in dict.fromkeys(queues) if q not in excluded]
+    if excluded and not left:
+        raise CommandError(f"--exclude-queue: no queue left of {', '.join(queues)}")
+    return left

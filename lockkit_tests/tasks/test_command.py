@@ -1,0 +1,124 @@
+"""``manage.py lockkit_worker``'s options shared with django-tasks' ``db_worker``, as real worker processes.
+
+``--max-tasks N``, ``--batch`` (run what is ready, then exit), queue exclusion, ``--claim-batch N`` (the claim size
+that ``--batch N`` used to set: a unit file still saying ``--batch 16`` is refused, never silently reinterpreted),
+and the startup line on stderr.
+"""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.tasks import TaskResultStatus
+from django.test import override_settings
+
+from lockkit.tasks.models import QueuedTask
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import (
+    APPS,
+    backend_on,
+    rows,
+    status_of,
+    tasks_setting,
+    vendor_aliases,
+    worker_process,
+)
+
+ALL = vendor_aliases(apps=APPS)
+POSTGRESQL, MARIADB, SQLITE = ALL
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_max_tasks_exits_after_that_many(alias: str) -> None:
+    """Not a burst worker: it exits 0 after N tasks, and claims no more than N (none left claimed)."""
+    with backend_on(alias):
+        results = [jobs.calculate_meaning_of_life.enqueue() for _ in range(5)]
+        args = ("--max-tasks", "3", "--claim-batch", "4", "--worker-id", "short")
+        with worker_process(alias, *args) as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 0, output
+        assert "worker short: 3 succeeded, 0 failed" in output
+        assert [status_of(r) for r in results] == [TaskResultStatus.SUCCESSFUL] * 3 + [
+            TaskResultStatus.READY
+        ] * 2
+        assert not QueuedTask.objects.using(alias).filter(worker_log__gt="").filter(status="READY").exists()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_batch_runs_what_is_ready_then_exits_and_queues_can_be_excluded(alias: str) -> None:
+    with backend_on(alias):
+        mine = jobs.calculate_meaning_of_life.enqueue()
+        other = jobs.calculate_meaning_of_life.using(queue_name="queue-1").enqueue()
+        with worker_process(alias, "--batch", "--exclude-queue", "queue-1", "--worker-id", "flag") as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 0, output
+        assert (status_of(mine), status_of(other)) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_batch_with_a_number_is_refused_naming_claim_batch(alias: str) -> None:
+    """``--batch 16`` from a unit file written for the old meaning: exit 1 with the new name, nothing claimed."""
+    with backend_on(alias):
+        waiting = jobs.calculate_meaning_of_life.enqueue()
+        with worker_process(alias, "--batch", "16", "--concurrency", "4") as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 1, output
+        assert "--claim-batch 16" in output
+        assert status_of(waiting) == TaskResultStatus.READY
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_startup_line_on_stderr_without_logging(alias: str) -> None:
+    with backend_on(alias):
+        args = ("--batch", "--concurrency", "2", "--queue", "default", "--worker-id", "announced")
+        with worker_process(alias, *args, env={"LOCKKIT_TASKS_TEST_NO_LOGGING": "1"}) as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 0, output
+        assert (
+            "lockkit_worker announced: queues default; concurrency 2; claim batch 2; lease 5s; backend 'default' "
+            "on database 'default'" in output
+        )
+        assert (
+            "of backend 'default' on database" not in output
+        )  # the INFO log line: logging is not configured
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+@pytest.mark.parametrize(
+    ("argv", "kwargs", "message"),
+    [
+        (["--batch", "4"], {}, "--batch N is now --claim-batch N"),
+        ([], {"batch": 4}, "--batch N is now --claim-batch N"),
+        (["--exclude-queue", "nope"], {}, "--exclude-queue: 'nope' is not a queue of backend 'default'"),
+        (["--exclude-queue", "default", "--exclude-queue", "queue-1"], {}, "no queue left"),
+        (["--max-tasks", "0"], {}, "--max-tasks must be a whole number from 1 to"),
+        (["--claim-batch", "1001"], {}, "--claim-batch must be a whole number from 1 to 1000, got '1001'"),
+    ],
+)
+def test_options_refused_before_sql(
+    alias: str, argv: list[str], kwargs: dict[str, object], message: str
+) -> None:
+    with override_settings(TASKS=tasks_setting(alias)):
+        jobs.noop_task.enqueue()
+        with pytest.raises(CommandError, match=re.escape(message)):
+            call_command("lockkit_worker", *argv, stdout=StringIO(), stderr=StringIO(), **kwargs)
+        assert [row.status for row in rows(alias)] == [TaskResultStatus.READY]
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_queue_name_takes_db_workers_comma_list_and_star(alias: str) -> None:
+    with override_settings(TASKS=tasks_setting(alias)):
+        first = jobs.noop_task.using(queue_name="queue-1").enqueue()
+        other = jobs.noop_task.enqueue()
+        call_command(
+            "lockkit_worker", "--batch", "--queue-name", "queue-1,", stdout=StringIO(), stderr=StringIO()
+        )
+        assert (status_of(first), status_of(other)) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+        err = StringIO()
+        call_command("lockkit_worker", "--batch", "--queue-name", "*", stdout=StringIO(), stderr=err)
+        assert status_of(other) == TaskResultStatus.SUCCESSFUL
+        assert "queues default, queue-1;" in err.getvalue()
