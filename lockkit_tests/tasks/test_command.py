@@ -53,7 +53,7 @@ def test_batch_runs_what_is_ready_then_exits_and_queues_can_be_excluded(alias: s
     with backend_on(alias):
         mine = jobs.calculate_meaning_of_life.enqueue()
         other = jobs.calculate_meaning_of_life.using(queue_name="queue-1").enqueue()
-        with worker_process(alias, "--batch", "--exclude-queue", "queue-1", "--worker-id", "flag") as worker:
+        with worker_process(alias, "--batch", "--exclude-queues", "queue-1", "--worker-id", "flag") as worker:
             code, output = worker.wait(timeout=30)
         assert code == 0, output
         assert (status_of(mine), status_of(other)) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
@@ -93,8 +93,13 @@ def test_startup_line_on_stderr_without_logging(alias: str) -> None:
     [
         (["--batch", "4"], {}, "--batch N is now --claim-batch N"),
         ([], {"batch": 4}, "--batch N is now --claim-batch N"),
-        (["--exclude-queue", "nope"], {}, "--exclude-queue: 'nope' is not a queue of backend 'default'"),
-        (["--exclude-queue", "default", "--exclude-queue", "queue-1"], {}, "no queue left"),
+        (
+            ["--queue-name", "default,queue-1", "--exclude-queues", "queue-1"],
+            {},
+            "--exclude-queues can only be used with --queue-name=*",
+        ),
+        (["--exclude-queues", "default", "--exclude-queues", "queue-1"], {}, "no queue left"),
+        (["--exclude-queues", "default,queue-1"], {}, "no queue left"),
         (["--max-tasks", "0"], {}, "--max-tasks must be a whole number from 1 to"),
         (["--claim-batch", "1001"], {}, "--claim-batch must be a whole number from 1 to 1000, got '1001'"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -87,11 +88,12 @@ class Command(BaseCommand):
             help="Queues to take tasks from, separated by commas, '*' for all (as db_worker's --queue-name).",
         )
         parser.add_argument(
-            "--exclude-queue",
+            "--exclude-queues",
             action="append",
             dest="excluded",
-            metavar="QUEUE",
-            help="A queue not to take tasks from (repeatable).",
+            metavar="QUEUES",
+            help="Queues not to take tasks from, separated by commas (repeatable); only when taking every queue "
+            "(no --queue, or --queue-name '*'), as db_worker's --exclude-queues.",
         )
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no task is ready and none is running."
@@ -128,8 +130,8 @@ class Command(BaseCommand):
 
         Raises:
             CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (a numeric option
-                out of its ``BOUNDS``, ``--batch`` with a number, a queue excluded that the backend does not
-                have) before any SQL and before any thread starts; or a runner that could not go on (its claims
+                out of its ``BOUNDS``, ``--batch`` with a number, ``--exclude-queues`` with named queues or
+                leaving none) before any SQL and before any thread starts; or a runner that could not go on (its claims
                 were given back).
         """
         if not isinstance(options["batch"], bool):
@@ -152,7 +154,7 @@ class Command(BaseCommand):
                 f"--backend {options['backend']!r} is {type(backend).__module__}.{type(backend).__qualname__}, "
                 f"not lockkit.tasks.DatabaseBackend"
             )
-        queues = _queues(backend, options)
+        queues = _queues(backend, options, self.stderr.write)
         try:
             worker = Worker(
                 backend,
@@ -190,22 +192,27 @@ class Command(BaseCommand):
             )
 
 
-def _queues(backend: DatabaseBackend, options: dict[str, Any]) -> list[str]:
-    """The queues to work on: ``--queue``/``--queue-name`` (else all the backend's), less ``--exclude-queue``.
+def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[str], Any]) -> list[str]:
+    """The queues to work on: ``--queue``/``--queue-name`` (else all the backend's), less ``--exclude-queues``.
+
+    A name excluded that is not a queue of the backend's is reported through ``warn`` (as db_worker, the worker
+    goes on: a typo is visible, not fatal).
 
     Raises:
-        CommandError: a queue excluded that the backend does not have, or no queue left.
+        CommandError: queues excluded from a list of named queues, or no queue left.
     """
     named = list(options["queues"] or [])
     if options["queue_name"]:
         named += [] if options["queue_name"] == "*" else [q for q in options["queue_name"].split(",") if q]
     everything = not named or options["queue_name"] == "*"
     queues = sorted(backend.queues) if everything else named
-    excluded = options["excluded"] or []
+    excluded = [q for given in options["excluded"] or [] for q in given.split(",") if q]
+    if excluded and not everything:
+        raise CommandError("--exclude-queues can only be used with --queue-name=* (or without --queue)")
     for name in excluded:
         if backend.queues and name not in backend.queues:
-            raise CommandError(f"--exclude-queue: {name!r} is not a queue of backend {backend.alias!r}")
+            warn(f"--exclude-queues: {name!r} is not a queue of backend {backend.alias!r}")
     left = [q for q in dict.fromkeys(queues) if q not in excluded]
     if excluded and not left:
-        raise CommandError(f"--exclude-queue: no queue left of {', '.join(queues)}")
+        raise CommandError(f"--exclude-queues: no queue left of {', '.join(queues)}")
     return left
