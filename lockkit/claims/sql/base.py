@@ -80,6 +80,9 @@ class ClaimsSQL(abc.ABC):
 
     vendor: ClassVar[str]
 
+    #: A fenced write of one claim is one statement (``fenced_one``), which can travel ahead of a claim.
+    fences_in_one = False
+
     def __init__(self, table: ClaimTable) -> None:
         """Build the statements of ``table`` (names already quoted for its alias)."""
         self.table = table
@@ -174,6 +177,16 @@ class ClaimsSQL(abc.ABC):
 
         Returns one row per live row found: ``pk``, ``written`` (bool), ``lease_expires_at`` (after the write).
         """
+
+    def fenced_one(
+        self, pk: Any, token: int, worker: str, values: dict[str, Any]
+    ) -> tuple[str, list[Any]] | None:
+        """The text and values of ``fenced_update`` for one claim, where it is one statement (``fences_in_one``).
+
+        ``None`` (the default) where a fenced write is several statements (MariaDB/MySQL, SQLite): it then never
+        travels ahead of another statement in one message (``lockkit.claims.chaining``).
+        """
+        return None
 
     @abc.abstractmethod
     def renew_worker(self, held: QuerySet[Any], worker: str, values: dict[str, Any]) -> tuple[list[Row], Any]:
