@@ -9,8 +9,10 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -296,11 +298,28 @@ class ClaimsSQL(abc.ABC):
         return ", ".join(f"{source} AS {quote(name)}" for source, name in zip(sources, names, strict=True))
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
-        """Execute one statement; return its rows keyed by column name, and its row count."""
+        """Execute one statement; return its rows keyed by column name, and its row count.
+
+        Inside ``bounded(prefix)`` the statement carries the backend's statement-scoped timeouts (``prefix``).
+        """
         connection = connections[self.alias]
+        sql = _PREFIX.get() + sql
         with translating(self.alias, nowait=False), connection.cursor() as cursor:
             cursor.execute(sql, params)
             return read_rows(cursor.cursor)
+
+
+_PREFIX: ContextVar[str] = ContextVar("lockkit_claims_statement_prefix", default="")
+
+
+@contextlib.contextmanager
+def bounded(prefix: str) -> Iterator[None]:
+    """Run the claims statements of the block with ``prefix`` (the backend's ``statement_settings``) before each."""
+    token = _PREFIX.set(prefix)
+    try:
+        yield
+    finally:
+        _PREFIX.reset(token)
 
 
 def _identical(values: dict[str, Any]) -> Hashable | None:
