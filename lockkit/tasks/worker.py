@@ -297,6 +297,8 @@ class Worker:
         try:
             self._attempts.run(*item)
         except BaseException:
+            if self._handover is not None:
+                self._handover.flush()  # an outcome held for the next claim is recorded first
             self._release(item, attempted=True)  # left alone if its outcome was recorded
             raise
         finally:

@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims import StaleClaim, claim_next
 from lockkit.claims.chaining import complete_then_claim_next
+from lockkit_harness.proxy import Action, FaultProxy
 from lockkit_tests.models import Job
 from lockkit_tests.support.claims_helpers import expire
 
@@ -78,3 +79,29 @@ def test_a_failed_message_writes_neither() -> None:
     assert b.lease_expires_at is None  # not claimed
     # The next call on the connection works.
     assert [claim.pk for claim in claim_next(_pending(), worker="w", lease=30)] == [b.pk]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"])
+@pytest.mark.parametrize("action", ["deliver", "abort"])
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_lost_reply_is_decided_from_the_rows(
+    through_proxy: tuple[str, FaultProxy], action: Action, queued: bool
+) -> None:
+    """Committed with its reply cut, or never sent: the completion is done once and the claims come back."""
+    alias, proxy = through_proxy
+    Job.objects.bulk_create([Job(name="a"), *([Job(name="b")] if queued else [])])
+    pending = Job.objects.using(alias).filter(state="pending")
+    (first,) = claim_next(pending, worker="w", lease=30, order_by=["name"])
+    proxy.arm(action)  # deliver: the server runs the whole message, COMMIT included; abort: it never arrives
+    chained = complete_then_claim_next(first, {"state": "done"}, queryset=pending, worker="w", lease=30)
+    assert proxy.cuts[action] == 1
+    assert chained.completed
+    assert chained.error is None
+    a = Job.objects.get(name="a")
+    assert (a.state, a.lease_expires_at, a.claim_token) == ("done", None, first.token)
+    assert [job.name for job, _ in chained.claimed] == (["b"] if queued else [])
+    if queued:
+        b = Job.objects.get(name="b")
+        assert (b.claimed_by, b.claim_token) == ("w", chained.claimed[0][1].token)
+    # The next call in the same process works, on a new connection.
+    assert claim_next(pending, worker="w", lease=30) == []
