@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError
-
 from lockkit import events, signals
 from lockkit._engine import message
 from lockkit.claims import inputs
@@ -20,7 +18,7 @@ from lockkit.claims.api import claim_next
 from lockkit.claims.fencing import judged
 from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.value import Claim, Claimed
-from lockkit.errors import ConnectionLost, StaleClaim
+from lockkit.errors import ConnectionLost, LockError, StaleClaim
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class Chained:
 
     claimed: list[Claimed[Any]]
     completed: bool = False
-    error: DatabaseError | None = None
+    error: LockError | None = None
 
 
 def chains(claim: Claim) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import DataError, connection
+from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 from django.test.utils import CaptureQueriesContext
 
@@ -21,7 +22,7 @@ from lockkit_tests.support.claims_helpers import expire
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _pending() -> object:
+def _pending() -> QuerySet[Job]:
     return Job.objects.filter(state="pending")
 
 
