@@ -3,7 +3,7 @@
 A worker that finishes a job and then claims the next sends ``BEGIN; <fenced completion>; <claim_next's
 statement>; COMMIT`` as one simple-query message (the engine's ``message.carrying``): one round trip and one commit
 instead of two. A stale completion matches no row and the claim still proceeds; the caller is told both. Private:
-``lockkit.tasks``' worker uses it. See docs/claims.md.
+``lockkit.tasks``' worker uses it. See docs/tasks.md.
 """
 
 from __future__ import annotations
