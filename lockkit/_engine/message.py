@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import select
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -85,6 +85,10 @@ class OneMessage:
         driver = cursor.cursor
         raw = driver.connection
         self.pid = raw.info.backend_pid
+        carried = _CARRIED.get() if commit else None
+        if carried is not None:  # the carried statement first, in the same transaction
+            sql, params = f"{carried.sql}; {sql}", [*carried.params, *params]
+            carried.sends += 1
         self._send(
             cursor, f"{self._prefix}{sql}; COMMIT" if commit else f"{self._prefix}{sql}", params, commit
         )
@@ -98,6 +102,9 @@ class OneMessage:
                 tx.remember_server(cursor.db, self.opened)
                 self.xid = tx.transaction_id(TimeoutToken({}, self.opened))
                 self.server = tx.transaction_server(cursor.db)
+            driver.nextset()
+        if carried is not None:
+            carried.rows = read_rows(driver)[0]
             driver.nextset()
         return read_rows(driver)
 
@@ -231,6 +238,42 @@ def sending(message: OneMessage) -> Iterator[OneMessage]:
         yield message
     finally:
         _CURRENT.reset(token)
+
+
+class Carried:
+    """A statement of lockkit's own sent ahead of the next one-message statement, in its transaction (``carrying``).
+
+    Attributes:
+        sql, params: The statement and its values.
+        sends: How many messages carried it (more than one: an earlier one's reply was lost, or it was retried).
+        rows: Its rows (keyed by column name) from the last message whose reply was read, else ``None``.
+    """
+
+    def __init__(self, sql: str, params: Sequence[Any]) -> None:
+        """Carry ``sql`` with ``params`` (nothing is sent here)."""
+        self.sql = sql
+        self.params = list(params)
+        self.sends = 0
+        self.rows: list[Row] | None = None
+
+
+_CARRIED: ContextVar[Carried | None] = ContextVar("lockkit_carried_statement", default=None)
+
+
+@contextlib.contextmanager
+def carrying(sql: str, params: Sequence[Any]) -> Iterator[Carried]:
+    """Send ``sql`` ahead of the statement of each message carrying a ``COMMIT`` sent in the block, in its transaction.
+
+    ``BEGIN; SELECT set_config(...); <sql>; <statement>; COMMIT``: both commit together or neither does. A block
+    that sends no such message (another vendor, inside the caller's transaction) leaves ``sends`` at 0: nothing
+    of ``sql`` ran.
+    """
+    carried = Carried(sql, params)
+    token = _CARRIED.set(carried)
+    try:
+        yield carried
+    finally:
+        _CARRIED.reset(token)
 
 
 def read_rows(result: Any) -> tuple[list[Row], int]:

@@ -192,6 +192,16 @@ class Transactions:
         """
         return None
 
+    def statement_settings(
+        self, connection: BaseDatabaseWrapper, *, lock_timeout: float | None, statement_timeout: float | None
+    ) -> str | None:
+        """The prefix that bounds one statement of lockkit's own by the timeouts, with no session variable changed.
+
+        ``None`` (the default): there is none; lockkit's statements run in a scope that applies the timeouts
+        (``apply_timeouts``). An empty string: no timeout to apply.
+        """
+        return None
+
     def restore_before_release(self, connection: BaseDatabaseWrapper, token: TimeoutToken) -> None:
         """Run when a nested scope ends without error, before its savepoint is released: restore the timeouts.
 

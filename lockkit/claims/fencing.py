@@ -114,17 +114,37 @@ def fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeou
         return runner.in_one_message(alias, lock_timeout, work)
 
     rows = runner.in_one_message(alias, lock_timeout, work, resolve)
+    return judged(claims, pks, rows, values, resolving[0] if resolving else None)
+
+
+def judged(
+    claims: tuple[Claim, ...],
+    pks: list[Any],
+    rows: list[Any],
+    values: dict[str, Any],
+    lost: ConnectionLost | None,
+) -> dict[Any, Any]:
+    """What a fenced write's ``rows`` say: ``{pk: lease_expires_at}`` of the rows written, else ``StaleClaim``.
+
+    ``lost``: an earlier statement's reply was lost (``rows`` are a later statement's, or none); claims no longer
+    live but ended with ``values`` were then ended by the lost statement.
+
+    Raises:
+        StaleClaim: a claim no longer held its row (nothing was written).
+        CommitOutcomeUnknown: after ``lost``, no claim is live and the rows do not carry ``values``.
+    """
+    model, alias = claims[0].model, claims[0].alias
     written = {row["pk"]: row["lease_expires_at"] for row in rows if row["written"]}
     if len(written) != len(claims):
         # The statement writes all rows or none, so nothing was written here.
         live = {row["pk"] for row in rows}
         stale = tuple(c for c, p in zip(claims, pks, strict=True) if p not in live) or claims
         holders, reasons, already_done = _now_holding(stale, values)
-        if resolving and not live:
+        if lost is not None and not live:
             # No claim is live any more: the lost statement may have ended them (all or none).
             if already_done and len(stale) == len(claims):
                 return {c.pk: None for c in claims}  # the lost statement committed: the claims ended as asked
-            raise outcome.unknown(alias, resolving[0], what="a claims statement") from resolving[0]
+            raise outcome.unknown(alias, lost, what="a claims statement") from lost
         # A claim still live after the re-send: the lost statement (all rows or none) wrote nothing; stale.
         listing = "; ".join(
             f"pk={c.pk!r} token={c.token} worker={c.worker!r}: {reasons[c.pk]}" for c in stale

@@ -24,10 +24,11 @@ from lockkit._engine import outcome
 from lockkit._engine.attempts import in_messages
 from lockkit._engine.transaction import in_transaction as inside_transaction
 from lockkit.backends import backend_for
+from lockkit.claims.sql.base import bounded
 from lockkit.errors import ConnectionLost, Failure
 from lockkit.operations.operation import locked_operation
 from lockkit.retries import RetrySetting, from_settings, reconnect_budget
-from lockkit.scopes.options import ScopeOptions
+from lockkit.scopes.options import FROM_SETTINGS, ScopeOptions
 from lockkit.validation import milliseconds
 
 T = TypeVar("T")
@@ -80,7 +81,12 @@ def in_one_message(
         or connection.execute_wrappers
         or not backend.features.sends_one_message(connection)
     ):
-        return in_transaction(alias, lock_timeout, work)
+        prefix = backend.tx.statement_settings(connection, lock_timeout=lock, statement_timeout=statement)
+        if prefix is None:
+            return in_transaction(alias, lock_timeout, work)
+        # Each statement carries its own timeouts (MariaDB's SET STATEMENT): the scope sets no session variable.
+        with bounded(prefix):
+            return cast(T, _operation(alias, None, work, statement_timeout=None)(work))
 
     def send(message: message_.OneMessage) -> T:
         with message_.sending(message):
@@ -140,7 +146,9 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
     return cast(T, operation(work))
 
 
-def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callable[[Callable[[], Any]], Any]:
+def _operation(
+    alias: str, lock_timeout: Any, work: Callable[[], Any], statement_timeout: Any = FROM_SETTINGS
+) -> Callable[[Callable[[], Any]], Any]:
     """The locked operation that runs a ``work`` callable, decorated once per alias, lock timeout and call site.
 
     Decorating per call cost more than the scope itself (options validated, a wrapper and its awaitable form
@@ -151,7 +159,7 @@ def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callab
     name = getattr(work, "__qualname__", "claims")
     retry = retry_setting()  # the same object until the settings change
     # Keyed by the type too: ``True == 1``, and a bool must still be refused.
-    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, name, retry)
+    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, statement_timeout, name, retry)
     try:
         return _OPERATIONS[key]
     except KeyError:
@@ -168,7 +176,11 @@ def _operation(alias: str, lock_timeout: Any, work: Callable[[], Any]) -> Callab
     # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
     no_key = connections[alias].features.has_select_for_no_key_update
     operation: Callable[[Callable[[], Any]], Any] = locked_operation(
-        using=alias, lock_timeout=lock_timeout, no_key=no_key, retry=retry
+        using=alias,
+        lock_timeout=lock_timeout,
+        statement_timeout=statement_timeout,
+        no_key=no_key,
+        retry=retry,
     )(run)
     if key is not None and len(_OPERATIONS) < _MAX_OPERATIONS:
         _OPERATIONS[key] = operation

@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from traceback import format_exception
 from typing import Any
@@ -72,6 +73,8 @@ class Outcomes:
         self._ended: dict[Any, tuple[Claim, float]] = {}
         self._ended_lock = threading.Lock()
         self._settled_by: float | None = None  # the beat the ended claims were last settled by
+        #: Takes a success's outcome to write with the next claim instead (``handover.py``), or ``None``.
+        self.hold: Callable[[QueuedTask, Claim, dict[str, Any], Task[..., Any] | None], None] | None = None
 
     def fail(
         self,
@@ -117,6 +120,9 @@ class Outcomes:
             "return_value": value,
             **(extra or {}),
         }
+        if self.hold is not None and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
+            self.hold(row, claim, values, task)  # written with the next claim (handover.py)
+            return
         if self.batch > 1 and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
             # Successes with the same values are completed together: one statement (one commit) per batch.
             done = self._done()
@@ -127,13 +133,37 @@ class Outcomes:
             if len(done) >= self.batch:
                 self.flush()
             return
+        self.write(row, claim, values, task)
+
+    def write(
+        self, row: QueuedTask, claim: Claim, values: dict[str, Any], task: Task[..., Any] | None = None
+    ) -> None:
+        """Write the outcome ``values`` (``finish()``'s) now, fenced, and count it."""
+        errors, value, extra = values["errors"], values["return_value"], values.copy()
+        for name in ("status", "finished_at", "errors", "return_value"):
+            del extra[name]
         try:
             if not self._write(complete, claim, values, row, refusable=value is not None):
                 return
         except _NotRecorded as refused:
             self._value_refused(row, claim, refused.failure, errors, task)
             return
-        self._finished(row, status, errors, value, extra, task)
+        self._finished(row, values["status"], errors, value, extra, task)
+
+    def written(
+        self, row: QueuedTask, claim: Claim, values: dict[str, Any], task: Task[..., Any] | None = None
+    ) -> None:
+        """The success ``values`` were written with the next claim (``handover.py``): count it."""
+        self._remember_ended(claim)
+        self._finished(row, TaskResultStatus.SUCCESSFUL, [], values["return_value"], None, task)
+
+    def dropped(self, row: QueuedTask, error: StaleClaim) -> None:
+        """The outcome was not written: the claim no longer held its row (``error``)."""
+        tally.count(self.stats, row, "lost", alias=self.alias)
+        logger.warning(
+            "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
+            self.worker_id, row.id, error,
+        )  # fmt: skip
 
     def _value_refused(
         self,
@@ -243,11 +273,7 @@ class Outcomes:
             except StaleClaim as stale:
                 if quiet_stale:
                     raise
-                tally.count(self.stats, row, "lost", alias=self.alias)
-                logger.warning(
-                    "worker %s: task %s was taken by another worker; this attempt's outcome is dropped: %s",
-                    self.worker_id, row.id, stale,
-                )  # fmt: skip
+                self.dropped(row, stale)
                 return False
             except DatabaseError as failure:
                 connections[self.alias].close()

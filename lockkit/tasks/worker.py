@@ -26,6 +26,7 @@ from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
 from lockkit.tasks.attempt import Attempts
 from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.handover import Handover
 from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
@@ -140,6 +141,11 @@ class Worker:
         }
         self._order = [F("priority").desc(), F("enqueued_at").asc()]
         self._periodic = Periodic(backend, self.alias)
+        # One task at a time, claimed one at a time: its success travels with the next claim (handover.py).
+        one = self.concurrency == 1 and self.batch == 1
+        self._handover = (
+            Handover(self.outcomes) if one and claims_sql_for(QueuedTask, self.alias).fences_in_one else None
+        )
 
     def stop(self) -> None:
         """Finish the running tasks, give back the claimed ones not started (at once), and return from ``run()``."""
@@ -205,6 +211,8 @@ class Worker:
                 for thread in [*runners, giver]:
                     thread.join(timeout=None)
                 try:
+                    if self._handover is not None:
+                        self._handover.flush()
                     self._give_back()
                 finally:
                     if wakeup is not None:
@@ -275,6 +283,11 @@ class Worker:
             self._wake.clear()
 
     def _claim(self, limit: int) -> list[Claimed[Any]]:
+        if self._handover is not None:
+            return self._handover.claim(
+                queryset=self._candidates, worker=self.worker_id, lease=self.lease, limit=limit,
+                set=self._claim_set, order_by=self._order, expired=True,
+            )  # fmt: skip
         found = claim_ready(
             self._candidates,
             worker=self.worker_id,
@@ -297,6 +310,8 @@ class Worker:
         try:
             self._attempts.run(*item)
         except BaseException:
+            if self._handover is not None:
+                self._handover.flush()  # an outcome held for the next claim is recorded first
             self._release(item, attempted=True)  # left alone if its outcome was recorded
             raise
         finally:

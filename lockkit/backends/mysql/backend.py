@@ -130,6 +130,28 @@ class MySQLTransactions(Transactions):
             _set(cursor, wanted)
         return previous
 
+    def statement_settings(
+        self, connection: BaseDatabaseWrapper, *, lock_timeout: float | None, statement_timeout: float | None
+    ) -> str | None:
+        """MariaDB: ``SET STATEMENT innodb_lock_wait_timeout=N, lock_wait_timeout=N[, max_statement_time=S] FOR``.
+
+        The values last for the one statement, so nothing is read, set or put back per call. They are numbers
+        lockkit computed from validated durations (whole seconds; whole microseconds), written as
+        literals: ``SET STATEMENT`` takes no parameters. MySQL has no such form for these variables: ``None``.
+        See https://mariadb.com/kb/en/set-statement/.
+        """
+        if not connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            return None
+        wanted: list[str] = []
+        if lock_timeout is not None:
+            seconds = int(lock_wait_seconds(lock_timeout))
+            wanted += [f"innodb_lock_wait_timeout={seconds}", f"lock_wait_timeout={seconds}"]
+        if statement_timeout is not None:
+            # A whole number of microseconds lockkit computed, written as seconds: "S.UUUUUU".
+            micros = max(1, round(float(_statement_timeout(connection, statement_timeout)[1]) * 1_000_000))
+            wanted.append(f"max_statement_time={micros // 1_000_000}.{micros % 1_000_000:06d}")
+        return f"SET STATEMENT {', '.join(wanted)} FOR " if wanted else ""
+
     def after_transaction_end(
         self, connection: BaseDatabaseWrapper, token: TimeoutToken, *, nested: bool
     ) -> None:

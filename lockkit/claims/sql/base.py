@@ -9,8 +9,10 @@ https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -79,6 +81,9 @@ class ClaimsSQL(abc.ABC):
     """
 
     vendor: ClassVar[str]
+
+    #: A fenced write of one claim is one statement (``fenced_one``), which can travel ahead of a claim.
+    fences_in_one = False
 
     def __init__(self, table: ClaimTable) -> None:
         """Build the statements of ``table`` (names already quoted for its alias)."""
@@ -174,6 +179,16 @@ class ClaimsSQL(abc.ABC):
 
         Returns one row per live row found: ``pk``, ``written`` (bool), ``lease_expires_at`` (after the write).
         """
+
+    def fenced_one(
+        self, pk: Any, token: int, worker: str, values: dict[str, Any]
+    ) -> tuple[str, list[Any]] | None:
+        """The text and values of ``fenced_update`` for one claim, where it is one statement (``fences_in_one``).
+
+        ``None`` (the default) where a fenced write is several statements (MariaDB/MySQL, SQLite): it then never
+        travels ahead of another statement in one message (``lockkit.claims.chaining``).
+        """
+        return None
 
     @abc.abstractmethod
     def renew_worker(self, held: QuerySet[Any], worker: str, values: dict[str, Any]) -> tuple[list[Row], Any]:
@@ -283,11 +298,28 @@ class ClaimsSQL(abc.ABC):
         return ", ".join(f"{source} AS {quote(name)}" for source, name in zip(sources, names, strict=True))
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
-        """Execute one statement; return its rows keyed by column name, and its row count."""
+        """Execute one statement; return its rows keyed by column name, and its row count.
+
+        Inside ``bounded(prefix)`` the statement carries the backend's statement-scoped timeouts (``prefix``).
+        """
         connection = connections[self.alias]
+        sql = _PREFIX.get() + sql
         with translating(self.alias, nowait=False), connection.cursor() as cursor:
             cursor.execute(sql, params)
             return read_rows(cursor.cursor)
+
+
+_PREFIX: ContextVar[str] = ContextVar("lockkit_claims_statement_prefix", default="")
+
+
+@contextlib.contextmanager
+def bounded(prefix: str) -> Iterator[None]:
+    """Run the claims statements of the block with ``prefix`` (the backend's ``statement_settings``) before each."""
+    token = _PREFIX.set(prefix)
+    try:
+        yield
+    finally:
+        _PREFIX.reset(token)
 
 
 def _identical(values: dict[str, Any]) -> Hashable | None:

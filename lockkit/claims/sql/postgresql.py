@@ -23,6 +23,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
     """Claims on PostgreSQL: one statement per operation, with data-modifying CTEs and ``RETURNING``."""
 
     vendor = "postgresql"
+    fences_in_one = True
 
     def now(self) -> Expression:
         """``statement_timestamp()`` (see ``StatementTimestamp``): one shared expression, reused by every claim."""
@@ -106,20 +107,10 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         plan.
         """
         table = self.table
-        update, set_params = self.update(values)
         if len(pks) == 1:
-            # Parenthesised: a client-side bound negative number is written `-9223372036854775808`, and without
-            # them `::` would bind before the minus and cast the out-of-range 9223372036854775808.
-            statement = (
-                f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
-                f"AND {table.column('claim_token')} = (%s)::bigint "
-                f"AND {table.column('claimed_by')} = (%s)::text "
-                f"AND {table.column('lease_expires_at')} IS NOT NULL "
-                f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
-                f'{table.column("lease_expires_at")} AS "lease_expires_at"'
-            )
-            rows, _ = self.run(statement, [*set_params, pks[0], tokens[0], workers[0]])
+            rows, _ = self.run(*self.fenced_one(pks[0], tokens[0], workers[0], values))
             return rows
+        update, set_params = self.update(values)
         token, lease = table.column("claim_token", ROW), table.column("lease_expires_at", ROW)
         worker = table.column("claimed_by", ROW)
         statement = (
@@ -138,6 +129,22 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         )
         rows, _ = self.run(statement, [list(pks), list(tokens), list(workers), *set_params, len(pks)])
         return rows
+
+    def fenced_one(self, pk: Any, token: int, worker: str, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        """``UPDATE ... WHERE pk = %s AND <token, worker, claimed> RETURNING``: the fenced write of one claim."""
+        table = self.table
+        update, set_params = self.update(values)
+        # Parenthesised: a client-side bound negative number is written `-9223372036854775808`, and without
+        # them `::` would bind before the minus and cast the out-of-range 9223372036854775808.
+        statement = (
+            f"{update} WHERE {table.pk_of()} = (%s)::{table.pk_type} "
+            f"AND {table.column('claim_token')} = (%s)::bigint "
+            f"AND {table.column('claimed_by')} = (%s)::text "
+            f"AND {table.column('lease_expires_at')} IS NOT NULL "
+            f'RETURNING {table.pk_of()} AS "pk", true AS "written", '
+            f'{table.column("lease_expires_at")} AS "lease_expires_at"'
+        )
+        return statement, [*set_params, pk, token, worker]
 
     def renew_worker(self, held: QuerySet[Any], worker: str, values: dict[str, Any]) -> tuple[list[Row], Any]:
         """One statement: renew the worker's unexpired claims, and read the clock (one row even when none).

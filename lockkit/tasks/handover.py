@@ -1,0 +1,75 @@
+"""A task's success written with the worker's next claim: on PostgreSQL one message and one commit for both.
+
+Used by a worker that runs one task at a time and claims one at a time (``--concurrency 1 --batch 1``): the
+success is held after the attempt, and the next claim carries its fenced completion
+(``lockkit.claims.chaining``). What the completion came to is recorded as ``outcomes.py`` records any outcome. See
+docs/tasks.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError
+from django.tasks.base import Task
+
+from lockkit.claims import Claim, Claimed, claim_next
+from lockkit.claims.chaining import complete_then_claim_next
+from lockkit.errors import StaleClaim
+from lockkit.tasks.models import QueuedTask
+from lockkit.tasks.outcomes import Outcomes
+
+#: A success not written yet: the row, its claim, the values ``Outcomes.finish`` writes, the task.
+Held = tuple[QueuedTask, Claim, dict[str, Any], "Task[..., Any] | None"]
+
+
+class Handover:
+    """Holds one success until the next claim, which writes it (``claim``), or until ``flush()``.
+
+    Args:
+        outcomes: Where outcomes are recorded; its successes are held here from now on.
+    """
+
+    def __init__(self, outcomes: Outcomes) -> None:
+        """Take ``outcomes``' successes (no SQL)."""
+        self.outcomes = outcomes
+        self.held: Held | None = None
+        outcomes.hold = self._hold
+
+    def _hold(
+        self, row: QueuedTask, claim: Claim, values: dict[str, Any], task: Task[..., Any] | None
+    ) -> None:
+        self.flush()  # never two held (one task at a time: there is none)
+        self.held = (row, claim, values, task)
+
+    def claim(self, **claiming: Any) -> list[Claimed[Any]]:
+        """``claim_next(**claiming, fetch=True)``, carrying the held success's completion.
+
+        Raises:
+            django.db.DatabaseError: the claim failed; the held success was written on its own first.
+        """
+        held, self.held = self.held, None
+        if held is None:
+            return claim_next(**claiming, fetch=True)
+        row, claim, values, task = held
+        try:
+            chained = complete_then_claim_next(claim, values, **claiming)
+        except DatabaseError:
+            self.outcomes.write(*held)  # rolled back with the claim (or unknown): on its own, as always
+            raise
+        except BaseException:
+            self.held = held  # flush() writes it
+            raise
+        if chained.completed:
+            self.outcomes.written(*held)
+        elif isinstance(chained.error, StaleClaim):
+            self.outcomes.dropped(row, chained.error)
+        else:  # not sent with the claim, or its lost reply undecided: written (or found written) on its own
+            self.outcomes.write(row, claim, values, task)
+        return chained.claimed
+
+    def flush(self) -> None:
+        """Write the held success now, on its own (the worker stops, or waits for tasks)."""
+        held, self.held = self.held, None
+        if held is not None:
+            self.outcomes.write(*held)
