@@ -5,6 +5,8 @@ Runs only when ``LOCKKIT_TEST_MYSQL_URL`` is set (the ``mariadb`` alias); skippe
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.conf import settings
 from django.db import NotSupportedError, OperationalError, connections
@@ -176,3 +178,77 @@ def test_a_metadata_lock_wait_is_bounded_by_the_scopes_lock_timeout_and_restored
         assert _session_value("lock_wait_timeout") == 4
         assert _session_value("innodb_lock_wait_timeout") == 4
     assert _session_value("lock_wait_timeout") == before
+
+
+def _snapshot_isolation_on() -> None:
+    """This thread's session: REPEATABLE READ with MariaDB 11.6.2+'s default ``innodb_snapshot_isolation=ON``."""
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("SHOW VARIABLES LIKE 'innodb_snapshot_isolation'")
+        if cursor.fetchone() is None:
+            pytest.skip("this server has no innodb_snapshot_isolation (MariaDB 10.6.18+/10.11.8+/11.x)")
+        cursor.execute("SET SESSION innodb_snapshot_isolation = ON")
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+
+def test_a_row_changed_after_the_snapshot_is_a_retried_serialization_failure() -> None:
+    """MariaDB 11.6+ (snapshot isolation on): a locking read of a row changed since the transaction's snapshot fails
+    with 1020 and the transaction is rolled back; it is a serialization failure, retried in a fresh transaction."""
+    stock(10)
+    snapshot_taken = threading.Event()
+    changed = threading.Event()
+    events: list[RetryEvent] = []
+
+    @lockkit.locked_operation(ALIAS, lock_timeout=5, retry=RetryPolicy(before_retry=events.append))
+    def reserve_after_reading(quantity: int) -> tuple[int, int]:
+        scope = lockkit.current_scope()
+        Stock.objects.using(ALIAS).get(pk="widget")  # a plain read: the transaction's snapshot
+        if scope.attempt == 1:
+            snapshot_taken.set()
+            assert changed.wait(JOIN), "the other reservation did not commit"
+        row = scope.get(Stock, pk="widget")
+        row.available -= quantity
+        row.save(update_fields=["available"])
+        return scope.attempt, row.available
+
+    def worker() -> tuple[int, int]:
+        try:
+            _snapshot_isolation_on()
+            return reserve_after_reading(1)
+        finally:
+            connections.close_all()
+
+    call = in_thread(worker)
+    assert snapshot_taken.wait(JOIN), call.result(JOIN)
+    with lockkit.locked(ALIAS) as scope:  # the other reservation, committed after the worker's snapshot
+        row = scope.get(Stock, pk="widget")
+        row.available -= 2
+        row.save(update_fields=["available"])
+    changed.set()
+    assert call.result(JOIN) == (2, 7)  # both reservations kept
+    assert [(e.failure, e.sqlstate) for e in events] == [(lockkit.Failure.SERIALIZATION_FAILURE, "1020")]
+    assert Stock.objects.using(ALIAS).get(pk="widget").available == 7
+
+
+def test_a_swallowed_row_changed_since_the_snapshot_is_not_reported_as_done() -> None:
+    """1020 rolled the whole transaction back, savepoints included: a body that catches it must not be told done."""
+    stock(10)
+    Owner.objects.using(ALIAS).create(name="before")
+
+    def change_stock() -> None:
+        try:
+            Stock.objects.using(ALIAS).filter(pk="widget").update(available=9)
+        finally:
+            connections.close_all()
+
+    _snapshot_isolation_on()
+    try:
+        with pytest.raises(lockkit.TransactionAborted, match="1020"), lockkit.locked(ALIAS):
+            Owner.objects.using(ALIAS).create(name="in the rolled-back transaction")
+            Stock.objects.using(ALIAS).get(pk="widget")  # the snapshot
+            in_thread(change_stock).result(JOIN)
+            with pytest.raises(OperationalError):  # the body's own locking read, caught by the body
+                Stock.objects.using(ALIAS).select_for_update().get(pk="widget")
+            Owner.objects.using(ALIAS).create(name="after, in a new transaction")
+    finally:
+        connections[ALIAS].close()  # the session's isolation settings go with it
+    assert sorted(Owner.objects.using(ALIAS).values_list("name", flat=True)) == ["before"]
