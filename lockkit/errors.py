@@ -302,7 +302,8 @@ class UnlockedSaveWarning(UserWarning):
 
     Emitted in ``DEBUG`` and under lockkit's pytest plugin (never otherwise: nothing is recorded then) when
     ``Model.save()`` writes an existing row on the scope's alias that the scope did not lock nor create, and the
-    scope has locked rows of that model or has locked nothing at all (no row, advisory or table lock): the row was read without ``FOR UPDATE`` (``Stock.objects.get(pk=...)`` instead of
+    scope has locked rows of that model, or the model is the scope's ``model=`` and the scope has locked nothing at
+    all (no row, advisory or table lock): the row was read without ``FOR UPDATE`` (``Stock.objects.get(pk=...)`` instead of
     ``scope.get(Stock, pk=...)``), so a concurrent operation can change it between the read and the write. The
     message names the model label and the primary key. Turn it into an error with
     ``-W error::lockkit.UnlockedSaveWarning`` (or pytest's ``filterwarnings``). See docs/testing.md.

@@ -7,8 +7,9 @@ UPDATE``, ``FOR NO KEY UPDATE``, ``FOR SHARE``, ``LOCK IN SHARE MODE``) runs, an
 records the ``(model, pk)`` of every instance built from its rows, until the next ``SELECT`` that does not lock.
 Django's ``pre_save`` signal then checks each ``Model.save()`` of an existing row (``instance._state.adding`` false,
 a primary key) on the scope's alias: a row the scope has not locked gets an ``UnlockedSaveWarning`` naming the model
-label and the primary key when the scope has locked other rows of its model, or has locked nothing at all (no
-locking ``SELECT``, advisory lock or ``LOCK TABLE`` yet: the commonest way to forget the lock). Rows the scope
+label and the primary key when the scope has locked other rows of its model, or when the model is the scope's own
+(``model=``) and the scope has locked nothing at all (no locking ``SELECT``, advisory lock or ``LOCK TABLE`` yet: the
+commonest way to forget the lock; a scope that locks nothing may rely on SERIALIZABLE isolation). Rows the scope
 created (``post_save`` with ``created``) are its own and never warn, nor does a backend whose transaction keeps
 every other writer out (SQLite's ``BEGIN IMMEDIATE``). Nested scopes on the same alias share the outermost scope's
 record (their locks belong to the same transaction).
@@ -91,6 +92,7 @@ class Record:
         self.rows: set[tuple[str, Any]] = set()
         self.models: set[str] = set()
         self.created: set[tuple[str, Any]] = set()
+        self.declared: set[str] = set()  # the models of the transaction's scopes (``model=``)
         self.locked_any = locked_any
 
     def add(self, model: type[models.Model], pk: Any) -> None:
@@ -143,17 +145,23 @@ class Watch:
     shares them and installs nothing.
     """
 
-    def __init__(self, alias: str) -> None:
-        """Prepare the watch of a scope on ``alias``; ``start()`` installs it."""
+    def __init__(self, alias: str, model: type[models.Model] | None = None) -> None:
+        """Prepare the watch of a scope on ``alias`` (declared for ``model``); ``start()`` installs it."""
         self.alias = alias
+        self.model = model
         self._stack: contextlib.ExitStack | None = None
 
     def start(self) -> None:
         """Install the wrapper and the signal receivers, unless an enclosing scope on the alias already has."""
-        if any(record.alias == self.alias for record in _records.get()):
-            return
+        for enclosing in _records.get():
+            if enclosing.alias == self.alias:
+                if self.model is not None:
+                    enclosing.declared.add(_label(self.model))
+                return
         connection = connections[self.alias]
         record = Record(self.alias, locked_any=backend_for(connection).features.transaction_locks_database)
+        if self.model is not None:
+            record.declared.add(_label(self.model))
         stack = contextlib.ExitStack()
         stack.enter_context(connection.execute_wrapper(_wrapper(record)))
         _receivers.acquire()
@@ -237,7 +245,7 @@ def _saving(
             locked = record.locked(sender, pk)
             if locked is False:
                 why = f"that did not lock this row (it locked other {sender._meta.label} rows)"
-            elif locked is None and not record.locked_any:
+            elif locked is None and not record.locked_any and _label(sender) in record.declared:
                 why = "that has locked nothing"
             else:
                 return

@@ -350,9 +350,15 @@ def test_each_alias_is_checked_against_its_own_scope() -> None:
     with lockkit.locked("default") as outer:
         outer.get(Stock, pk="a")
         with lockkit.locked("other") as inner:
-            # The scope on "other" has locked nothing yet (the scope on "default" locks nothing there): issue 33.
-            with pytest.warns(UnlockedSaveWarning, match=_nothing_locked("b", "other")):
-                Stock.objects.using("other").get(pk="b").save()
+            with no_warning():
+                Stock.objects.using("other").get(
+                    pk="b"
+                ).save()  # the scope on "other" locked no Stock row yet (and is for no model)
+            with lockkit.locked(
+                "other", model=Stock
+            ):  # nested, for Stock: the transaction has locked nothing yet
+                with pytest.warns(UnlockedSaveWarning, match=_nothing_locked("b", "other")):
+                    Stock.objects.using("other").get(pk="b").save()
             inner.get(Stock, pk="b")
             with no_warning():
                 Stock.objects.using("other").get(pk="b").save()
@@ -413,20 +419,24 @@ def test_a_scope_that_locked_nothing_does_not_warn_for_rows_it_created_or_locked
         locked = scope.get(Stock, pk="a")
         locked.save()
         created.save()  # still its own row, now that the scope has locked other Stock rows
-    with lockkit.locked(alias) as scope:  # an existing row now, in a scope that locked nothing
+    with lockkit.locked(alias, model=Stock):  # an existing row now, in a scope that locked nothing
         with pytest.warns(UnlockedSaveWarning, match=_nothing_locked("n1", alias)):
             Stock.objects.using(alias).get(pk="n1").save()
+    with lockkit.locked(alias), no_warning():  # a scope for no model that locks nothing: SERIALIZABLE, say
+        Stock.objects.using(alias).get(pk="n1").save()
+    with lockkit.locked(alias, model=Item), no_warning():  # not the scope's model
+        Stock.objects.using(alias).get(pk="n1").save()
 
 
 @VENDORS
 def test_a_scope_holding_an_advisory_or_table_lock_does_not_warn(alias: str) -> None:
     _stock(alias, "a")
-    with lockkit.locked(alias) as scope, no_warning():
+    with lockkit.locked(alias, model=Stock) as scope, no_warning():
         scope.advisory_lock("stock:a")  # the application's own lock protects the row
         Stock.objects.using(alias).get(pk="a").save()
     if alias == "mariadb":
         return  # lock_table() is refused there (LOCK TABLES commits the transaction)
-    with lockkit.locked(alias) as scope, no_warning():
+    with lockkit.locked(alias, model=Stock) as scope, no_warning():
         scope.lock_table(Stock, mode="SHARE ROW EXCLUSIVE")
         Stock.objects.using(alias).get(pk="a").save()
 
@@ -434,5 +444,5 @@ def test_a_scope_holding_an_advisory_or_table_lock_does_not_warn(alias: str) -> 
 @pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
 def test_sqlite_scope_that_locked_nothing_does_not_warn_it_holds_the_write_lock() -> None:
     _stock("sqlite", "a")
-    with lockkit.locked("sqlite"), no_warning():
+    with lockkit.locked("sqlite", model=Stock), no_warning():
         Stock.objects.using("sqlite").get(pk="a").save()
