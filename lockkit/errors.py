@@ -186,9 +186,21 @@ class CommitOutcomeUnknown(ConnectionLost):
 
 
 class ReadOnlyDatabase(LockError, OperationalError):
-    """The alias is read-only (a hot standby, a read-only role or transaction) (SQLSTATE 25006). Never retried."""
+    """The alias is read-only (a hot standby, a read-only role or transaction) (SQLSTATE 25006).
+
+    An outermost scope or lockkit's own call that gets it discards the connection (outside a caller's transaction),
+    so the next call reconnects: after a failover a connection kept open (``CONN_MAX_AGE``, a worker) stays on the
+    old writer, now read-only, while a new one reaches the new writer (``target_session_attrs=read-write``, DNS).
+    Not retried, except once on a new connection when ``stale`` is true and the retry policy retries lost
+    connections (nothing was written: the server refused the first write or lock).
+
+    Attributes:
+        stale: The connection had been open before the attempt (a kept connection) and was discarded; a new
+            connection may reach a writable server.
+    """
 
     failure = Failure.READ_ONLY
+    stale: bool = False
 
 
 class TransactionAborted(LockError, DatabaseError):

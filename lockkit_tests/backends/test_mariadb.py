@@ -17,6 +17,7 @@ from lockkit import RetryEvent, RetryPolicy
 from lockkit.backends.mysql.backend import lock_wait_seconds
 from lockkit.testing import backend_pid, hold_lock, in_thread
 from lockkit_tests.models import Item, Owner, Stock
+from lockkit_tests.support.faultkit import extra_alias
 
 ALIAS = "mariadb"
 
@@ -94,25 +95,55 @@ def test_of_is_not_passed_on_mariadb_and_no_key_is_refused_before_sql() -> None:
     assert [q["sql"] for q in queries.captured_queries] == []
 
 
-def test_read_only_transaction_raises_read_only_database_without_retry() -> None:
+def test_a_kept_connection_turned_read_only_is_discarded_and_the_retry_reconnects() -> None:
+    """A kept session that became read-only (a failover left it on the old writer): issue 33, item 2."""
     stock(1)
     events: list[RetryEvent] = []
 
     @lockkit.locked_operation(ALIAS, retry=RetryPolicy(attempts=3, before_retry=events.append))
-    def take() -> None:
-        lockkit.current_scope().get(Stock, pk="widget")
+    def take() -> int:
+        scope = lockkit.current_scope()
+        scope.get(Stock, pk="widget")
+        return scope.attempt
 
     connection = connections[ALIAS]
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION TRANSACTION READ ONLY")
+        cursor.execute("SELECT CONNECTION_ID()")
+        (kept,) = cursor.fetchone() or (None,)
     try:
-        with pytest.raises(lockkit.ReadOnlyDatabase) as caught:
-            take()
-    finally:
+        assert take() == 2  # nothing was written: retried once, on a new connection
+        assert [(e.failure, e.sqlstate) for e in events] == [(lockkit.Failure.READ_ONLY, "1792")]
         with connection.cursor() as cursor:
-            cursor.execute("SET SESSION TRANSACTION READ WRITE")
-    assert caught.value.sqlstate == "1792"
-    assert caught.value.attempts == 1
+            cursor.execute("SELECT CONNECTION_ID(), @@SESSION.tx_read_only")
+            session, read_only = cursor.fetchone() or (None, None)
+    finally:
+        connection.close()  # a read-only session left by a regression must not reach the next test
+    assert session != kept  # a new session...
+    assert read_only == 0  # ...that writes
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", ALIAS, "proxied_mariadb"])
+def test_a_read_only_server_raises_read_only_database_without_retry() -> None:
+    """Every new connection is read-only too: one attempt (a fresh connection is never retried), then raised."""
+    stock(1)
+    events: list[RetryEvent] = []
+    read_only = {
+        **settings.DATABASES[ALIAS].get("OPTIONS", {}),
+        "init_command": "SET SESSION TRANSACTION READ ONLY",
+    }
+    with extra_alias("proxied_mariadb", ALIAS, OPTIONS=read_only) as alias:
+
+        @lockkit.locked_operation(alias, retry=RetryPolicy(attempts=3, before_retry=events.append))
+        def take() -> None:
+            lockkit.current_scope().get(Stock, pk="widget")
+
+        for _ in range(2):  # the next call too: the server is read-only for every connection
+            with pytest.raises(lockkit.ReadOnlyDatabase) as caught:
+                take()
+            assert caught.value.sqlstate == "1792"
+            assert caught.value.attempts == 1
+            assert caught.value.stale is False
     assert events == []
 
 
