@@ -231,6 +231,8 @@ class OwnedJob(Claimable):
     name = models.CharField(max_length=40, default="")
     owner = models.ForeignKey(Owner, null=True, on_delete=models.SET_NULL)
 
+    objects: models.Manager[OwnedJob] = models.Manager()
+
 
 # -- The documentation's examples (README.md, docs/*.md, run by Sybil): `shop.models.Account` is this model. -----------
 

@@ -125,11 +125,12 @@ def test_a_model_instance_in_set_for_a_column_that_is_not_its_key_is_refused_bef
 ) -> None:
     owner = Owner.objects.using(alias).create(name="o")
     job = OwnedJob.objects.using(alias).create(name="a")
-    for values, error, said in [
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
         ({"name": owner}, TypeError, r"\['name'\] must not be a model instance"),
         ({"owner": job}, TypeError, r"\['owner'\] must be a Owner instance, not a OwnedJob"),
         ({"owner": Owner(name="unsaved")}, ValueError, r"\['owner'\] is an unsaved Owner"),
-    ]:
+    ]
+    for values, error, said in cases:
         with no_sql(alias), pytest.raises(error, match=rf"^(exhausted_)?set{said}"):
             call(alias, job.pk, values)
     row = OwnedJob.objects.using(alias).get()
