@@ -186,9 +186,21 @@ class CommitOutcomeUnknown(ConnectionLost):
 
 
 class ReadOnlyDatabase(LockError, OperationalError):
-    """The alias is read-only (a hot standby, a read-only role or transaction) (SQLSTATE 25006). Never retried."""
+    """The alias is read-only (a hot standby, a read-only role or transaction) (SQLSTATE 25006).
+
+    An outermost scope or lockkit's own call that gets it discards the connection (outside a caller's transaction),
+    so the next call reconnects: after a failover a connection kept open (``CONN_MAX_AGE``, a worker) stays on the
+    old writer, now read-only, while a new one reaches the new writer (``target_session_attrs=read-write``, DNS).
+    Not retried, except once on a new connection when ``stale`` is true and the retry policy retries lost
+    connections (nothing was written: the server refused the first write or lock).
+
+    Attributes:
+        stale: The connection had been open before the attempt (a kept connection) and was discarded; a new
+            connection may reach a writable server.
+    """
 
     failure = Failure.READ_ONLY
+    stale: bool = False
 
 
 class TransactionAborted(LockError, DatabaseError):
@@ -318,8 +330,9 @@ class UnlockedSaveWarning(UserWarning):
     """A locked scope saved an existing row it had not locked: an unlocked read-modify-write.
 
     Emitted in ``DEBUG`` and under lockkit's pytest plugin (never otherwise: nothing is recorded then) when
-    ``Model.save()`` writes an existing row of a model the scope has locked rows of, on the scope's alias, and the
-    scope did not lock that row: the row was read without ``FOR UPDATE`` (``Stock.objects.get(pk=...)`` instead of
+    ``Model.save()`` writes an existing row on the scope's alias that the scope did not lock nor create, and the
+    scope has locked rows of that model, or the model is the scope's ``model=`` and the scope has locked nothing at
+    all (no row, advisory or table lock): the row was read without ``FOR UPDATE`` (``Stock.objects.get(pk=...)`` instead of
     ``scope.get(Stock, pk=...)``), so a concurrent operation can change it between the read and the write. The
     message names the model label and the primary key. Turn it into an error with
     ``-W error::lockkit.UnlockedSaveWarning`` (or pytest's ``filterwarnings``). See docs/testing.md.

@@ -23,7 +23,7 @@ import tenacity
 from lockkit import conf, events
 from lockkit.conf import Default
 from lockkit.errorcodes.table import code_of
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError, ReadOnlyDatabase
 from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
@@ -196,10 +196,15 @@ class RetryPolicy:
 def _classified_as(exc: BaseException | None, kinds: frozenset[Failure]) -> bool:
     """Whether ``exc`` is a classified lockkit error of one of ``kinds`` that may be retried.
 
-    ``CommitOutcomeUnknown`` never may: the work may have committed.
+    ``CommitOutcomeUnknown`` never may: the work may have committed. A ``ReadOnlyDatabase`` may only when it is
+    ``stale`` and lost connections are retried.
     """
     if isinstance(exc, CommitOutcomeUnknown):
         return False
+    if isinstance(exc, ReadOnlyDatabase):
+        # A kept connection on a node that became read-only (a failover) was discarded: a new one may reach the
+        # writer. Retried with lost connections; a new connection that is read-only too is not (stale is False).
+        return exc.stale and Failure.CONNECTION_LOST in kinds
     return isinstance(exc, LockError) and exc.failure is not None and exc.failure in kinds
 
 

@@ -225,6 +225,15 @@ class RankedJob(Claimable):
     state = models.CharField(max_length=20, default="pending")
 
 
+class OwnedJob(Claimable):
+    """A job with a foreign key, for querysets with ``select_related()`` and model instances in ``set=``."""
+
+    name = models.CharField(max_length=40, default="")
+    owner = models.ForeignKey(Owner, null=True, on_delete=models.SET_NULL)
+
+    objects: models.Manager[OwnedJob] = models.Manager()
+
+
 # -- The documentation's examples (README.md, docs/*.md, run by Sybil): `shop.models.Account` is this model. -----------
 
 

@@ -1,6 +1,6 @@
 """The one attempt loop of lockkit's own transactions sent as messages: claims, ``guarded_update``, ``locked_update``.
 
-Each attempt discards a dead connection, opens a ``OneMessage`` (connecting: a server that refuses connections is a
+Each attempt discards a dead connection (and, after it, one that met a read-only server), opens a ``OneMessage`` (connecting: a server that refuses connections is a
 ``ConnectionLost`` before anything was sent), runs the caller's ``send(message)`` with its errors translated, and
 decides a connection lost after a message carrying ``COMMIT`` went: from the rows (the caller's ``resolve``), by
 transaction id (``outcome.of_transaction``), or ``CommitOutcomeUnknown``. An exception that is not the database's (a
@@ -22,11 +22,11 @@ from django.db import Error, connections
 
 from lockkit import cancellation, events
 from lockkit._engine import commits, outcome
-from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead, discard_read_only
 from lockkit._engine.message import OneMessage, begin, idle
 from lockkit.backends import backend_for
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, LockError, ReadOnlyDatabase
 from lockkit.retries import RetrySetting, call_with_retry, reconnect_budget
 
 T = TypeVar("T")
@@ -101,6 +101,7 @@ def in_messages(
         if waiting is not None:
             waiting.raise_if_cancelled()  # the caller is gone: no new attempt
         discard_if_dead(alias)
+        reused = connection.connection is not None
         try:
             with translating(alias, nowait=nowait, attempts=number):
                 message = begin(connection, timeouts, columns)
@@ -128,6 +129,8 @@ def in_messages(
             abandoned = _abandoned(waiting, failed)
             if abandoned is not None:
                 raise abandoned from failed
+            if isinstance(failed, ReadOnlyDatabase):  # a kept connection on a node that became read-only
+                discard_read_only(alias, failed, reused=reused)
             _keep_if_committed_elsewhere(failed, record)
             raise
         except BaseException as interrupt:

@@ -17,8 +17,9 @@ from django.db.transaction import TransactionManagementError
 
 from lockkit.errorcodes.table import chain, code_of
 
-# The errors after which InnoDB has rolled the whole transaction back (savepoints included) and carries on.
-_WHOLE_TRANSACTION = frozenset({"1213"})
+# The errors after which InnoDB has rolled the whole transaction back (savepoints included) and carries on: a
+# deadlock, and a locking read of a row changed since the snapshot (MariaDB's innodb_snapshot_isolation).
+_WHOLE_TRANSACTION = frozenset({"1213", "1020"})
 
 
 class FailedStatements:

@@ -1,6 +1,7 @@
 """Leaving Django's connection usable after it died, so that the next call reconnects.
 
-A dead connection is discarded before an outermost scope or a claims call, and after such a call lost it.
+A dead connection is discarded before an outermost scope or a claims call, and after such a call lost it; a
+connection on which such a call met a read-only server is discarded too (a failover left it on the old writer).
 
 Django itself discards a dead connection only at request boundaries (``close_old_connections()``) or when an
 ``atomic()`` block fails; a worker loop is in neither place. This does what ``close_if_unusable_or_obsolete()``
@@ -17,6 +18,7 @@ from typing import Any
 from django.db import Error, connections
 
 from lockkit.backends import backend_for
+from lockkit.errors import ReadOnlyDatabase
 
 # lockkit's own record of the driver connection (by id) each Django connection was last found usable on, after
 # Django recorded an error on it: ``errors_occurred`` is read, never written.
@@ -52,6 +54,17 @@ def discard_after_loss(alias: str) -> None:
     """Close the alias's connection after lockkit classified a ``ConnectionLost`` on it (outside transactions)."""
     if _outside_transaction(alias):
         _close(alias)
+
+
+def discard_read_only(alias: str, error: ReadOnlyDatabase, *, reused: bool) -> None:
+    """Close the alias's connection after a ``ReadOnlyDatabase`` on it (outside transactions): the next call reconnects.
+
+    A kept connection may be on a node that became read-only (a failover) while a new one reaches the writer.
+    Marks ``error.stale`` when the connection was ``reused`` (open before the attempt) and was closed.
+    """
+    if _outside_transaction(alias):
+        _close(alias)
+        error.stale = reused
 
 
 def _close(alias: str) -> None:

@@ -21,11 +21,11 @@ from django.db.transaction import TransactionManagementError
 from lockkit import cancellation
 from lockkit._engine import failures, forks, outcome
 from lockkit._engine.callbacks import Callbacks
-from lockkit._engine.liveness import discard_after_loss, discard_if_dead
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead, discard_read_only
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.errorcodes.table import code_of
 from lockkit.errorcodes.translate import translate, translating
-from lockkit.errors import ConnectionLost, LockError, OnCommitError, TransactionAborted
+from lockkit.errors import ConnectionLost, LockError, OnCommitError, ReadOnlyDatabase, TransactionAborted
 
 logger = logging.getLogger("lockkit")
 
@@ -91,6 +91,7 @@ class ScopeTransaction:
         self._cancellation: cancellation.Cancellation | None = None  # an awaiting caller's (outermost only)
         self._server: Any = None
         self._raw: Any = None  # the driver connection the transaction runs on
+        self._reused = False  # the connection was open before this scope began (a kept connection)
         # Session settings put back by the first on_commit hook (before the user's callbacks), and its failure.
         self._restored = False
         self._restore_error: BaseException | None = None
@@ -114,6 +115,7 @@ class ScopeTransaction:
         forks.install()  # a forked child never shares its parent's sessions (also installed by the app's ready())
         if not self.nested and connection.errors_occurred:
             discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
+        self._reused = connection.connection is not None
         with self._lost_connection_discarded(), self.translating:
             self.backend.tx.open_transaction(
                 connection,
@@ -302,16 +304,21 @@ class ScopeTransaction:
                 raise
         self._after_end(pending=exc is not None or doomed is not None)
         if doomed is not None:
-            if isinstance(doomed, ConnectionLost):
-                discard_after_loss(self.alias)
+            self._discard_after(doomed)
             raise doomed
         error = None if exc is None else self._translate(exc)
-        if isinstance(error, ConnectionLost):
-            discard_after_loss(self.alias)
+        self._discard_after(error)
         if error is not None and error is not exc:
             raise error from exc
         if restore_error is not None:
             raise restore_error
+
+    def _discard_after(self, error: BaseException | None) -> None:
+        """Discard the connection after a ``ConnectionLost`` or, outermost, a ``ReadOnlyDatabase`` (a failover)."""
+        if isinstance(error, ConnectionLost):
+            discard_after_loss(self.alias)
+        elif isinstance(error, ReadOnlyDatabase) and not self.nested:
+            discard_read_only(self.alias, error, reused=self._reused)
 
     def _swallowed_error(self) -> TransactionAborted | None:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""

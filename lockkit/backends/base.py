@@ -91,6 +91,9 @@ class Features:
     #: Whether a bound set inside a transaction ends with it by itself (PostgreSQL's ``set_config(..., true)``);
     #: when ``False`` the caller restores it with ``locks.unbound_lock_waits`` on every path.
     lock_waits_bound_end_with_transaction: ClassVar[bool] = False
+    #: Whether an outermost scope's transaction itself keeps every other writer out (SQLite's ``BEGIN
+    #: IMMEDIATE``): a row read and saved in it needs no row lock, so the unlocked-save check says nothing.
+    transaction_locks_database: ClassVar[bool] = False
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether this server's version has what lockkit's claims statements need (``lockkit.claims.sql``)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.exceptions import FieldError, ValidationError
 from django.db import connections, models, router
-from django.db.models import CompositePrimaryKey, DecimalField, Field, Model, Q, QuerySet
+from django.db.models import CompositePrimaryKey, DecimalField, Field, ForeignObject, Model, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 
 from lockkit.claims.mixin import Claimable
@@ -177,6 +177,8 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
                 f"{name}: {field_name!r} belongs to a parent model's table; set only local fields"
             )
         assert isinstance(field, Field)
+        if isinstance(value, Model):
+            value = related_key(field, value, f"{name}[{field_name!r}]")
         check_storable(field, value, f"{name}[{field_name!r}]", alias)
         if hasattr(value, "resolve_expression"):
             try:  # as the UPDATE compiler will, so an unknown field fails here rather than mid-statement
@@ -201,8 +203,9 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
 
     Raises:
         TypeError: not a queryset, manager or model class of a ``Claimable`` model (``claimable_model``).
-        ValueError: a shape whose rows cannot be claimed: sliced, ``distinct()``, combined, locked, grouped, or
-            with a window function (an annotation, a filter on one, an ``order_by()`` of one).
+        ValueError: a shape whose rows cannot be claimed: sliced, ``distinct()``, combined, locked, grouped,
+            with ``select_related()`` or ``values()``/``values_list()``, or with a window function (an annotation,
+            a filter on one, an ``order_by()`` of one).
     """
     if isinstance(target, type) and issubclass(target, models.Model):
         claimable_model(target, name)
@@ -219,6 +222,18 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
         raise ValueError(f"{name} must not use distinct(): rows cannot be locked from a DISTINCT query")
     if query.combinator:
         raise ValueError(f"{name} must not be a union/intersection/difference of querysets")
+    if query.select_related:
+        # The claims lock and return rows of the model only: a join would lock the related rows too (MariaDB has
+        # no FOR UPDATE OF) or clash with the claims' own column list (claim(): FieldError after its BEGIN).
+        raise ValueError(
+            f"{name} must not use select_related(): lockkit.claims reads and locks rows of "
+            f"{target.model.__name__} only; pass the queryset without it"
+        )
+    if query.values_select:
+        raise ValueError(
+            f"{name} must not use values() or values_list(): lockkit.claims returns Claim objects; pass the "
+            "model's queryset"
+        )
     if query.select_for_update:
         # Its locking clause would be compiled next to lockkit's own, and PostgreSQL applies the strongest:
         # FOR UPDATE over FOR NO KEY UPDATE, NOWAIT over SKIP LOCKED.
@@ -432,17 +447,37 @@ def exact_pk(model: type[Model], value: object, name: str) -> Any:
     return python
 
 
+def related_key(field: Field[Any, Any], instance: Model, name: str) -> Any:
+    """The value a foreign key ``field`` stores for ``instance``, a saved row of the model it points to.
+
+    Raises:
+        TypeError: ``field`` is not a foreign key, or ``instance`` is not of the model it points to.
+        ValueError: ``instance`` is unsaved.
+    """
+    related = field.related_model if isinstance(field, ForeignObject) else None
+    if not isinstance(field, ForeignObject) or not isinstance(related, type):
+        raise TypeError(
+            f"{name} must not be a model instance ({type(instance).__name__}): {field.name} is not a foreign key"
+        )
+    if not isinstance(instance, related):
+        raise TypeError(f"{name} must be a {related.__name__} instance, not a {type(instance).__name__}")
+    key = getattr(instance, field.target_field.attname)
+    if key is None:
+        raise ValueError(f"{name} is an unsaved {related.__name__} instance: it has no row to point to")
+    return key
+
+
 def check_storable(field: Field[Any, Any], value: Any, name: str, alias: str) -> None:
     """Refuse a ``set=`` value the column cannot store: ``None`` for ``NOT NULL``, too long, out of range.
 
     Only storage limits are checked (``max_length``, the vendor's integer range, decimal digits, text the
     database cannot hold), not the field's other validators, as ``QuerySet.update()`` does not run them either.
-    Expressions and model instances are left to Django.
+    Expressions are left to Django; a model instance is ``related_key``'s.
 
     Raises:
         ValueError: the value cannot be stored unchanged (or at all).
     """
-    if hasattr(value, "resolve_expression") or isinstance(value, Model):
+    if hasattr(value, "resolve_expression"):
         return
     if value is None:
         if not field.null:

@@ -83,6 +83,10 @@ CODES: tuple[CodeRow, ...] = (
     # like an expired innodb_lock_wait_timeout (pinned in test_backend_mariadb.py); MySQL 8 reports it as 3572.
     CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT, ambiguous_nowait=True),
     CodeRow("mysql", "1213", "ER_LOCK_DEADLOCK", Failure.DEADLOCK_DETECTED),
+    # MariaDB with innodb_snapshot_isolation=ON (the default from 11.6.2): under REPEATABLE READ, a locking read
+    # of a row changed since the transaction's snapshot; the whole transaction is rolled back, as on a deadlock.
+    # https://mariadb.com/kb/en/innodb-system-variables/#innodb_snapshot_isolation
+    CodeRow("mysql", "1020", "ER_CHECKREAD", Failure.SERIALIZATION_FAILURE),
     CodeRow("mysql", "3572", "ER_LOCK_NOWAIT", Failure.LOCK_NOT_AVAILABLE),
     CodeRow("mysql", "1969", "ER_STATEMENT_TIMEOUT", Failure.STATEMENT_TIMEOUT),
     CodeRow("mysql", "3024", "ER_QUERY_TIMEOUT", Failure.STATEMENT_TIMEOUT),

@@ -311,7 +311,8 @@ def locked_operation(
         ValueError: at decoration, a bad value (see ``locked()``); at call, ``using`` returned an unknown alias.
         LockError: the last attempt's database failure as its typed subclass, with ``.attempts`` set.
             ``LockTimeout``, ``DeadlockDetected`` and ``SerializationFailure`` are retried first by the default
-            policy; ``LockNotAvailable``, ``StatementTimeout`` and ``ReadOnlyDatabase`` are not. See
+            policy; ``LockNotAvailable``, ``StatementTimeout`` and ``ReadOnlyDatabase`` are not (but a ``stale``
+            ``ReadOnlyDatabase`` is, once, on a new connection, with lost connections). See
             ``locked()`` for when each is raised.
     """
     if using_or_func is not NOT_GIVEN and using is not NOT_GIVEN:

@@ -130,7 +130,7 @@ class LockScope:
         # Advisory locks the transaction does not release by itself (MariaDB's GET_LOCK): released at scope end.
         self._advisory: list[HeldLock] = []
         # DEBUG / lockkit's pytest plugin only: the record of locked rows that UnlockedSaveWarning is checked against.
-        self._watch = unlocked.Watch(alias) if unlocked.enabled() else None
+        self._watch = unlocked.Watch(alias, options.model) if unlocked.enabled() else None
 
     def __repr__(self) -> str:
         """Show the alias, the attempt and whether the scope is nested."""

@@ -6,13 +6,17 @@ statements return: an ``execute_wrapper`` on the scope's connection marks the mo
 UPDATE``, ``FOR NO KEY UPDATE``, ``FOR SHARE``, ``LOCK IN SHARE MODE``) runs, and Django's ``post_init`` signal
 records the ``(model, pk)`` of every instance built from its rows, until the next ``SELECT`` that does not lock.
 Django's ``pre_save`` signal then checks each ``Model.save()`` of an existing row (``instance._state.adding`` false,
-a primary key) on the scope's alias: a model the scope has locked rows of, whose row it has not locked, gets an
-``UnlockedSaveWarning`` naming the model label and the primary key. Nested scopes on the same alias share the
-outermost scope's record (their locks belong to the same transaction).
+a primary key) on the scope's alias: a row the scope has not locked gets an ``UnlockedSaveWarning`` naming the model
+label and the primary key when the scope has locked other rows of its model, or when the model is the scope's own
+(``model=``) and the scope has locked nothing at all (no locking ``SELECT``, advisory lock or ``LOCK TABLE`` yet: the
+commonest way to forget the lock; a scope that locks nothing may rely on SERIALIZABLE isolation). Rows the scope
+created (``post_save`` with ``created``) are its own and never warn, nor does a backend whose transaction keeps
+every other writer out (SQLite's ``BEGIN IMMEDIATE``). Nested scopes on the same alias share the outermost scope's
+record (their locks belong to the same transaction).
 
 Off (the default outside ``DEBUG``), nothing is connected, no wrapper is installed and nothing is recorded: a scope
 pays one flag test. Public Django APIs only: ``connection.execute_wrapper()``, ``pre_save``/``post_init``, and the
-documented ``Model._state.adding`` (read, never written). See
+documented ``Model._state.adding`` (read, never written), ``post_save``. See
 https://docs.djangoproject.com/en/stable/topics/db/instrumentation/ and
 https://docs.djangoproject.com/en/stable/ref/signals/#pre-save.
 """
@@ -30,8 +34,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, models
-from django.db.models.signals import post_init, pre_save
+from django.db.models.signals import post_init, post_save, pre_save
 
+from lockkit.backends import backend_for
 from lockkit.errors import UnlockedSaveWarning
 
 # Set by lockkit's pytest plugin (True) for the test session; None: follow settings.DEBUG.
@@ -42,6 +47,10 @@ _LOCKING = re.compile(
     r"\bFOR\s+(?:NO\s+KEY\s+UPDATE|UPDATE|KEY\s+SHARE|SHARE)\b|\bLOCK\s+IN\s+SHARE\s+MODE\b", re.I
 )
 _READ = re.compile(r"^\s*\(?\s*(?:SELECT|WITH)\b", re.I)
+# Locks that protect rows without returning them: advisory locks (PostgreSQL, MariaDB/MySQL) and table locks.
+_OTHER_LOCK = re.compile(
+    r"\bpg_(?:try_)?advisory_(?:xact_)?lock(?:_shared)?\b|\bGET_LOCK\s*\(|^\s*LOCK\s+TABLE", re.I
+)
 
 
 def force(value: bool | None) -> bool | None:
@@ -70,16 +79,25 @@ def enabled() -> bool:
 
 
 class Record:
-    """The rows an outermost scope's transaction on one alias has locked: ``(concrete model label, pk)``."""
+    """What an outermost scope's transaction on one alias has locked and created: ``(concrete model label, pk)``.
 
-    def __init__(self, alias: str) -> None:
+    Attributes:
+        locked_any: A locking statement ran in the transaction (rows, an advisory lock, a table), or the
+            transaction keeps every other writer out by itself (``Features.transaction_locks_database``).
+    """
+
+    def __init__(self, alias: str, *, locked_any: bool = False) -> None:
         """An empty record for the transaction on ``alias``."""
         self.alias = alias
         self.rows: set[tuple[str, Any]] = set()
         self.models: set[str] = set()
+        self.created: set[tuple[str, Any]] = set()
+        self.declared: set[str] = set()  # the models of the transaction's scopes (``model=``)
+        self.locked_any = locked_any
 
     def add(self, model: type[models.Model], pk: Any) -> None:
         """Record ``model``'s row ``pk`` (and the same row of its multi-table parents) as locked."""
+        self.locked_any = True
         for each in (model, *model._meta.get_parent_list()):
             label = _label(each)
             self.models.add(label)
@@ -127,18 +145,25 @@ class Watch:
     shares them and installs nothing.
     """
 
-    def __init__(self, alias: str) -> None:
-        """Prepare the watch of a scope on ``alias``; ``start()`` installs it."""
+    def __init__(self, alias: str, model: type[models.Model] | None = None) -> None:
+        """Prepare the watch of a scope on ``alias`` (declared for ``model``); ``start()`` installs it."""
         self.alias = alias
+        self.model = model
         self._stack: contextlib.ExitStack | None = None
 
     def start(self) -> None:
         """Install the wrapper and the signal receivers, unless an enclosing scope on the alias already has."""
-        if any(record.alias == self.alias for record in _records.get()):
-            return
-        record = Record(self.alias)
+        for enclosing in _records.get():
+            if enclosing.alias == self.alias:
+                if self.model is not None:
+                    enclosing.declared.add(_label(self.model))
+                return
+        connection = connections[self.alias]
+        record = Record(self.alias, locked_any=backend_for(connection).features.transaction_locks_database)
+        if self.model is not None:
+            record.declared.add(_label(self.model))
         stack = contextlib.ExitStack()
-        stack.enter_context(connections[self.alias].execute_wrapper(_wrapper(record)))
+        stack.enter_context(connection.execute_wrapper(_wrapper(record)))
         _receivers.acquire()
         stack.callback(_receivers.release)
         _records.set((*_records.get(), record))
@@ -164,6 +189,9 @@ def _wrapper(record: Record) -> Callable[..., Any]:
         if isinstance(sql, str):
             if _LOCKING.search(sql):
                 _pending.set(record)
+                record.locked_any = True
+            elif _OTHER_LOCK.search(sql):
+                record.locked_any = True
             elif _READ.match(sql):
                 _pending.set(None)  # rows built from now on were read without a lock
         return execute(sql, params, many, context)
@@ -181,6 +209,22 @@ def _built(sender: type[models.Model], instance: models.Model, **kwargs: Any) ->
         record.add(sender, pk)
 
 
+def _created(
+    sender: type[models.Model],
+    instance: models.Model,
+    created: bool = False,
+    using: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """``post_save``: record a row the scope inserted (its own: no other session sees it before the commit)."""
+    if not created or instance.pk is None:
+        return
+    for record in _records.get():
+        if record.alias == using:
+            record.created.add((_label(sender), instance.pk))
+            return
+
+
 def _saving(
     sender: type[models.Model],
     instance: models.Model,
@@ -188,7 +232,7 @@ def _saving(
     using: str | None = None,
     **kwargs: Any,
 ) -> None:
-    """``pre_save``: warn when an existing row of a model the scope locked rows of is saved without its lock."""
+    """``pre_save``: warn when an existing row is saved without its lock (see the module's docstring for when)."""
     if raw or instance._state.adding:  # a fixture load; an INSERT (or a blind save of a new instance)
         return
     pk = instance.pk
@@ -196,16 +240,23 @@ def _saving(
         return
     for record in _records.get():
         if record.alias == using:
-            if record.locked(sender, pk) is False:
-                warnings.warn(
-                    UnlockedSaveWarning(
-                        f"{sender._meta.label} pk={pk!r} saved in a locked scope on {using!r} that did not lock "
-                        f"this row (it locked other {sender._meta.label} rows): an unlocked read-modify-write. "
-                        "Read the row under the scope's lock: scope.get(Model, pk=...), scope.lock(queryset), "
-                        "scope.lock_all(Model, pks=[...])"
-                    ),
-                    stacklevel=_caller_level(),
-                )
+            if (_label(sender), pk) in record.created:
+                return
+            locked = record.locked(sender, pk)
+            if locked is False:
+                why = f"that did not lock this row (it locked other {sender._meta.label} rows)"
+            elif locked is None and not record.locked_any and _label(sender) in record.declared:
+                why = "that has locked nothing"
+            else:
+                return
+            warnings.warn(
+                UnlockedSaveWarning(
+                    f"{sender._meta.label} pk={pk!r} saved in a locked scope on {using!r} {why}: an unlocked "
+                    "read-modify-write. Read the row under the scope's lock: scope.get(Model, pk=...), "
+                    "scope.lock(queryset), scope.lock_all(Model, pks=[...])"
+                ),
+                stacklevel=_caller_level(),
+            )
             return
 
 
@@ -232,6 +283,7 @@ class _Receivers:
             if self._count == 1:
                 post_init.connect(_built, weak=False, dispatch_uid="lockkit.unlocked.built")
                 pre_save.connect(_saving, weak=False, dispatch_uid="lockkit.unlocked.saving")
+                post_save.connect(_created, weak=False, dispatch_uid="lockkit.unlocked.created")
 
     def release(self) -> None:
         with self._lock:
@@ -239,6 +291,7 @@ class _Receivers:
             if self._count == 0:
                 post_init.disconnect(dispatch_uid="lockkit.unlocked.built")
                 pre_save.disconnect(dispatch_uid="lockkit.unlocked.saving")
+                post_save.disconnect(dispatch_uid="lockkit.unlocked.created")
 
 
 _receivers = _Receivers()

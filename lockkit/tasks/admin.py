@@ -93,6 +93,7 @@ class QueuedTaskAdmin(_ModelAdmin):
                 "action": "retry",
             }
             return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)
+        left = queryset.count() - len(finished)  # counted before the new rows exist
         enqueued, refused = 0, []
         for row in finished:
             try:
@@ -104,6 +105,12 @@ class QueuedTaskAdmin(_ModelAdmin):
             ) as failure:  # one bad row (a path refused, a race) leaves the rest
                 refused.append(f"{row.id}: {failure}")
         self.message_user(request, f"{enqueued} task(s) will run again, as new tasks.", messages.SUCCESS)
+        if left:
+            self.message_user(
+                request,
+                f"{left} selected task(s) left as they are: not finished, or already run again (retry the newest run).",
+                messages.WARNING,
+            )
         if refused:
             self.message_user(request, f"Not run again: {'; '.join(refused)}", messages.ERROR)
         return None

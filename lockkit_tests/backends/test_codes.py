@@ -82,6 +82,8 @@ TABLE = [
     # MariaDB's NOWAIT failure is 1205 too (pinned on the real server in test_backend_mariadb.py).
     ("mysql", "1205", F.LOCK_TIMEOUT, True, "Lock wait timeout exceeded; try restarting transaction"),
     ("mysql", "1213", F.DEADLOCK_DETECTED, False, "Deadlock found when trying to get lock"),
+    # MariaDB 11.6+ snapshot isolation (pinned on the real server in test_mariadb.py).
+    ("mysql", "1020", F.SERIALIZATION_FAILURE, False, "Record has changed since last read in table 't'"),
     (
         "mysql",
         "3572",

@@ -5,6 +5,8 @@ Runs only when ``LOCKKIT_TEST_MYSQL_URL`` is set (the ``mariadb`` alias); skippe
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.conf import settings
 from django.db import NotSupportedError, OperationalError, connections
@@ -15,6 +17,7 @@ from lockkit import RetryEvent, RetryPolicy
 from lockkit.backends.mysql.backend import lock_wait_seconds
 from lockkit.testing import backend_pid, hold_lock, in_thread
 from lockkit_tests.models import Item, Owner, Stock
+from lockkit_tests.support.faultkit import extra_alias
 
 ALIAS = "mariadb"
 
@@ -92,25 +95,55 @@ def test_of_is_not_passed_on_mariadb_and_no_key_is_refused_before_sql() -> None:
     assert [q["sql"] for q in queries.captured_queries] == []
 
 
-def test_read_only_transaction_raises_read_only_database_without_retry() -> None:
+def test_a_kept_connection_turned_read_only_is_discarded_and_the_retry_reconnects() -> None:
+    """A kept session that became read-only (a failover left it on the old writer): issue 33, item 2."""
     stock(1)
     events: list[RetryEvent] = []
 
     @lockkit.locked_operation(ALIAS, retry=RetryPolicy(attempts=3, before_retry=events.append))
-    def take() -> None:
-        lockkit.current_scope().get(Stock, pk="widget")
+    def take() -> int:
+        scope = lockkit.current_scope()
+        scope.get(Stock, pk="widget")
+        return scope.attempt
 
     connection = connections[ALIAS]
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION TRANSACTION READ ONLY")
+        cursor.execute("SELECT CONNECTION_ID()")
+        (kept,) = cursor.fetchone() or (None,)
     try:
-        with pytest.raises(lockkit.ReadOnlyDatabase) as caught:
-            take()
-    finally:
+        assert take() == 2  # nothing was written: retried once, on a new connection
+        assert [(e.failure, e.sqlstate) for e in events] == [(lockkit.Failure.READ_ONLY, "1792")]
         with connection.cursor() as cursor:
-            cursor.execute("SET SESSION TRANSACTION READ WRITE")
-    assert caught.value.sqlstate == "1792"
-    assert caught.value.attempts == 1
+            cursor.execute("SELECT CONNECTION_ID(), @@SESSION.tx_read_only")
+            session, read_only = cursor.fetchone() or (None, None)
+    finally:
+        connection.close()  # a read-only session left by a regression must not reach the next test
+    assert session != kept  # a new session...
+    assert read_only == 0  # ...that writes
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", ALIAS, "proxied_mariadb"])
+def test_a_read_only_server_raises_read_only_database_without_retry() -> None:
+    """Every new connection is read-only too: one attempt (a fresh connection is never retried), then raised."""
+    stock(1)
+    events: list[RetryEvent] = []
+    read_only = {
+        **settings.DATABASES[ALIAS].get("OPTIONS", {}),
+        "init_command": "SET SESSION TRANSACTION READ ONLY",
+    }
+    with extra_alias("proxied_mariadb", ALIAS, OPTIONS=read_only) as alias:
+
+        @lockkit.locked_operation(alias, retry=RetryPolicy(attempts=3, before_retry=events.append))
+        def take() -> None:
+            lockkit.current_scope().get(Stock, pk="widget")
+
+        for _ in range(2):  # the next call too: the server is read-only for every connection
+            with pytest.raises(lockkit.ReadOnlyDatabase) as caught:
+                take()
+            assert caught.value.sqlstate == "1792"
+            assert caught.value.attempts == 1
+            assert caught.value.stale is False
     assert events == []
 
 
@@ -176,3 +209,77 @@ def test_a_metadata_lock_wait_is_bounded_by_the_scopes_lock_timeout_and_restored
         assert _session_value("lock_wait_timeout") == 4
         assert _session_value("innodb_lock_wait_timeout") == 4
     assert _session_value("lock_wait_timeout") == before
+
+
+def _snapshot_isolation_on() -> None:
+    """This thread's session: REPEATABLE READ with MariaDB 11.6.2+'s default ``innodb_snapshot_isolation=ON``."""
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("SHOW VARIABLES LIKE 'innodb_snapshot_isolation'")
+        if cursor.fetchone() is None:
+            pytest.skip("this server has no innodb_snapshot_isolation (MariaDB 10.6.18+/10.11.8+/11.x)")
+        cursor.execute("SET SESSION innodb_snapshot_isolation = ON")
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+
+def test_a_row_changed_after_the_snapshot_is_a_retried_serialization_failure() -> None:
+    """MariaDB 11.6+ (snapshot isolation on): a locking read of a row changed since the transaction's snapshot fails
+    with 1020 and the transaction is rolled back; it is a serialization failure, retried in a fresh transaction."""
+    stock(10)
+    snapshot_taken = threading.Event()
+    changed = threading.Event()
+    events: list[RetryEvent] = []
+
+    @lockkit.locked_operation(ALIAS, lock_timeout=5, retry=RetryPolicy(before_retry=events.append))
+    def reserve_after_reading(quantity: int) -> tuple[int, int]:
+        scope = lockkit.current_scope()
+        Stock.objects.using(ALIAS).get(pk="widget")  # a plain read: the transaction's snapshot
+        if scope.attempt == 1:
+            snapshot_taken.set()
+            assert changed.wait(JOIN), "the other reservation did not commit"
+        row = scope.get(Stock, pk="widget")
+        row.available -= quantity
+        row.save(update_fields=["available"])
+        return scope.attempt, row.available
+
+    def worker() -> tuple[int, int]:
+        try:
+            _snapshot_isolation_on()
+            return reserve_after_reading(1)
+        finally:
+            connections.close_all()
+
+    call = in_thread(worker)
+    assert snapshot_taken.wait(JOIN), call.result(JOIN)
+    with lockkit.locked(ALIAS) as scope:  # the other reservation, committed after the worker's snapshot
+        row = scope.get(Stock, pk="widget")
+        row.available -= 2
+        row.save(update_fields=["available"])
+    changed.set()
+    assert call.result(JOIN) == (2, 7)  # both reservations kept
+    assert [(e.failure, e.sqlstate) for e in events] == [(lockkit.Failure.SERIALIZATION_FAILURE, "1020")]
+    assert Stock.objects.using(ALIAS).get(pk="widget").available == 7
+
+
+def test_a_swallowed_row_changed_since_the_snapshot_is_not_reported_as_done() -> None:
+    """1020 rolled the whole transaction back, savepoints included: a body that catches it must not be told done."""
+    stock(10)
+    Owner.objects.using(ALIAS).create(name="before")
+
+    def change_stock() -> None:
+        try:
+            Stock.objects.using(ALIAS).filter(pk="widget").update(available=9)
+        finally:
+            connections.close_all()
+
+    _snapshot_isolation_on()
+    try:
+        with pytest.raises(lockkit.TransactionAborted, match="1020"), lockkit.locked(ALIAS):
+            Owner.objects.using(ALIAS).create(name="in the rolled-back transaction")
+            Stock.objects.using(ALIAS).get(pk="widget")  # the snapshot
+            in_thread(change_stock).result(JOIN)
+            with pytest.raises(OperationalError):  # the body's own locking read, caught by the body
+                Stock.objects.using(ALIAS).select_for_update().get(pk="widget")
+            Owner.objects.using(ALIAS).create(name="after, in a new transaction")
+    finally:
+        connections[ALIAS].close()  # the session's isolation settings go with it
+    assert sorted(Owner.objects.using(ALIAS).values_list("name", flat=True)) == ["before"]

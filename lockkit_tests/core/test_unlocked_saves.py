@@ -353,7 +353,12 @@ def test_each_alias_is_checked_against_its_own_scope() -> None:
             with no_warning():
                 Stock.objects.using("other").get(
                     pk="b"
-                ).save()  # the scope on "other" locked no Stock row yet
+                ).save()  # the scope on "other" locked no Stock row yet (and is for no model)
+            with lockkit.locked(
+                "other", model=Stock
+            ):  # nested, for Stock: the transaction has locked nothing yet
+                with pytest.warns(UnlockedSaveWarning, match=_nothing_locked("b", "other")):
+                    Stock.objects.using("other").get(pk="b").save()
             inner.get(Stock, pk="b")
             with no_warning():
                 Stock.objects.using("other").get(pk="b").save()
@@ -372,3 +377,72 @@ def test_the_awaitable_form_warns_too(alias: str) -> None:
 
     with pytest.warns(UnlockedSaveWarning, match=_message("b", alias)):
         asyncio.run(reserve.acall())
+
+
+# -- a scope that locked nothing (issue 33, item 7) -----------------------------------------------------------------
+
+
+def _nothing_locked(sku: str, alias: str) -> str:
+    return (
+        rf"^lockkit_tests\.Stock pk='{sku}' saved in a locked scope on '{alias}' that has locked nothing: "
+        "an unlocked read-modify-write"
+    )
+
+
+@VENDORS
+def test_a_save_in_a_locked_operation_that_locked_nothing_warns(alias: str) -> None:
+    """The seed's bug: ``@locked_operation(model=Stock)`` reads a Stock without the lock and saves it."""
+    _stock(alias, "a")
+
+    @lockkit.locked_operation(using=alias, model=Stock)
+    def reserve(sku: str) -> None:
+        stock = Stock.objects.using(alias).get(pk=sku)  # no FOR UPDATE: the lock was forgotten
+        stock.available -= 1
+        with pytest.warns(UnlockedSaveWarning, match=_nothing_locked(sku, alias)) as caught:
+            stock.save()
+        (warning,) = caught.list
+        assert warning.filename == __file__
+        assert "scope.get(Model, pk=...)" in str(warning.message)
+
+    reserve("a")
+    assert Stock.objects.using(alias).get(pk="a").available == 4
+
+
+@VENDORS
+def test_a_scope_that_locked_nothing_does_not_warn_for_rows_it_created_or_locked_later(alias: str) -> None:
+    _stock(alias, "a")
+    with lockkit.locked(alias, model=Stock) as scope, no_warning():
+        created = Stock.objects.using(alias).create(sku="n1", available=1)
+        created.available = 2
+        created.save()  # the scope's own new row: no other session can see it
+        Stock.objects.using(alias).get(pk="n1").save()  # read back: still the scope's own row
+        locked = scope.get(Stock, pk="a")
+        locked.save()
+        created.save()  # still its own row, now that the scope has locked other Stock rows
+    with lockkit.locked(alias, model=Stock):  # an existing row now, in a scope that locked nothing
+        with pytest.warns(UnlockedSaveWarning, match=_nothing_locked("n1", alias)):
+            Stock.objects.using(alias).get(pk="n1").save()
+    with lockkit.locked(alias), no_warning():  # a scope for no model that locks nothing: SERIALIZABLE, say
+        Stock.objects.using(alias).get(pk="n1").save()
+    with lockkit.locked(alias, model=Item), no_warning():  # not the scope's model
+        Stock.objects.using(alias).get(pk="n1").save()
+
+
+@VENDORS
+def test_a_scope_holding_an_advisory_or_table_lock_does_not_warn(alias: str) -> None:
+    _stock(alias, "a")
+    with lockkit.locked(alias, model=Stock) as scope, no_warning():
+        scope.advisory_lock("stock:a")  # the application's own lock protects the row
+        Stock.objects.using(alias).get(pk="a").save()
+    if alias == "mariadb":
+        return  # lock_table() is refused there (LOCK TABLES commits the transaction)
+    with lockkit.locked(alias, model=Stock) as scope, no_warning():
+        scope.lock_table(Stock, mode="SHARE ROW EXCLUSIVE")
+        Stock.objects.using(alias).get(pk="a").save()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_sqlite_scope_that_locked_nothing_does_not_warn_it_holds_the_write_lock() -> None:
+    _stock("sqlite", "a")
+    with lockkit.locked("sqlite", model=Stock), no_warning():
+        Stock.objects.using("sqlite").get(pk="a").save()

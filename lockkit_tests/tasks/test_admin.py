@@ -161,7 +161,10 @@ def test_retry_action_enqueues_finished_tasks_again_and_leaves_others(alias: str
         model_admin.messages = []
         request = RequestFactory().post("/", {"post": "yes"})
         assert model_admin.retry(request, QueuedTask.objects.using(alias).all()) is None
-        assert model_admin.messages == ["2 task(s) will run again, as new tasks."]
+        assert model_admin.messages == [
+            "2 task(s) will run again, as new tasks.",
+            "1 selected task(s) left as they are: not finished, or already run again (retry the newest run).",
+        ]
         rows = {str(row.pk): row for row in QueuedTask.objects.using(alias)}
         assert len(rows) == 5
         assert (rows[failed.id].status, rows[done.id].status) == (TaskResultStatus.FAILED, "SUCCESSFUL")

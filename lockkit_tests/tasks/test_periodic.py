@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import sys
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -278,3 +279,15 @@ def test_a_lost_connection_is_logged_and_a_later_call_fires(caplog: pytest.LogCa
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert_each_tick_once(ticks, 1)
     assert ticks[0] >= latest_tick(created, 1) + timedelta(seconds=1)
+
+
+def test_without_cronsim_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    # lockkit is not on PyPI: "pip install 'lockkit[periodic]'" would find nothing (or someone else's package).
+    # `import cronsim` raises ImportError, as when it is not installed.
+    monkeypatch.setitem(sys.modules, "cronsim", None)
+    periodic = {"t": {"task": TASK, "cron": "* * * * *"}}
+    with override_settings(TASKS=tasks_setting("default", periodic=periodic)):
+        with pytest.raises(ImproperlyConfigured) as refused:
+            task_backends["default"]
+    assert "pip install 'cronsim>=2.7'" in str(refused.value)
+    assert "lockkit[periodic]" not in str(refused.value)

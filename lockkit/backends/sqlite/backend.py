@@ -40,6 +40,7 @@ class SQLiteFeatures(Features):
     """``RETURNING`` from SQLite 3.35, the busy timeout of ``BEGIN IMMEDIATE``, whose write lock covers every key."""
 
     claims_name = "SQLite 3.35+"
+    transaction_locks_database = True
 
     def claims_supported(self, connection: BaseDatabaseWrapper) -> bool:
         """``RETURNING`` (SQLite 3.35, with its ``INSERT ... RETURNING``)."""

@@ -93,7 +93,9 @@ def parse(value: object) -> tuple[Schedule, ...]:
     try:
         from cronsim import CronSim, CronSimError
     except ImportError as missing:
-        raise ValueError("periodic schedules need cronsim: pip install 'lockkit[periodic]'") from missing
+        raise ValueError(
+            "periodic schedules need cronsim (lockkit's 'periodic' extra): pip install 'cronsim>=2.7'"
+        ) from missing
     found = []
     for name, spec in value.items():
         where = f"periodic[{name!r}]"

@@ -56,7 +56,7 @@ def bounded(name: str, value: object) -> int | float:
 class Command(BaseCommand):
     """``manage.py lockkit_worker``: claim, run and record the tasks of a ``lockkit.tasks.DatabaseBackend``.
 
-    ``[--backend B] [--queue Q ...] [--queue-name Q,R|*] [--exclude-queue Q ...] [--burst | --batch]
+    ``[--backend B] [--queue Q ...] [--queue-name Q,R|*] [--exclude-queues Q,R ...] [--burst | --batch]
     [--max-tasks N] [--concurrency N] [--claim-batch N] [--lease S] [--worker-id NAME]``; the options it shares
     with django-tasks' ``db_worker`` (``--backend``, ``--queue-name``, ``--batch``, ``--max-tasks``,
     ``--worker-id``) mean what they mean there. ``SIGTERM`` or ``SIGINT`` (Ctrl-C): the claimed tasks not started
