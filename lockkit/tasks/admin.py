@@ -59,6 +59,12 @@ class QueuedTaskAdmin(_ModelAdmin):
         """Read-only: a worker may be writing the row."""
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: QueuedTask | None = None) -> bool:
+        """Django's delete permission, never for a ``RUNNING`` task: its worker owns the row until it ends."""
+        if obj is not None and obj.status == TaskResultStatus.RUNNING:
+            return False
+        return super().has_delete_permission(request, obj)
+
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """Whether the user may run tasks again: Django's change permission on tasks (view is not enough)."""
         codename = get_permission_codename("change", self.opts)

@@ -99,7 +99,7 @@ class Outcomes:
         }
         if self._write(release, claim, values, row):
             tally.count(self.stats, row, "retried", alias=self.alias)
-            logger.info("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
+            logger.warning("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
 
     def finish(
         self,

@@ -172,3 +172,20 @@ def test_retry_action_enqueues_finished_tasks_again_and_leaves_others(alias: str
         assert set(again) == {failed.id, done.id}
         assert sorted(run_worker(backend).ids) == sorted([*again.values(), waiting.id])
         assert QueuedTask.objects.using(alias).get(pk=again[done.id]).return_value == 42
+
+
+@on_postgresql
+def test_a_running_task_cannot_be_deleted_while_a_finished_one_can() -> None:
+    with backend_on("default", max_attempts=1) as backend:
+        finished = jobs.failing_task_value_error.enqueue()
+        run_worker(backend)
+        running = jobs.noop_task.enqueue()
+        QueuedTask.objects.using("default").filter(pk=running.id).update(status=TaskResultStatus.RUNNING)
+        deleter = _staff("deleter", "view_queuedtask", "delete_queuedtask")
+        data = {"action": "delete_selected", ACTION_CHECKBOX_NAME: [running.id], "post": "yes"}
+        # Django's "delete selected" refuses (403, "permission denied") and deletes nothing.
+        assert deleter.post(CHANGELIST, data).status_code == 403
+        assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
+        data[ACTION_CHECKBOX_NAME] = [finished.id]
+        assert deleter.post(CHANGELIST, data).status_code == 302
+        assert not QueuedTask.objects.using("default").filter(pk=finished.id).exists()

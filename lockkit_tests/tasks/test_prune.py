@@ -112,3 +112,13 @@ def test_task_name_is_read_from_the_path_without_importing() -> None:
     row = QueuedTask(task_path="lockkit_tests.tasks.jobs.echo")
     assert row.task_name == "echo"
     assert QueuedTask(task_path="gone.module.send_receipt").task_name == "send_receipt"
+
+
+@pytest.mark.parametrize("alias", ALL[:1])
+def test_a_queue_name_the_backend_does_not_have_is_reported(alias: str) -> None:
+    with backend_on(alias):
+        kept = _row(alias, TaskResultStatus.SUCCESSFUL, 20, queue="queue-1")
+        err = io.StringIO()
+        call_command("lockkit_prune_tasks", "--queue-name", "queue1", stdout=io.StringIO(), stderr=err)
+        assert err.getvalue().strip() == "--queue-name: 'queue1' not a queue of backend 'default'"
+        assert _left(alias) == {kept}

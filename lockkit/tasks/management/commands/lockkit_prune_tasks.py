@@ -125,6 +125,11 @@ class Command(BaseCommand):
         queues = options["queue_name"].split(",")
         if "*" not in queues:
             tasks = tasks.filter(queue_name__in=queues)
+            unknown = sorted(set(queues) - backend.queues) if backend.queues else []
+            if unknown:  # a typo would otherwise look like a run that found nothing to delete
+                self.stderr.write(
+                    f"--queue-name: {', '.join(map(repr, unknown))} not a queue of backend {backend.alias!r}"
+                )
         if options["dry_run"]:
             count = tasks.count() if limit is None else min(limit, tasks.count())
             self.stdout.write(f"Would delete {count} task result(s)")

@@ -167,7 +167,8 @@ class Command(BaseCommand):
                 worker_id=options["worker_id"],
             )
         except (TypeError, ValueError) as error:
-            raise CommandError(str(error)) from error
+            name = "--queue/--queue-name: " if str(error).startswith("queues ") else ""
+            raise CommandError(f"{name}{error}") from error
         if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
             self.stderr.write(
                 f"lockkit_worker {worker.worker_id}: queues {', '.join(worker.queues)}; concurrency "
@@ -175,6 +176,11 @@ class Command(BaseCommand):
                 f"{backend.alias!r} on database {worker.alias!r}"
                 + ("; until none is ready" if worker.burst else "")
                 + (f"; at most {worker.max_tasks} tasks" if worker.max_tasks else "")
+                + (
+                    f"; {len(backend.settings.periodic)} periodic schedule(s)"
+                    if backend.settings.periodic
+                    else ""
+                )
             )
         try:
             stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()
