@@ -68,7 +68,14 @@ if django.VERSION >= (6, 0):
         "default": {
             "BACKEND": "lockkit.tasks.DatabaseBackend",
             "QUEUES": ["default", "queue-1"],
-            "OPTIONS": {"lease": 5, "max_attempts": 3, "retry_backoff": 0.01, "poll_interval": 0.2},
+            "OPTIONS": {
+                "lease": 5,
+                "max_attempts": 3,
+                "retry_backoff": 0.01,
+                "poll_interval": 0.2,
+                # The sample project's demo task (sample_project/tests/test_tasks_queue.py) is in no installed app.
+                "task_modules": ["sample_project.demo.task_queue"],
+            },
         }
     }
 # Django REST framework (lockkit.contrib.drf's tests, docs/drf.md): no django.contrib.auth here, so no user model.

@@ -38,7 +38,11 @@ INSTALLED_APPS = ["lockkit", "sample_project.inventory", "sample_project.jobs"]
 if django.VERSION >= (6, 0):
     INSTALLED_APPS.append("lockkit.tasks")
     TASKS: dict[str, dict[str, Any]] = {
-        "default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "OPTIONS": {"lease": 30, "max_attempts": 3}}
+        "default": {
+            "BACKEND": "lockkit.tasks.DatabaseBackend",
+            # The demo's crash task (sample_project/demo/task_queue.py) is in no installed app: allowed by name.
+            "OPTIONS": {"lease": 30, "max_attempts": 3, "task_modules": ["sample_project.demo.task_queue"]},
+        }
     }
 # A JSON API for a demo: no sessions, no CSRF middleware. A real project keeps its usual middleware.
 MIDDLEWARE: list[str] = []

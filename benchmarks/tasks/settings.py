@@ -27,7 +27,13 @@ POLL = 0.05
 TASKS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "lockkit.tasks.DatabaseBackend",
-        "OPTIONS": {"lease": 30, "max_attempts": 1, "poll_interval": POLL},
+        # The benchmark's tasks (benchmarks/tasks/jobs.py) are in no installed app: allowed by name.
+        "OPTIONS": {
+            "lease": 30,
+            "max_attempts": 1,
+            "poll_interval": POLL,
+            "task_modules": ["benchmarks.tasks"],
+        },
     },
 }
 DJANGO_TASKS_DB = find_spec("django_tasks_db") is not None
