@@ -154,6 +154,7 @@ class DatabaseBackend(BaseTaskBackend):
             django.tasks.exceptions.InvalidTask: the row's ``task_path`` is refused (``check_task_path``),
                 before anything is imported.
             ImportError: the row's ``task_path`` does not import any more.
+            TypeError: the row's ``args_kwargs`` is not ``{"args": [...], "kwargs": {...}}`` (edited by hand).
         """
         from lockkit.tasks.models import QueuedTask
 

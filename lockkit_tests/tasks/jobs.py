@@ -6,6 +6,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +173,21 @@ def leave_atomic_open(alias: str, name: str) -> str:
     transaction.atomic(using=alias).__enter__()
     Owner.objects.using(alias).create(name=name)
     return "returned inside atomic()"
+
+
+@contextmanager
+def finished_receiver() -> Iterator[list[Any]]:
+    """A ``task_finished`` receiver for the block; yields the results it was sent."""
+    seen: list[Any] = []
+
+    def record(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result)
+
+    task_finished.connect(record)
+    try:
+        yield seen
+    finally:
+        task_finished.disconnect(record)
 
 
 @receiver(task_started)

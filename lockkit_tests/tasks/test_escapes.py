@@ -7,6 +7,7 @@ that the tasks after the bad one still run (the next call works).
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import pytest
 from django.tasks import TaskResultStatus
@@ -14,7 +15,15 @@ from django.tasks import TaskResultStatus
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.models import Owner
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import APPS, backend_on, status_of, vendor_aliases, wait_for, worker_process
+from lockkit_tests.tasks.helpers import (
+    APPS,
+    backend_on,
+    run_worker,
+    status_of,
+    vendor_aliases,
+    wait_for,
+    worker_process,
+)
 
 POSTGRESQL, MARIADB, _SQLITE = vendor_aliases(apps=APPS)
 
@@ -171,3 +180,31 @@ def test_a_task_that_leaves_an_atomic_block_open_stops_its_worker(alias: str, co
         leaking.refresh()
         assert [e.exception_class_path for e in leaking.errors] == ["lockkit.tasks.errors.WorkerLost"]
         assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["text", [1, 2], {"args": 5}, {"kwargs": [1]}, {"kwargs": {"1": 1}, "args": "ab"}],
+    ids=["str", "list", "args-int", "kwargs-list", "args-str"],
+)
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_row_whose_arguments_are_not_args_and_kwargs_fails_naming_them(alias: str, stored: Any) -> None:
+    """A row edited by hand: the attempt fails with a ``TypeError`` naming ``args_kwargs``, as ``get_result`` does.
+
+    Before, an ``AttributeError``/``TypeError`` of the reading code (``'str' object has no attribute 'get'``), and
+    the worker logged "a task_finished receiver failed" when no receiver had run.
+    """
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts) as backend, jobs.finished_receiver():
+        broken = jobs.echo.enqueue(1)
+        QueuedTask.objects.using(alias).filter(pk=broken.id).update(args_kwargs=stored)
+        after = jobs.echo.enqueue(2)
+        stats = run_worker(backend)
+        assert (stats.failed, stats.succeeded) == (1, 1)
+        row = QueuedTask.objects.using(alias).get(pk=broken.id)
+        [error] = row.errors
+        assert error["exception_class_path"] == "builtins.TypeError"
+        assert "args_kwargs" in error["traceback"]
+        with pytest.raises(TypeError, match="args_kwargs"):
+            backend.get_result(broken.id)
+        assert backend.get_result(after.id).return_value == {"args": [2], "kwargs": {}}  # the next call works
