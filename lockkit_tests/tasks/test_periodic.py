@@ -278,3 +278,39 @@ def test_a_lost_connection_is_logged_and_a_later_call_fires(caplog: pytest.LogCa
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert_each_tick_once(ticks, 1)
     assert ticks[0] >= latest_tick(created, 1) + timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("Nightly", "nightly"), ("tick", "tick "), ("café", "cafe")],
+    ids=["case", "trailing-space", "accent"],
+)
+@pytest.mark.parametrize("alias", VENDORS)
+def test_two_schedule_names_the_database_compares_equal_never_crash_the_worker(
+    alias: str, names: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """MariaDB's default collation compares names without case, accents or trailing spaces: two such schedules
+    are one row there. The first fires, the second is named in an error and not fired; ``fire_due()`` never raises.
+    Before, the second's lookup raised ``KeyError`` out of ``fire_due()``, which ended the worker at each start."""
+    periodic = {name: {"task": TASK, "cron": "* * * * * *"} for name in names}
+    caplog.set_level(logging.ERROR, logger="lockkit.tasks.periodic")
+    with backend_on(alias, periodic=periodic) as backend:
+        runner = Periodic(backend, alias)
+        runner.fire_due()
+        rows = PeriodicSchedule.objects.using(alias).count()
+        created = max(PeriodicSchedule.objects.using(alias).values_list("created_at", flat=True))
+        wait_for(lambda: timezone.now() > created + timedelta(seconds=2.1), timeout=5, what="two ticks")
+        runner.fire_due()
+        runner.fire_due()  # the next call works
+    per_tick: dict[datetime, int] = {}
+    for tick in fired(alias):
+        per_tick[tick] = per_tick.get(tick, 0) + 1
+    assert per_tick
+    assert set(per_tick.values()) == {rows}, per_tick  # each tick once per row
+    errors = [r.getMessage() for r in caplog.records if r.name == "lockkit.tasks.periodic"]
+    if rows == 1:  # MariaDB
+        assert len(errors) == 1, errors
+        assert all(repr(name) in errors[0] for name in names), errors
+    else:
+        assert rows == 2
+        assert errors == []

@@ -89,9 +89,22 @@ class Periodic:
         ]
         # INSERT ... ON CONFLICT DO NOTHING / INSERT IGNORE: workers starting together create each row once.
         PeriodicSchedule.objects.using(self.alias).bulk_create(new, ignore_conflicts=True)
-        self._rows = {row.name: row for row in rows.filter(name__in=[s.name for s in self.schedules])}
+        # Each schedule's row as the database matches its name: a collation that ignores case, accents or trailing
+        # spaces (MariaDB's default) gives two such names one row, which only the first of them fires.
+        self._rows, named = {}, {}
         for schedule in self.schedules:
-            self._due[schedule.name] = self._next(schedule)
+            row = rows.filter(name=schedule.name).order_by("pk").first()
+            if row is not None and row.pk in named:
+                logger.error(
+                    "periodic tasks of backend %r: schedules %r and %r are one row of database %r (its collation "
+                    "compares them equal): %r is not fired; rename it",
+                    self.backend.alias, named[row.pk], schedule.name, self.alias, schedule.name,
+                )  # fmt: skip
+            elif row is not None:
+                named[row.pk] = schedule.name
+                self._rows[schedule.name] = row
+        for schedule in self.schedules:
+            self._due[schedule.name] = self._next(schedule) if schedule.name in self._rows else None
 
     def _next(self, schedule: Schedule) -> datetime | None:
         row = self._rows[schedule.name]
