@@ -8,6 +8,7 @@ from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DEFAULT_DB_ALIAS, router
+from django.db.models import CharField
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -222,6 +223,7 @@ def _column_length(field: str) -> int:
     """The ``max_length`` of a ``QueuedTask`` text column (the model is imported lazily: settings build backends)."""
     from lockkit.tasks.models import QueuedTask
 
-    length = QueuedTask._meta.get_field(field).max_length
-    assert length is not None
-    return int(length)
+    column = QueuedTask._meta.get_field(field)
+    assert isinstance(column, CharField)
+    assert column.max_length is not None
+    return int(column.max_length)

@@ -18,6 +18,7 @@ from django.contrib.admin.sites import AdminSite
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.tasks import task_backends
+from django.tasks.signals import task_enqueued
 from django.test import override_settings
 from django.test.client import RequestFactory
 from django.utils import timezone
@@ -314,3 +315,37 @@ def test_two_schedule_names_the_database_compares_equal_never_crash_the_worker(
     else:
         assert rows == 2
         assert errors == []
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_a_task_enqueued_receiver_that_raises_does_not_end_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The periodic enqueue sends ``task_enqueued`` in the tick's transaction: a receiver's error rolls the tick back
+    and is logged; the tick fires once the receiver works. Before, the error escaped ``fire_due()`` and ended the
+    worker's loop, at every start while the receiver failed."""
+    alias = "default"
+
+    def failing(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise RuntimeError("metrics service down")
+
+    caplog.set_level(logging.WARNING, logger="lockkit.tasks.periodic")
+    with backend_on(alias, periodic=every(1)) as backend:
+        runner = Periodic(backend, alias)
+        runner.fire_due()
+        created = PeriodicSchedule.objects.using(alias).get().created_at
+        wait_for(lambda: timezone.now() > created + timedelta(seconds=1.1), timeout=5, what="a tick")
+        task_enqueued.connect(failing)
+        try:
+            runner.fire_due()
+        finally:
+            task_enqueued.disconnect(failing)
+        assert fired(alias) == []  # rolled back with the tick
+        assert any(r.exc_info and "metrics service down" in str(r.exc_info[1]) for r in caplog.records)
+
+        def fire() -> list[datetime]:
+            runner.fire_due()
+            return fired(alias)
+
+        ticks = wait_for(fire, timeout=RETRY_AFTER + 1.5, what="the tick")
+    assert_each_tick_once(ticks, 1)
