@@ -35,14 +35,24 @@ def hash_text(text: str, *, namespace: str | None = None) -> int:
     text's: a key space of the project's own.
 
     Raises:
-        ValueError: ``text`` cannot be encoded as UTF-8 (a lone surrogate).
+        TypeError: ``namespace`` is neither ``None`` nor a ``str``.
+        ValueError: ``text`` or ``namespace`` cannot be encoded as UTF-8 (a lone surrogate); ``namespace`` is empty
+            or contains NUL (the separator: two namespaces would share keys). The setting is checked the same way
+            (``lockkit.conf.check_advisory_namespace``).
     """
+    if namespace is not None and not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str or None, not {type(namespace).__name__}")
+    if namespace is not None and (not namespace or "\x00" in namespace):
+        raise ValueError(f"namespace must be a non-empty str without NUL, got {namespace!r}")
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"key must be encodable as UTF-8: {exc}") from None
     if namespace is not None:
-        data = namespace.encode("utf-8") + b"\x00" + data
+        try:
+            data = namespace.encode("utf-8") + b"\x00" + data
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"namespace must be encodable as UTF-8: {exc}") from None
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little", signed=True)
 
 
@@ -109,7 +119,8 @@ def advisory_key(key: object, *, namespace: str | None = None) -> AdvisoryKey:
 
     Raises:
         TypeError: ``key`` is a ``bool``, or neither an ``int``, a ``str`` nor a 2-tuple of them.
-        ValueError: an ``int`` out of range, an empty string, a tuple that is not a pair, text that is not UTF-8.
+        ValueError: an ``int`` out of range, an empty string, a tuple that is not a pair, text that is not UTF-8;
+            for a hashed key, a bad ``namespace`` (as ``hash_text``).
     """
     if isinstance(key, bool):
         raise TypeError("key must be an int, a str or a (namespace, key) tuple, not bool")

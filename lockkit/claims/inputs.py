@@ -204,7 +204,7 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
     Raises:
         TypeError: not a queryset, manager or model class of a ``Claimable`` model (``claimable_model``).
         ValueError: a shape whose rows cannot be claimed: sliced, ``distinct()``, combined, locked, grouped,
-            with ``select_related()`` or ``values()``/``values_list()``, or with a window function (an annotation,
+            with ``select_related()``, ``extra(select=...)``/``extra(tables=...)`` or ``values()``/``values_list()``, or with a window function (an annotation,
             a filter on one, an ``order_by()`` of one).
     """
     if isinstance(target, type) and issubclass(target, models.Model):
@@ -228,6 +228,13 @@ def queryset(target: object, name: str = "queryset") -> QuerySet[Any]:
         raise ValueError(
             f"{name} must not use select_related(): lockkit.claims reads and locks rows of "
             f"{target.model.__name__} only; pass the queryset without it"
+        )
+    if query.extra or query.extra_tables:
+        # Raw SQL lockkit cannot inspect: an aggregate in a select reaches the server (PostgreSQL refuses FOR
+        # UPDATE with it, after the claim's BEGIN); a table in FROM is locked too (MariaDB has no FOR UPDATE OF).
+        raise ValueError(
+            f"{name} must not use extra(select=/tables=): lockkit.claims reads and locks rows of "
+            f"{target.model.__name__} only; filter with extra(where=...), a subquery or Exists(...) instead"
         )
     if query.values_select:
         raise ValueError(

@@ -20,12 +20,19 @@ if django.VERSION < (6, 0):
     )
 
 from lockkit.tasks.backend import DatabaseBackend
-from lockkit.tasks.errors import ReturnValueNotRecorded, WorkerLost
+from lockkit.tasks.errors import ReturnValueNotRecorded, TransactionLeftOpen, WorkerLost
 
 if TYPE_CHECKING:
     from lockkit.tasks.running import current_claim, fenced
 
-__all__ = ["DatabaseBackend", "ReturnValueNotRecorded", "WorkerLost", "current_claim", "fenced"]
+__all__ = [
+    "DatabaseBackend",
+    "ReturnValueNotRecorded",
+    "TransactionLeftOpen",
+    "WorkerLost",
+    "current_claim",
+    "fenced",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections, transaction
 from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_started
 
 from lockkit.claims import Claim, heartbeat_every
 from lockkit.tasks import arguments, results, running, tally
 from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.errors import TransactionLeftOpen
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.outcomes import Outcomes, error_entry, worker_log
 
@@ -82,6 +83,11 @@ class Attempts:
                 task_started.send(sender=DatabaseBackend, task_result=result)
                 value = _call(task, result, row)
                 stored = arguments.json_value(value, "the return value")
+            except TransactionLeftOpen as failure:
+                if not failure.usable:
+                    raise  # the thread's connection is stuck in the task's atomic(): the worker stops
+                self.outcomes.fail(row, claim, [*errors, error_entry(failure, attempt)], attempt, task)
+                return
             except BaseException as failure:
                 # KeyboardInterrupt and SystemExit too: the worker's own SIGINT/SIGTERM handler only sets a flag
                 # (stopping.py), so one that reaches here was raised by the task (or a receiver): its error.
@@ -103,9 +109,36 @@ class Attempts:
 def _call(task: Task[..., Any], result: Any, row: QueuedTask) -> Any:
     """Call ``task`` with ``row``'s arguments (and a context, if it takes one)."""
     args, kwargs = row.arguments()
-    if task.takes_context:
-        return task.call(TaskContext(task_result=result), *args, **kwargs)
-    return task.call(*args, **kwargs)
+    try:
+        if task.takes_context:
+            return task.call(TaskContext(task_result=result), *args, **kwargs)
+        return task.call(*args, **kwargs)
+    finally:
+        _no_transaction_left(row)
+
+
+def _no_transaction_left(row: QueuedTask) -> None:
+    """Raise ``TransactionLeftOpen`` when the task left a transaction open on one of this thread's connections.
+
+    The worker records the outcome on these connections: in a transaction the task left open it would never
+    commit. Autocommit turned off is undone (the task's uncommitted work rolled back, with Django's public
+    ``rollback()`` and ``set_autocommit()``); an ``atomic()`` block left open cannot be ended from outside it.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            raise TransactionLeftOpen(
+                f"task {row.id} returned inside an atomic() block it opened on database {connection.alias!r}: "
+                f"this thread's connection can never be used again; the worker stops",
+                usable=False,
+            )
+        if connection.connection is not None and not connection.get_autocommit():
+            transaction.rollback(using=connection.alias)
+            transaction.set_autocommit(True, using=connection.alias)
+            raise TransactionLeftOpen(
+                f"task {row.id} returned with autocommit turned off on database {connection.alias!r} and its "
+                f"transaction not committed: rolled back",
+                usable=True,
+            )
 
 
 def _earlier_errors(row: QueuedTask, workers: list[str], attempt: int) -> list[dict[str, Any]]:

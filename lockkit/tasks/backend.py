@@ -6,8 +6,9 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from django.apps import apps
 from django.core import checks
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DEFAULT_DB_ALIAS, router
+from django.db.models import CharField
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -51,10 +52,24 @@ class DatabaseBackend(BaseTaskBackend):
         """Read ``QUEUES`` and check ``OPTIONS``.
 
         Raises:
-            django.core.exceptions.ImproperlyConfigured: a bad option.
+            django.core.exceptions.ImproperlyConfigured: a bad option; the alias or a queue name is longer than
+                its column of the task table (32 characters).
         """
         super().__init__(alias, params)
         self.settings = options.parse(alias, self.options)
+        longest = _column_length("backend_name")
+        if len(alias) > longest:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]: a lockkit.tasks backend's alias is at most {longest} characters (the task "
+                f"table's backend_name column), got {len(alias)}"
+            )
+        longest = _column_length("queue_name")
+        too_long = sorted(queue for queue in self.queues if len(queue) > longest)
+        if too_long:
+            raise ImproperlyConfigured(
+                f'TASKS[{alias!r}]["QUEUES"]: queue names are at most {longest} characters (the task table\'s '
+                f"queue_name column), got {', '.join(map(repr, too_long))}"
+            )
 
     def database(self) -> str:
         """The alias of the task table: ``OPTIONS["database"]``, else ``router.db_for_write`` of the model."""
@@ -109,10 +124,14 @@ class DatabaseBackend(BaseTaskBackend):
         Raises:
             django.tasks.exceptions.InvalidTask: the task is not valid for this backend, is another backend's
                 (its result could not be read back through ``task.get_result()`` or ``refresh()``), or its
-                module is in no installed app nor in ``OPTIONS["task_modules"]``.
+                module is in no installed app nor in ``OPTIONS["task_modules"]``, or its queue name is longer
+                than the task table's column (32 characters).
         """
         super().validate_task(task)
         results.check_task_path(task.module_path, self.settings.task_modules)
+        longest = _column_length("queue_name")
+        if len(task.queue_name) > longest:  # any queue is allowed when QUEUES is empty
+            raise InvalidTask(f"queue_name must be at most {longest} characters, got {task.queue_name!r}")
         if task.backend != self.alias:
             raise InvalidTask(
                 f"Task {task.module_path!r} uses backend {task.backend!r}, not {self.alias!r}: enqueue it with "
@@ -154,6 +173,7 @@ class DatabaseBackend(BaseTaskBackend):
             django.tasks.exceptions.InvalidTask: the row's ``task_path`` is refused (``check_task_path``),
                 before anything is imported.
             ImportError: the row's ``task_path`` does not import any more.
+            TypeError: the row's ``args_kwargs`` is not ``{"args": [...], "kwargs": {...}}`` (edited by hand).
         """
         from lockkit.tasks.models import QueuedTask
 
@@ -197,3 +217,13 @@ class DatabaseBackend(BaseTaskBackend):
                 )
             )
         return found
+
+
+def _column_length(field: str) -> int:
+    """The ``max_length`` of a ``QueuedTask`` text column (the model is imported lazily: settings build backends)."""
+    from lockkit.tasks.models import QueuedTask
+
+    column = QueuedTask._meta.get_field(field)
+    assert isinstance(column, CharField)
+    assert column.max_length is not None
+    return int(column.max_length)

@@ -23,3 +23,22 @@ class ReturnValueNotRecorded(ValueError):
     answer ``None``, indistinguishable from a task that returned ``None``, ``return_value`` raises this. A
     ``ValueError``, as Django's ``return_value`` raises for a task without a value.
     """
+
+
+class TransactionLeftOpen(RuntimeError):
+    """A task returned (or raised) with a transaction still open on its worker thread's connection.
+
+    Recorded as the attempt's error (its ``exception_class_path`` is ``"lockkit.tasks.errors.TransactionLeftOpen"``)
+    when the task turned autocommit off and did not commit: its uncommitted work is rolled back and the
+    connection serves on. When the task left an ``atomic()`` block open, nothing can end that block (its
+    context manager is the task's), so the thread's connection can never be used again: the worker raises this,
+    gives its claims back and exits non-zero (the attempt is then ``WorkerLost``).
+
+    Attributes:
+        usable: Whether the connection was restored (autocommit turned off) and the attempt could be recorded.
+    """
+
+    def __init__(self, message: str, *, usable: bool) -> None:
+        """Say what was left open; ``usable``: the connection was restored."""
+        super().__init__(message)
+        self.usable = usable

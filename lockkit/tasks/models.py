@@ -9,7 +9,7 @@ from django.db import models
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskResultStatus
 
 from lockkit.claims.mixin import Claimable
-from lockkit.tasks.arguments import FloatKeepingEncoder
+from lockkit.tasks.arguments import FloatKeepingEncoder, storable_text
 
 __all__ = ["QueuedTask"]
 
@@ -104,9 +104,20 @@ class QueuedTask(Claimable):
         return [name for name in self.worker_log.split(WORKER_SEPARATOR) if name]
 
     def arguments(self) -> tuple[list[Any], dict[str, Any]]:
-        """The stored ``(args, kwargs)``."""
+        """The stored ``(args, kwargs)``.
+
+        Raises:
+            TypeError: ``args_kwargs`` is not ``{"args": [...], "kwargs": {...}}`` (the row was edited by hand).
+        """
         stored = self.args_kwargs or {}
-        return list(stored.get("args", [])), dict(stored.get("kwargs", {}))
+        args = stored.get("args", []) if isinstance(stored, dict) else None
+        kwargs = stored.get("kwargs", {}) if isinstance(stored, dict) else None
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise TypeError(
+                f"task {self.pk}: args_kwargs must be an object {{'args': [...], 'kwargs': {{...}}}}, got "
+                f"{storable_text(repr(stored), 1000)}"
+            )
+        return list(args), dict(kwargs)
 
 
 # Periodic tasks keep their state in a model of their own package; imported here, it is part of the app.

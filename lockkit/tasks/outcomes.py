@@ -242,7 +242,12 @@ class Outcomes:
             if extra and "worker_log" in extra:
                 row.worker_log = extra["worker_log"]
             try:
-                task_finished.send(sender=DatabaseBackend, task_result=results.result_of(row, task))
+                result = results.result_of(row, task)
+            except TypeError:  # its args_kwargs, edited by hand (the attempt's recorded error says so)
+                logger.exception("task %s: task_finished not sent: its row cannot be read", row.id)
+                return
+            try:
+                task_finished.send(sender=DatabaseBackend, task_result=result)
             except Exception:  # the outcome is recorded: a receiver's error changes nothing (else it escapes)
                 logger.exception("task %s: a task_finished receiver failed", row.id)
 

@@ -203,6 +203,7 @@ def result_of(row: QueuedTask, task: Task[..., Any] | None = None) -> TaskResult
 
     Raises:
         InvalidTask, ImportError, SuspiciousOperation: as ``task_of`` (unless ``task`` is given).
+        TypeError: as ``QueuedTask.arguments()``.
     """
     args, kwargs = row.arguments()
     return StoredTaskResult(

@@ -132,3 +132,16 @@ def test_a_bad_namespace_is_refused_naming_the_setting_before_any_sql(
         assert isinstance(found, Error)
         assert found.id == "lockkit.E003"
         assert "ADVISORY_NAMESPACE" in found.msg
+
+
+@pytest.mark.parametrize("namespace", ["a\x00b", "", "\ud800", 42])
+def test_hash_text_and_advisory_key_refuse_a_namespace_the_setting_would_refuse(namespace: Any) -> None:
+    """``hash_text``/``advisory_key`` are public: a NUL in ``namespace`` would make two namespaces share keys.
+
+    ``hash_text("b\\x00c", namespace="a")`` and ``hash_text("c", namespace="a\\x00b")`` hash the same bytes.
+    """
+    with pytest.raises((TypeError, ValueError), match="namespace"):
+        hash_text("c", namespace=namespace)
+    with pytest.raises((TypeError, ValueError), match="namespace"):
+        advisory_key("c", namespace=namespace)
+    assert hash_text("c", namespace="a") != hash_text("c")  # the next call works

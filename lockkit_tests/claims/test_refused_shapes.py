@@ -319,3 +319,37 @@ def test_an_aggregate_or_window_in_when_is_refused_before_sql(alias: str, when: 
     with no_sql(alias), pytest.raises(ValueError, match=r"^when must not use aggregates or window functions"):
         claim(Job.objects.using(alias).filter(name="a"), worker="w", lease=60, when=when)
     assert Job.objects.using(alias).get().lease_expires_at is None
+
+
+# -- extra(): raw SQL columns and tables -------------------------------------------------------------------------
+
+EXTRA: list[tuple[str, Callable[[str], Any]]] = [
+    ("extra select aggregate", lambda a: Job.objects.using(a).extra(select={"n": "COUNT(*)"})),
+    ("extra select", lambda a: Job.objects.using(a).extra(select={"one": "1"})),
+    (
+        "extra tables",
+        lambda a: Job.objects.using(a).extra(
+            tables=["lockkit_tests_jobtag"], where=["lockkit_tests_jobtag.job_id = lockkit_tests_job.id"]
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("call_name", CALL_NAMES)
+@pytest.mark.parametrize("make", [e[1] for e in EXTRA], ids=[e[0] for e in EXTRA])
+def test_extra_select_or_tables_are_refused_before_sql(
+    alias: str, call_name: str, make: Callable[[str], Any]
+) -> None:
+    """Raw SQL lockkit cannot see into: an aggregate in it reached PostgreSQL (``NotSupportedError`` after the
+    claim's transaction began), and a table in ``FROM`` is locked too where there is no ``FOR UPDATE OF``.
+    ``extra(where=...)`` and ``extra(order_by=...)`` filter and order the model's own rows, and are accepted."""
+    Job.objects.using(alias).create(name="a")
+    parameter = "target" if call_name == "claim" else "queryset"
+    with (
+        no_sql(alias),
+        pytest.raises(ValueError, match=rf"^{parameter} must not use extra\(select=/tables=\)"),
+    ):
+        _queryset_calls(make(alias))[call_name]()
+    assert Job.objects.using(alias).get().lease_expires_at is None
+    kept = Job.objects.using(alias).extra(where=["1 = 1"], order_by=["-name"])
+    assert len(claim_next(kept, worker="w", lease=60)) == 1  # the next call works

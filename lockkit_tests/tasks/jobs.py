@@ -6,10 +6,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.dispatch import receiver
 from django.tasks import TaskContext, task
 from django.tasks.signals import task_finished, task_started
@@ -155,6 +157,37 @@ def bomb_on_started() -> str:
 @task()
 def bomb_on_finished() -> str:
     return "done, then a task_finished receiver asks the process to exit"
+
+
+@task()
+def leave_autocommit_off(alias: str, name: str) -> str:
+    """Turn autocommit off on the worker's connection, write, and return without committing."""
+    transaction.set_autocommit(False, using=alias)
+    Owner.objects.using(alias).create(name=name)
+    return "returned with autocommit off"
+
+
+@task()
+def leave_atomic_open(alias: str, name: str) -> str:
+    """Enter an atomic() block on the worker's connection, write, and return without leaving it."""
+    transaction.atomic(using=alias).__enter__()
+    Owner.objects.using(alias).create(name=name)
+    return "returned inside atomic()"
+
+
+@contextmanager
+def finished_receiver() -> Iterator[list[Any]]:
+    """A ``task_finished`` receiver for the block; yields the results it was sent."""
+    seen: list[Any] = []
+
+    def record(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result)
+
+    task_finished.connect(record)
+    try:
+        yield seen
+    finally:
+        task_finished.disconnect(record)
 
 
 @receiver(task_started)

@@ -7,13 +7,23 @@ that the tasks after the bad one still run (the next call works).
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import pytest
 from django.tasks import TaskResultStatus
 
 from lockkit.tasks.models import QueuedTask
+from lockkit_tests.models import Owner
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import APPS, backend_on, status_of, vendor_aliases, wait_for, worker_process
+from lockkit_tests.tasks.helpers import (
+    APPS,
+    backend_on,
+    run_worker,
+    status_of,
+    vendor_aliases,
+    wait_for,
+    worker_process,
+)
 
 POSTGRESQL, MARIADB, _SQLITE = vendor_aliases(apps=APPS)
 
@@ -107,3 +117,94 @@ def test_a_runner_that_cannot_go_on_stops_the_worker_and_gives_its_claims_back(a
                 assert row.attempts == 0
                 assert row.worker_ids == []
         assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_task_that_leaves_autocommit_off_fails_and_its_write_is_rolled_back(
+    alias: str, concurrency: str
+) -> None:
+    """The task's uncommitted work is rolled back, the attempt fails naming why, the connection serves on.
+
+    Before, the worker wrote the outcome on that connection, in the transaction the task left open: it was never
+    committed, the worker took it for a lost commit and gave the task back (run again, or ``WorkerLost``).
+    """
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        leaking = jobs.leave_autocommit_off.enqueue(alias, "leaked")
+        after = [jobs.calculate_meaning_of_life.enqueue() for _ in range(4)]
+        args = ("--concurrency", concurrency, "--worker-id", "steady")
+        with worker_process(alias, *args, options=opts) as worker:
+            wait_for(lambda: status_of(leaking) == TaskResultStatus.FAILED, what="the task to fail")
+            wait_for(lambda: all(status_of(r) == TaskResultStatus.SUCCESSFUL for r in after), what="the rest")
+            assert worker.process.poll() is None
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        leaking.refresh()
+        assert [e.exception_class_path for e in leaking.errors] == [
+            "lockkit.tasks.errors.TransactionLeftOpen"
+        ]
+        assert "autocommit" in leaking.errors[0].traceback
+        assert leaking.worker_ids == ["steady"]  # one attempt, not given back
+        assert not Owner.objects.using(alias).filter(name="leaked").exists()
+        assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_task_that_leaves_an_atomic_block_open_stops_its_worker(alias: str, concurrency: str) -> None:
+    """The thread's connection can never be used again: the worker exits non-zero at once, not wedged.
+
+    Before, every later claim on that thread failed with "the connection is closed", forever, while the worker
+    lived on and its queue waited.
+    """
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        leaking = jobs.leave_atomic_open.enqueue(alias, "leaked")
+        args = ("--concurrency", concurrency, "--worker-id", "poisoned")
+        with worker_process(alias, *args, options=opts) as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 1, output
+        assert "TransactionLeftOpen" in output
+        assert "atomic()" in output
+        assert not Owner.objects.using(alias).filter(name="leaked").exists()
+        # The next worker works: the rest run, and the task whose worker stopped ends as WorkerLost.
+        after = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+        with worker_process(alias, "--worker-id", "next", options=opts) as worker:
+            wait_for(lambda: all(status_of(r) == TaskResultStatus.SUCCESSFUL for r in after), what="the rest")
+            wait_for(lambda: status_of(leaking) == TaskResultStatus.FAILED, what="the lost attempt")
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        leaking.refresh()
+        assert [e.exception_class_path for e in leaking.errors] == ["lockkit.tasks.errors.WorkerLost"]
+        assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["text", [1, 2], {"args": 5}, {"kwargs": [1]}, {"kwargs": {"1": 1}, "args": "ab"}],
+    ids=["str", "list", "args-int", "kwargs-list", "args-str"],
+)
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_row_whose_arguments_are_not_args_and_kwargs_fails_naming_them(alias: str, stored: Any) -> None:
+    """A row edited by hand: the attempt fails with a ``TypeError`` naming ``args_kwargs``, as ``get_result`` does.
+
+    Before, an ``AttributeError``/``TypeError`` of the reading code (``'str' object has no attribute 'get'``), and
+    the worker logged "a task_finished receiver failed" when no receiver had run.
+    """
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts) as backend, jobs.finished_receiver():
+        broken = jobs.echo.enqueue(1)
+        QueuedTask.objects.using(alias).filter(pk=broken.id).update(args_kwargs=stored)
+        after = jobs.echo.enqueue(2)
+        stats = run_worker(backend)
+        assert (stats.failed, stats.succeeded) == (1, 1)
+        row = QueuedTask.objects.using(alias).get(pk=broken.id)
+        [error] = row.errors
+        assert error["exception_class_path"] == "builtins.TypeError"
+        assert "args_kwargs" in error["traceback"]
+        with pytest.raises(TypeError, match="args_kwargs"):
+            backend.get_result(broken.id)
+        assert backend.get_result(after.id).return_value == {"args": [2], "kwargs": {}}  # the next call works

@@ -135,3 +135,19 @@ def test_options_checked(options: dict[str, Any], message: str) -> None:
 def test_options_must_be_a_dict() -> None:
     with pytest.raises(ImproperlyConfigured, match=r'TASKS\["x"\]\["OPTIONS"\] must be a dict, not list'):
         DatabaseBackend("x", {"OPTIONS": []})
+
+
+def test_an_alias_or_queue_longer_than_its_column_is_refused_before_sql() -> None:
+    """``backend_name`` and ``queue_name`` are 32 characters: longer was a ``DataError`` at each enqueue (after SQL),
+    and a periodic schedule of such a backend failed every second, for good, without firing."""
+    long = "b" * 33
+    setting = {long: {"BACKEND": "lockkit.tasks.DatabaseBackend", "QUEUES": []}}
+    with override_settings(TASKS=setting), pytest.raises(ImproperlyConfigured, match="at most 32 characters"):
+        task_backends[long]  # built on first use
+    setting = {"default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "QUEUES": ["default", "q" * 33]}}
+    with override_settings(TASKS=setting), pytest.raises(ImproperlyConfigured, match="at most 32 characters"):
+        task_backends["default"]
+    setting = {"default": {"BACKEND": "lockkit.tasks.DatabaseBackend", "QUEUES": []}}  # any queue
+    with override_settings(TASKS=setting):
+        with pytest.raises(InvalidTask, match=r"queue_name .* at most 32 characters"):
+            jobs.noop_task.using(queue_name="q" * 33).enqueue()

@@ -19,6 +19,7 @@ from django.contrib.admin.sites import AdminSite
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.tasks import task_backends
+from django.tasks.signals import task_enqueued
 from django.test import override_settings
 from django.test.client import RequestFactory
 from django.utils import timezone
@@ -293,3 +294,73 @@ def test_without_cronsim_the_error_says_what_to_install(monkeypatch: pytest.Monk
             task_backends["default"]
     assert "pip install 'cronsim>=2.7'" in str(refused.value)
     assert "lockkit[periodic]" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("Nightly", "nightly"), ("tick", "tick "), ("café", "cafe")],
+    ids=["case", "trailing-space", "accent"],
+)
+@pytest.mark.parametrize("alias", VENDORS)
+def test_two_schedule_names_the_database_compares_equal_never_crash_the_worker(
+    alias: str, names: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """MariaDB's default collation compares names without case, accents or trailing spaces: two such schedules
+    are one row there. The first fires, the second is named in an error and not fired; ``fire_due()`` never raises.
+    Before, the second's lookup raised ``KeyError`` out of ``fire_due()``, which ended the worker at each start."""
+    periodic = {name: {"task": TASK, "cron": "* * * * * *"} for name in names}
+    caplog.set_level(logging.ERROR, logger="lockkit.tasks.periodic")
+    with backend_on(alias, periodic=periodic) as backend:
+        runner = Periodic(backend, alias)
+        runner.fire_due()
+        rows = PeriodicSchedule.objects.using(alias).count()
+        created = max(PeriodicSchedule.objects.using(alias).values_list("created_at", flat=True))
+        wait_for(lambda: timezone.now() > created + timedelta(seconds=2.1), timeout=5, what="two ticks")
+        runner.fire_due()
+        runner.fire_due()  # the next call works
+    per_tick: dict[datetime, int] = {}
+    for tick in fired(alias):
+        per_tick[tick] = per_tick.get(tick, 0) + 1
+    assert per_tick
+    assert set(per_tick.values()) == {rows}, per_tick  # each tick once per row
+    errors = [r.getMessage() for r in caplog.records if r.name == "lockkit.tasks.periodic"]
+    if rows == 1:  # MariaDB
+        assert len(errors) == 1, errors
+        assert all(repr(name) in errors[0] for name in names), errors
+    else:
+        assert rows == 2
+        assert errors == []
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_a_task_enqueued_receiver_that_raises_does_not_end_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The periodic enqueue sends ``task_enqueued`` in the tick's transaction: a receiver's error rolls the tick back
+    and is logged; the tick fires once the receiver works. Before, the error escaped ``fire_due()`` and ended the
+    worker's loop, at every start while the receiver failed."""
+    alias = "default"
+
+    def failing(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise RuntimeError("metrics service down")
+
+    caplog.set_level(logging.WARNING, logger="lockkit.tasks.periodic")
+    with backend_on(alias, periodic=every(1)) as backend:
+        runner = Periodic(backend, alias)
+        runner.fire_due()
+        created = PeriodicSchedule.objects.using(alias).get().created_at
+        wait_for(lambda: timezone.now() > created + timedelta(seconds=1.1), timeout=5, what="a tick")
+        task_enqueued.connect(failing)
+        try:
+            runner.fire_due()
+        finally:
+            task_enqueued.disconnect(failing)
+        assert fired(alias) == []  # rolled back with the tick
+        assert any(r.exc_info and "metrics service down" in str(r.exc_info[1]) for r in caplog.records)
+
+        def fire() -> list[datetime]:
+            runner.fire_due()
+            return fired(alias)
+
+        ticks = wait_for(fire, timeout=RETRY_AFTER + 1.5, what="the tick")
+    assert_each_tick_once(ticks, 1)

@@ -85,6 +85,8 @@ def test_prune_works_in_bounded_batches(alias: str) -> None:
         ["--min-age-days", "-1"],
         ["--min-age-days", "x"],
         ["--failed-min-age-days", "nan"],
+        ["--min-age-days", "1e9"],  # past timedelta's range
+        ["--failed-min-age-days", "800000"],  # before year 1
         ["--batch-size", "0"],
         ["--batch-size", "100001"],
         ["--max-rows", "0"],

@@ -55,7 +55,11 @@ class Periodic:
         self._pause_until = 0.0
 
     def fire_due(self) -> None:
-        """Enqueue the due tick of each schedule, unless another worker did; a database error is logged."""
+        """Enqueue the due tick of each schedule, unless another worker did; an error is logged, never raised.
+
+        A database error, or another (a ``task_enqueued`` receiver's, raised in the tick's transaction, which rolls
+        back), is logged and the schedules are read again after ``RETRY_AFTER`` seconds.
+        """
         if not self.schedules or time.monotonic() < self._pause_until:
             return
         now = timezone.now()
@@ -72,6 +76,10 @@ class Periodic:
             self._rows.clear()  # read again: the failure may have been a lost commit
             self._pause_until = time.monotonic() + RETRY_AFTER
             logger.warning("periodic tasks of backend %r: %s; trying again", self.backend.alias, failure)
+        except Exception:  # a task_enqueued receiver's, say: the tick rolled back; it never ends the worker
+            self._rows.clear()
+            self._pause_until = time.monotonic() + RETRY_AFTER
+            logger.exception("periodic tasks of backend %r failed; trying again", self.backend.alias)
 
     def _load(self, now: datetime) -> None:
         """Read every schedule's row, creating the missing ones (a new schedule fires from now on)."""
@@ -89,9 +97,23 @@ class Periodic:
         ]
         # INSERT ... ON CONFLICT DO NOTHING / INSERT IGNORE: workers starting together create each row once.
         PeriodicSchedule.objects.using(self.alias).bulk_create(new, ignore_conflicts=True)
-        self._rows = {row.name: row for row in rows.filter(name__in=[s.name for s in self.schedules])}
+        # Each schedule's row as the database matches its name: a collation that ignores case, accents or trailing
+        # spaces (MariaDB's default) gives two such names one row, which only the first of them fires.
+        self._rows = {}
+        named: dict[Any, str] = {}  # the schedule that took each row, by its key
         for schedule in self.schedules:
-            self._due[schedule.name] = self._next(schedule)
+            row = rows.filter(name=schedule.name).order_by("pk").first()
+            if row is not None and row.pk in named:
+                logger.error(
+                    "periodic tasks of backend %r: schedules %r and %r are one row of database %r (its collation "
+                    "compares them equal): %r is not fired; rename it",
+                    self.backend.alias, named[row.pk], schedule.name, self.alias, schedule.name,
+                )  # fmt: skip
+            elif row is not None:
+                named[row.pk] = schedule.name
+                self._rows[schedule.name] = row
+        for schedule in self.schedules:
+            self._due[schedule.name] = self._next(schedule) if schedule.name in self._rows else None
 
     def _next(self, schedule: Schedule) -> datetime | None:
         row = self._rows[schedule.name]

@@ -20,16 +20,19 @@ from lockkit.tasks.models import QueuedTask
 FINISHED = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
 #: The largest ``--batch-size``: one statement never deletes more rows than this.
 MAX_BATCH = 100_000
+#: The largest age in days (1000 years): an older cut-off would fall before the dates Python and the databases hold.
+MAX_DAYS = 365_000
 
 
 def _days(name: str, value: object) -> float:
-    """``value`` of ``--name`` as a number of days, at least 0; else ``CommandError`` naming the option."""
+    """``value`` of ``--name`` as a number of days, 0 to ``MAX_DAYS``; else ``CommandError`` naming the option."""
+    allowed = f"--{name} must be a number of days from 0 to {MAX_DAYS}, got {value!r}"
     try:
         days = float(str(value))
     except ValueError:
-        raise CommandError(f"--{name} must be a number of days (0 or more), got {value!r}") from None
-    if not math.isfinite(days) or days < 0:
-        raise CommandError(f"--{name} must be a number of days (0 or more), got {value!r}")
+        raise CommandError(allowed) from None
+    if not math.isfinite(days) or not 0 <= days <= MAX_DAYS:
+        raise CommandError(allowed)
     return days
 
 
