@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import MySQLdb
 import psycopg
 import pytest
 from django.core.checks import Error
@@ -45,6 +44,8 @@ def co_tenant(request: pytest.FixtureRequest) -> Iterator[Any]:
             host=settings["HOST"], port=settings["PORT"], user=name, dbname=settings["NAME"], autocommit=True
         )
     else:
+        import MySQLdb  # the mysql extra: only where a MariaDB/MySQL alias is configured
+
         with admin.cursor() as cursor:
             cursor.execute(f"CREATE USER '{name}'@'%%'")  # no privilege on any database
         raw = MySQLdb.connect(host=settings["HOST"], port=int(settings["PORT"] or 3306), user=name)
