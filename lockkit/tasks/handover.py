@@ -1,6 +1,6 @@
 """A task's success written with the worker's next claim: on PostgreSQL one message and one commit for both.
 
-Used by a worker that runs one task at a time and claims one at a time (``--concurrency 1 --batch 1``): the
+Used by a worker that runs one task at a time and claims one at a time (``--concurrency 1 --claim-batch 1``): the
 success is held after the attempt, and the next claim carries its fenced completion
 (``lockkit.claims.chaining``). What the completion came to is recorded as ``outcomes.py`` records any outcome. See
 docs/tasks.md.
