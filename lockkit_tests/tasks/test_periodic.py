@@ -142,11 +142,15 @@ def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
         run_worker(backend)  # the schedule's row: ticks fire from now on
         assert fired(alias) == []
         created = PeriodicSchedule.objects.using(alias).get().created_at
-        # Three ticks or more pass with no worker running.
+        # Three ticks or more pass with no worker running; the worker starts away from a tick (0.3-1.5 s after one),
+        # so the latest tick is late by more than the 0.05 s grace whenever the worker looks.
         wait_for(
-            lambda: timezone.now() > created + timedelta(seconds=3 * seconds + 0.2),
+            lambda: timezone.now() > created + timedelta(seconds=3 * seconds + 0.2)
+            and timedelta(seconds=0.3)
+            <= timezone.now() - latest_tick(timezone.now(), seconds)
+            <= timedelta(seconds=1.5),
             timeout=20,
-            what="missed ticks",
+            what="missed ticks, away from a tick",
         )
         started = timezone.now()
         run_worker(backend)
@@ -161,9 +165,10 @@ def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
         assert ticks[0] == latest, (ticks, latest)
         assert_each_tick_once(ticks, seconds)
     else:
-        # Skipped: every tick more than `grace` late when the worker looked (at `started` or later). A tick that
-        # came due less than `grace` before `started` is on time, and may fire.
-        assert [tick for tick in ticks if tick < started - timedelta(seconds=grace)] == []
+        # Skipped: every tick more than `grace` late when the worker looked (at `started` or later). Only a tick
+        # coming due during the run may fire.
+        assert latest < started - timedelta(seconds=grace)
+        assert [tick for tick in ticks if tick <= latest] == []
         if row.last_tick == latest:
             assert row.last_action == "skipped"
 
