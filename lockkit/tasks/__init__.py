@@ -21,6 +21,7 @@ if django.VERSION < (6, 0):
 
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.errors import ReturnValueNotRecorded, TransactionLeftOpen, WorkerLost
+from lockkit.tasks.periodic.declared import periodic_task
 
 if TYPE_CHECKING:
     from lockkit.tasks.running import current_claim, fenced
@@ -32,6 +33,7 @@ __all__ = [
     "WorkerLost",
     "current_claim",
     "fenced",
+    "periodic_task",
 ]
 
 

@@ -63,6 +63,10 @@ class Worker:
 
     Raises:
         ValueError, TypeError: a bad argument (named).
+        django.core.exceptions.ImproperlyConfigured: a periodic schedule's task cannot be resolved, or two
+            schedules have one name.
+        ImportError: an app's ``tasks`` module, or one of the ``task_modules`` option, fails to import (the
+            worker imports them for their ``@periodic_task`` declarations).
     """
 
     def __init__(
@@ -141,6 +145,8 @@ class Worker:
         }
         self._order = [F("priority").desc(), F("enqueued_at").asc()]
         self._periodic = Periodic(backend, self.alias)
+        #: The periodic schedules this worker fires (the ``periodic`` option's, then ``@periodic_task``'s).
+        self.schedules = self._periodic.schedules
         # One task at a time, claimed one at a time: its success travels with the next claim (handover.py).
         one = self.concurrency == 1 and self.batch == 1
         self._handover = (

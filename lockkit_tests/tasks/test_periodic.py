@@ -145,10 +145,12 @@ def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
         # Three ticks or more pass with no worker running; the worker starts away from a tick (0.3-1.5 s after one),
         # so the latest tick is late by more than the 0.05 s grace whenever the worker looks.
         wait_for(
-            lambda: timezone.now() > created + timedelta(seconds=3 * seconds + 0.2)
-            and timedelta(seconds=0.3)
-            <= timezone.now() - latest_tick(timezone.now(), seconds)
-            <= timedelta(seconds=1.5),
+            lambda: (
+                timezone.now() > created + timedelta(seconds=3 * seconds + 0.2)
+                and timedelta(seconds=0.3)
+                <= timezone.now() - latest_tick(timezone.now(), seconds)
+                <= timedelta(seconds=1.5)
+            ),
             timeout=20,
             what="missed ticks, away from a tick",
         )

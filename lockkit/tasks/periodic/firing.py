@@ -17,6 +17,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from lockkit.scopes.blocks import locked
+from lockkit.tasks.periodic.declared import all_schedules
 from lockkit.tasks.periodic.models import PeriodicSchedule
 from lockkit.tasks.periodic.schedules import Schedule, resolve
 
@@ -35,19 +36,20 @@ class Periodic:
     """The periodic schedules of one backend, as one worker fires them.
 
     Args:
-        backend: The ``DatabaseBackend`` (its ``periodic`` option).
+        backend: The ``DatabaseBackend`` (its ``periodic`` option, and the schedules ``@periodic_task`` declares).
         alias: The database alias of the task table.
 
     Raises:
-        django.core.exceptions.ImproperlyConfigured: a schedule's task cannot be resolved (the message names
-            the setting). Nothing touches the database here.
+        django.core.exceptions.ImproperlyConfigured: a schedule's task cannot be resolved, or two schedules have
+            one name (the message names the setting). Nothing touches the database here.
+        ImportError: an app's ``tasks`` module, or one of ``task_modules``, fails to import.
     """
 
     def __init__(self, backend: DatabaseBackend, alias: str) -> None:
         """Resolve each schedule's task (importing it): a bad path fails when the worker starts."""
         self.backend = backend
         self.alias = alias
-        self.schedules = backend.settings.periodic
+        self.schedules = all_schedules(backend)
         self._tasks: dict[str, Task[..., Any]] = {s.name: resolve(s, backend) for s in self.schedules}
         self._rows: dict[str, PeriodicSchedule] = {}
         # When each schedule is due next, as this worker last read it: until then, no query.

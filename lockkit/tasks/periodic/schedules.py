@@ -177,9 +177,20 @@ def resolve(schedule: Schedule, backend: DatabaseBackend) -> Task[..., Any]:
 
 
 def check(backend: DatabaseBackend) -> list[checks.CheckMessage]:
-    """``lockkit.tasks.E002`` for each schedule whose task cannot be resolved (see ``resolve``)."""
+    """``lockkit.tasks.E002`` for each schedule whose task cannot be resolved (see ``resolve``).
+
+    The schedules ``@periodic_task`` declares count (their modules are imported now); two schedules of one name,
+    or a module of declarations that fails to import, are one ``E002``.
+    """
+    from lockkit.tasks.periodic.declared import all_schedules
+
     found: list[checks.CheckMessage] = []
-    for schedule in backend.settings.periodic:
+    try:
+        every = all_schedules(backend)
+    except (ImproperlyConfigured, ImportError) as error:
+        hint = "Give each schedule its own name." if isinstance(error, ImproperlyConfigured) else None
+        return [checks.Error(str(error), hint=hint, id="lockkit.tasks.E002")]
+    for schedule in every:
         try:
             resolve(schedule, backend)
         except ImproperlyConfigured as error:

@@ -176,11 +176,7 @@ class Command(BaseCommand):
                 f"{backend.alias!r} on database {worker.alias!r}"
                 + ("; until none is ready" if worker.burst else "")
                 + (f"; at most {worker.max_tasks} tasks" if worker.max_tasks else "")
-                + (
-                    f"; {len(backend.settings.periodic)} periodic schedule(s)"
-                    if backend.settings.periodic
-                    else ""
-                )
+                + (f"; {len(worker.schedules)} periodic schedule(s)" if worker.schedules else "")
             )
         try:
             stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()

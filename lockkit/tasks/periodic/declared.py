@@ -1,0 +1,127 @@
+"""``@periodic_task(cron)``: a schedule declared on the task, next to the ``periodic`` option's schedules.
+
+The decorator records the schedule under the task's backend when the task's module is imported. A worker (and
+``manage.py check``) imports each installed app's ``tasks`` module, as Celery's ``autodiscover_tasks()`` does, and
+the modules of the backend's ``task_modules`` option, then fires the declared schedules with the option's ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.tasks.base import Task
+from django.utils.module_loading import autodiscover_modules
+
+from lockkit.tasks.periodic import schedules
+
+if TYPE_CHECKING:
+    from lockkit.tasks.backend import DatabaseBackend
+
+T = TypeVar("T", bound="Task[..., Any]")
+
+#: The declared schedules, by backend alias, then by name, in the order their modules were imported.
+_declared: dict[str, dict[str, schedules.Schedule]] = {}
+
+
+def periodic_task(
+    cron: str,
+    *,
+    name: str | None = None,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    missed: str = "once",
+    grace: float = 60.0,
+) -> Callable[[T], T]:
+    """Enqueue the decorated task on a cron schedule: the decorator form of the ``periodic`` option.
+
+    Put it above ``@task``; the task is returned unchanged. Declare it in an installed app's ``tasks`` module, or
+    in a module of the backend's ``task_modules`` option: workers import those when they start, then fire each
+    tick once across all of them, as for a schedule of the option (docs/tasks.md, "Periodic tasks").
+
+    Args:
+        cron: Five fields (minute hour day-of-month month day-of-week), read in ``settings.TIME_ZONE``; six put
+            seconds first.
+        name: The schedule's name, its identity in the database (at most 100 characters); defaults to the task's
+            dotted path.
+        args: The positional arguments of each enqueue (JSON).
+        kwargs: The keyword arguments of each enqueue (JSON).
+        missed: ``"once"``: ticks no worker fired on time are enqueued late, as one task; ``"skip"``: a tick found
+            more than ``grace`` seconds late is not enqueued.
+        grace: With ``missed="skip"``, how many seconds late a tick may still be enqueued.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TypeError: (from the decorator) it is not applied to a ``django.tasks`` ``Task``; or an argument has a
+            wrong type (the message names it).
+        ValueError: (from the decorator) a bad argument: a cron expression that does not parse or never fires,
+            a ``missed`` other than ``"once"``/``"skip"``, a ``grace`` that is not a positive number of seconds,
+            arguments that are not JSON; or another schedule of the task's backend was declared with the same
+            name. cronsim (the ``periodic`` extra) not installed raises it too.
+    """
+
+    def declare(task: T) -> T:
+        if not isinstance(task, Task):
+            raise TypeError(
+                f"periodic_task() decorates a django.tasks Task (write @periodic_task(...) above @task), "
+                f"not {type(task).__name__}"
+            )
+        key = task.module_path if name is None else name
+        spec = {
+            "task": task.module_path,
+            "cron": cron,
+            "args": list(args) if not isinstance(args, (str, bytes, Mapping)) else args,
+            "kwargs": {} if kwargs is None else kwargs,
+            "missed": missed,
+            "grace": grace,
+        }
+        try:
+            (schedule,) = schedules.parse({key: spec})
+        except (TypeError, ValueError) as bad:
+            raise type(bad)(f"@periodic_task on {task.module_path}: {bad}") from bad
+        known = _declared.setdefault(task.backend, {})
+        if key in known and known[key] != schedule:
+            raise ValueError(
+                f"@periodic_task on {task.module_path}: backend {task.backend!r} already has a schedule named "
+                f"{key!r} (for {known[key].task}); give this one another name="
+            )
+        known[key] = schedule
+        return task
+
+    return declare
+
+
+def discover(backend: DatabaseBackend) -> None:
+    """Import every installed app's ``tasks`` module and the backend's ``task_modules``: their declarations run.
+
+    Raises:
+        ImportError: one of those modules fails to import (as it would when its tasks run).
+    """
+    autodiscover_modules("tasks")
+    for module in backend.settings.task_modules:
+        import_module(module)
+
+
+def all_schedules(backend: DatabaseBackend) -> tuple[schedules.Schedule, ...]:
+    """The backend's schedules: its ``periodic`` option's, then those declared with ``@periodic_task``.
+
+    Raises:
+        ImproperlyConfigured: a declared schedule has the name of one in the option (the message names both).
+        ImportError: see ``discover``.
+    """
+    discover(backend)
+    configured = backend.settings.periodic
+    names = {schedule.name: schedule for schedule in configured}
+    declared = tuple(_declared.get(backend.alias, {}).values())
+    for schedule in declared:
+        if schedule.name in names:
+            raise ImproperlyConfigured(
+                f'TASKS["{backend.alias}"]["OPTIONS"]["periodic"][{schedule.name!r}] (task '
+                f"{names[schedule.name].task}) has the name of the schedule @periodic_task declares on "
+                f"{schedule.task}: rename one (periodic_task(name=...))"
+            )
+    return configured + declared
