@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, ParamSpec, TypeVar, cast
 
 from django.apps import apps
@@ -36,11 +37,13 @@ class DatabaseBackend(BaseTaskBackend):
 
     Attributes:
         settings (lockkit.tasks.options.TaskOptions): The checked ``OPTIONS`` (``lease``, ``max_attempts``,
-            ``retry_backoff``, ``retry_backoff_max``, ``poll_interval``, ``database``, ``notify``).
+            ``retry_backoff``, ``retry_backoff_max``, ``poll_interval``, ``database``, ``notify``,
+            ``task_modules``, ``periodic``, ``id_function``).
 
     Raises:
         django.core.exceptions.ImproperlyConfigured: when built, ``OPTIONS`` has an unknown option or a bad
             value (the message names it).
+        ImportError: when built, ``OPTIONS["id_function"]`` is a dotted path that does not import.
     """
 
     supports_defer = True
@@ -101,6 +104,9 @@ class DatabaseBackend(BaseTaskBackend):
             django.tasks.exceptions.InvalidTask: the task is not valid for this backend (queue, priority,
                 ``run_after`` not aware...).
             TypeError, ValueError: an argument is not JSON (see ``lockkit.tasks.arguments.json_value``).
+            django.core.exceptions.ImproperlyConfigured: ``OPTIONS["id_function"]`` returned something other
+                than a UUID or its text (a database expression such as ``RandomUUID`` included); nothing is
+                written.
             django.db.transaction.TransactionManagementError: the task table is on another alias and
                 transactions are open on several aliases, none of them a lockkit scope's (which one the task
                 belongs to is unknown); nothing is written.
@@ -146,6 +152,7 @@ class DatabaseBackend(BaseTaskBackend):
             "kwargs": arguments.json_value(dict(kwargs), "kwargs"),
         }
         return QueuedTask(
+            id=self._new_id(),
             backend_name=self.alias,
             queue_name=task.queue_name,
             priority=task.priority,
@@ -156,6 +163,28 @@ class DatabaseBackend(BaseTaskBackend):
             run_after=task.run_after,
             ready_at=task.run_after,
             enqueued_at=timezone.now(),
+        )
+
+    def _new_id(self) -> uuid.UUID:
+        """A new task's id: ``OPTIONS["id_function"]()``, checked, else ``uuid.uuid4()``."""
+        make = self.settings.id_function
+        if make is None:
+            return uuid.uuid4()
+        value = make()
+        if isinstance(value, uuid.UUID):
+            return value
+        try:
+            if isinstance(value, str):
+                return uuid.UUID(value)
+        except ValueError:
+            pass
+        raise ImproperlyConfigured(
+            f'TASKS["{self.alias}"]["OPTIONS"]["id_function"] must return a uuid.UUID or its text, got {value!r}'
+            + (
+                " (a database expression: lockkit's enqueue sends a statement of its own, with the id as a value)"
+                if hasattr(value, "resolve_expression")
+                else ""
+            )
         )
 
     def get_result(self, result_id: str) -> TaskResult[..., Any]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from lockkit.tasks.periodic import schedules
 from lockkit.validation import duration, positive_int
@@ -23,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "notify": True,
     "task_modules": (),
     "periodic": {},
+    "id_function": None,
 }
 
 
@@ -43,6 +45,8 @@ class TaskOptions:
         task_modules: Modules (dotted names) outside ``INSTALLED_APPS`` whose tasks (and their submodules')
             may be enqueued and run; a task path in neither is refused before anything is imported.
         periodic: The periodic tasks the workers enqueue (``{name: {"task": path, "cron": expression}}``).
+        id_function: Called without arguments for each enqueued task's id (a ``uuid.UUID`` or its text), as
+            django-tasks' ``id_function``; ``None``: ``uuid.uuid4``.
     """
 
     database: str | None
@@ -54,6 +58,7 @@ class TaskOptions:
     notify: bool
     task_modules: tuple[str, ...]
     periodic: tuple[schedules.Schedule, ...] = ()
+    id_function: Callable[[], Any] | None = None
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt`` (1-based): exponential, capped."""
@@ -74,6 +79,7 @@ def parse(alias: str, options: object) -> TaskOptions:
         ImproperlyConfigured: ``OPTIONS`` is not a dict, names an unknown option, or an option has a wrong type
             or value, ``database`` an alias ``settings.DATABASES`` lacks included (the message names
             ``TASKS[alias]["OPTIONS"][name]`` and what is accepted).
+        ImportError: ``id_function`` is a dotted path that does not import (the message names the option).
     """
     where = f'TASKS["{alias}"]["OPTIONS"]'
     if not isinstance(options, Mapping):
@@ -109,9 +115,25 @@ def parse(alias: str, options: object) -> TaskOptions:
             notify=values["notify"],
             task_modules=tuple(modules),
             periodic=schedules.parse(values["periodic"]),
+            id_function=_id_function(where, values["id_function"]),
         )
     except (TypeError, ValueError) as error:
         raise ImproperlyConfigured(f"{where}: {error}") from error
     if parsed.lease < 1:
         raise ImproperlyConfigured(f"{where}: lease must be at least 1 second, got {parsed.lease:g}")
     return parsed
+
+
+def _id_function(where: str, value: object) -> Callable[[], Any] | None:
+    """The ``id_function`` option: ``None``, a callable, or the dotted path of one (imported now)."""
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"id_function must be a callable or its dotted path, not {type(value).__name__}")
+    try:
+        found = import_string(value)
+    except ImportError as missing:
+        raise ImportError(f"{where}['id_function']: cannot import {value!r}: {missing}") from missing
+    if not callable(found):
+        raise TypeError(f"id_function {value!r} is a {type(found).__name__}, not a callable")
+    return found  # type: ignore[no-any-return]
