@@ -286,7 +286,12 @@ class Outcomes:
                 if refusable and (refused or time.monotonic() > deadline):
                     raise _NotRecorded(failure) from failure
                 if refused or time.monotonic() > deadline:
-                    logger.error("worker %s: could not record task %s: %s", self.worker_id, row.id, failure)
+                    logger.error(
+                        "worker %s: could not record task %s: %s; giving it back to run again",
+                        self.worker_id, row.id, failure,
+                    )  # fmt: skip
+                    # Still claimed, and renewed by the heartbeat: given back by release_forgotten().
+                    self._remember_ended(claim)
                     return False
                 time.sleep(0.2)
 
@@ -298,13 +303,14 @@ class Outcomes:
                 self._ended[to_python(claim.pk)] = (claim, at)
 
     def release_forgotten(self, beat: heartbeat_every) -> None:
-        """Give back the tasks whose recorded outcome the database lost, so that they run again.
+        """Give back the tasks whose outcome the database lost or kept refusing, so that they run again.
 
         A failover to an asynchronous standby (or a crash with ``synchronous_commit = off``) can lose a commit
-        the worker saw succeed: the row is back to ``RUNNING`` under this worker's claim, and the heartbeat would
-        renew it for as long as the worker lives. A beat made a full interval after the end settles each claim:
-        renewed, it is released (fenced by its token; the lost attempt stays counted and is recorded as
-        ``WorkerLost`` by the next claim); not renewed, it is forgotten here.
+        the worker saw succeed, and an outcome the database kept failing to write for a lease is not written: the
+        row stays ``RUNNING`` under this worker's claim, and the heartbeat would renew it for as long as the
+        worker lives. A beat made a full interval after the end settles each claim: renewed, it is released
+        (fenced by its token; the lost attempt stays counted and is recorded as ``WorkerLost`` by the next
+        claim); not renewed, it is forgotten here. A release the database fails is tried again at the next beat.
         """
         last = beat.last_beat
         if last is None or last == self._settled_by or not self._ended:
@@ -323,10 +329,13 @@ class Outcomes:
             )  # fmt: skip
             try:
                 release(claim, set={"status": TaskResultStatus.READY})
-            except (StaleClaim, DatabaseError) as failure:
+            except StaleClaim as failure:
+                logger.warning("worker %s: task %s was taken meanwhile: %s", self.worker_id, claim.pk, failure)
+            except DatabaseError as failure:
                 logger.warning(
-                    "worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure
+                    "worker %s: could not give back task %s: %s; trying again", self.worker_id, claim.pk, failure
                 )
+                self._remember_ended(claim)
 
 
 class _NotRecorded(Exception):

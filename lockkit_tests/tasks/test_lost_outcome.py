@@ -19,7 +19,7 @@ from lockkit.claims.sql import claims_sql_for
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.worker import Stats, Worker
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import backend_on, vendor_aliases, wait_for
+from lockkit_tests.tasks.helpers import APPS, backend_on, vendor_aliases, wait_for
 
 
 @pytest.mark.parametrize("alias", vendor_aliases())
@@ -62,3 +62,71 @@ def test_a_completion_the_database_lost_is_given_back_and_run_again(alias: str) 
         assert result.return_value == 42
         assert result.worker_ids == ["w", "w"]
         assert [error.exception_class_path for error in result.errors] == ["lockkit.tasks.errors.WorkerLost"]
+
+
+REFUSE = """
+CREATE FUNCTION lockkit_test_refuse_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status IN ('SUCCESSFUL', 'FAILED') THEN
+        RAISE EXCEPTION 'the test refuses outcomes';
+    END IF;
+    RETURN NEW;
+END $$
+"""
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"], available_apps=APPS)
+def test_an_outcome_the_database_keeps_refusing_is_given_back_not_renewed_for_ever() -> None:
+    # A trigger fails every outcome write (SQLSTATE P0001, not a refusal of the values: retried for a lease) while
+    # the heartbeat, which moves only leases, succeeds: before the fix the task stayed RUNNING, renewed for ever.
+    table = connections["default"].ops.quote_name(QueuedTask._meta.db_table)
+    with connections["default"].cursor() as cursor:
+        cursor.execute(REFUSE)
+        cursor.execute(
+            f"CREATE TRIGGER lockkit_test_refuse BEFORE UPDATE ON {table} "
+            f"FOR EACH ROW EXECUTE FUNCTION lockkit_test_refuse_outcome()"
+        )
+    try:
+        with backend_on("default", lease=1, max_attempts=5) as backend:
+            result = jobs.noop_task.enqueue()  # no return value: the write is retried for a lease, then given up
+            worker = Worker(backend, queues=sorted(backend.queues), worker_id="w")
+            outcome: list[Stats | BaseException] = []
+
+            def run() -> None:
+                try:
+                    outcome.append(worker.run())
+                except BaseException as failure:  # re-raised by the test
+                    outcome.append(failure)
+                finally:
+                    connections.close_all()
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            try:
+                # Given back, then claimed again (by the same worker: the only one).
+                wait_for(
+                    lambda: len(QueuedTask.objects.get(pk=result.id).worker_ids) >= 2,
+                    timeout=30,
+                    what="the task given back and claimed again",
+                )
+                with connections["default"].cursor() as cursor:
+                    cursor.execute(f"DROP TRIGGER lockkit_test_refuse ON {table}")
+                wait_for(
+                    lambda: QueuedTask.objects.get(pk=result.id).status == TaskResultStatus.SUCCESSFUL,
+                    timeout=30,
+                    what="the task recorded once the database accepts it",
+                )
+            finally:
+                worker.stop()
+                thread.join(timeout=30)
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS lockkit_test_refuse ON {table}")
+            cursor.execute("DROP FUNCTION IF EXISTS lockkit_test_refuse_outcome()")
+    assert not thread.is_alive()
+    assert not isinstance(outcome[0], BaseException), outcome
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value is None
+    assert result.worker_ids[:2] == ["w", "w"]
+    assert result.errors[0].exception_class_path == "lockkit.tasks.errors.WorkerLost"
