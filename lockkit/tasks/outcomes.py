@@ -330,10 +330,15 @@ class Outcomes:
             try:
                 release(claim, set={"status": TaskResultStatus.READY})
             except StaleClaim as failure:
-                logger.warning("worker %s: task %s was taken meanwhile: %s", self.worker_id, claim.pk, failure)
+                logger.warning(
+                    "worker %s: task %s was taken meanwhile: %s", self.worker_id, claim.pk, failure
+                )
             except DatabaseError as failure:
                 logger.warning(
-                    "worker %s: could not give back task %s: %s; trying again", self.worker_id, claim.pk, failure
+                    "worker %s: could not give back task %s: %s; trying again",
+                    self.worker_id,
+                    claim.pk,
+                    failure,
                 )
                 self._remember_ended(claim)
 

@@ -88,7 +88,9 @@ def test_an_outcome_the_database_keeps_refusing_is_given_back_not_renewed_for_ev
         )
     try:
         with backend_on("default", lease=1, max_attempts=5) as backend:
-            result = jobs.noop_task.enqueue()  # no return value: the write is retried for a lease, then given up
+            result = (
+                jobs.noop_task.enqueue()
+            )  # no return value: the write is retried for a lease, then given up
             worker = Worker(backend, queues=sorted(backend.queues), worker_id="w")
             outcome: list[Stats | BaseException] = []
 
