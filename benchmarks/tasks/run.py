@@ -286,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         default="off",
         help="the workers' synchronous_commit: off (default, as the main suite) or the server's own setting",
     )
+    parser.add_argument(
+        "--rtt",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="put PostgreSQL behind a latency relay adding MS milliseconds of round trip (calibrated, as the main "
+        "suite's --rtt), and Celery's Redis broker behind a relay of the same delay; default 0: loopback",
+    )
     options = parser.parse_args(argv)
     global _pgoptions
     _pgoptions = SYNCHRONOUS_COMMIT[options.synchronous_commit]
@@ -298,12 +306,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from benchmarks.dbserver import target
 
-    url = target(options.database_url or None).url
+    server = target(options.database_url or None)
+    broker, network_line = options.celery_broker, "loopback (no relay)"
+    if options.rtt < 0:
+        parser.error("--rtt must be 0 or more milliseconds")
+    if options.rtt > 0:
+        server, broker, network_line = _behind_relays(server, broker, options.rtt)
+    url = server.url
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "benchmarks.tasks.settings",
             "LOCKKIT_BENCH_DATABASE_URL": url,
-            "LOCKKIT_BENCH_CELERY_BROKER": options.celery_broker,
+            "LOCKKIT_BENCH_CELERY_BROKER": broker,
         }
     )
     from django.core.management import call_command
@@ -341,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Measured {began:%Y-%m-%d %H:%M}\u2013{datetime.now(UTC):%H:%M} UTC, Python {sys.version.split()[0]}, "
           f"Django {django.get_version()}, {os.cpu_count()} CPUs, synchronous_commit "
           f"{options.synchronous_commit} for the workers, load average (1, 5, 15 min) before "
-          f"{load_before}, after {_load()}.\n")  # fmt: skip
+          f"{load_before}, after {_load()}; network: {network_line}.\n")  # fmt: skip
     print(table(rows, note))
     print(
         f"\n| one transaction of {tasks} | rounds | rows/s: median (min\u2013max) |\n|---|---:|---:|\n"
@@ -350,6 +364,31 @@ def main(argv: list[str] | None = None) -> int:
         f"| enqueue / ORM (within each round) | {rounds} | {_spread([e / o for e, o in inserts], '.2f')} |"
     )
     return 0
+
+
+def _behind_relays(server: Any, broker: str, rtt_ms: float) -> tuple[Any, str, str]:
+    """PostgreSQL behind a calibrated relay adding ``rtt_ms``, Redis behind one of the same delay; closed at exit."""
+    import atexit
+    from urllib.parse import urlsplit
+
+    from benchmarks.network import through_relay
+    from lockkit_harness.latency import LatencyRelay
+
+    relayed, relay, figures = through_relay(server, rtt_ms)
+    atexit.register(relay.close)
+    parts = urlsplit(broker)
+    redis_relay = LatencyRelay(
+        parts.hostname or "127.0.0.1", parts.port or 6379, figures["relay_delay_ms"] / 1000
+    )
+    atexit.register(redis_relay.close)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{redis_relay.port}"
+    line = (
+        f"latency relay, {rtt_ms:g} ms of round trip asked (relay delay {figures['relay_delay_ms']} ms): SELECT 1 "
+        f"median {figures['measured']['median_ms']:.3f} ms through it, {figures['loopback']['median_ms']:.3f} ms on "
+        f"loopback; Celery's Redis broker behind a relay of the same delay"
+    )
+    return relayed, parts._replace(netloc=netloc).geturl(), line
 
 
 def _celery_missing() -> str:
