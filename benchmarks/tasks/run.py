@@ -294,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         help="put PostgreSQL behind a latency relay adding MS milliseconds of round trip (calibrated, as the main "
         "suite's --rtt), and Celery's Redis broker behind a relay of the same delay; default 0: loopback",
     )
+    parser.add_argument(
+        "--wakeup-samples",
+        type=int,
+        default=30,
+        help="tasks enqueued one by one to an idle worker, per worker and round, for the wake-up table (default 30)",
+    )
     options = parser.parse_args(argv)
     global _pgoptions
     _pgoptions = SYNCHRONOUS_COMMIT[options.synchronous_commit]
@@ -342,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.tasks import enqueue
 
     inserts = enqueue.measure(rounds, tasks, lambda: _clear("lockkit"))
+    from benchmarks.tasks import wakeup
+
+    idle = ["lockkit", "django_tasks_db"] if DJANGO_TASKS_DB else ["lockkit"]
+    wakeups: dict[str, list[list[float]]] = {worker: [] for worker in idle}
+    samples = 10 if options.quick else options.wakeup_samples
+    for number in range(rounds):
+        for worker in idle if number % 2 == 0 else idle[::-1]:
+            wakeups[worker].append(wakeup.measure(url, worker, samples))
     for number in range(rounds):
         # Alternate which worker goes first, round by round; the batch rows come last.
         order = single if number % 2 == 0 else single[::-1]
@@ -363,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| QueuedTask.objects.create() | {rounds} | {_spread([o for _, o in inserts], ',.0f')} |\n"
         f"| enqueue / ORM (within each round) | {rounds} | {_spread([e / o for e, o in inserts], '.2f')} |"
     )
+    print("\n" + wakeup.table(wakeups))
     return 0
 
 
