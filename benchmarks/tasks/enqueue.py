@@ -1,7 +1,10 @@
-"""``enqueue()`` against a plain ORM insert of the same row, in one transaction each, alternating rounds."""
+"""``enqueue()`` against a plain ORM insert of the same row (and procrastinate's ``defer()`` when installed), in one
+transaction each, alternating rounds.
+"""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -42,17 +45,73 @@ def orm_rate(count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def measure(rounds: int, count: int, clear: Any) -> list[tuple[float, float]]:
-    """``(enqueue, ORM)`` rates per round, the two alternating which goes first; ``clear()`` before each."""
-    found: list[tuple[float, float]] = []
+def procrastinate_rate(count: int) -> float:
+    """Defers per second: ``count`` procrastinate ``defer()`` in one ``atomic()`` (its Django connector)."""
+    from django.db import transaction
+
+    from benchmarks.tasks import jobs
+
+    started = time.perf_counter()
+    with transaction.atomic():
+        for _ in range(count):
+            jobs.trivial_procrastinate.defer()
+    return count / (time.perf_counter() - started)
+
+
+def _clear_procrastinate() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE procrastinate_jobs CASCADE")
+
+
+def measure(rounds: int, count: int, clear: Any) -> list[dict[str, float]]:
+    """Rates per round (``enqueue``, ``orm``, and ``procrastinate`` when installed), the order rotating round by
+    round; ``clear()`` (or procrastinate's ``TRUNCATE``) before each.
+    """
+    from benchmarks.tasks.settings import PROCRASTINATE
+
+    timed = {"enqueue": enqueue_rate, "orm": orm_rate}
+    clears = {"enqueue": clear, "orm": clear}
+    if PROCRASTINATE:
+        timed["procrastinate"] = procrastinate_rate
+        clears["procrastinate"] = _clear_procrastinate
+    names = list(timed)
     # Warm-up, untimed: the first enqueue builds the backend and its statement, the first create() Django's caches.
-    clear()
-    enqueue_rate(50)
-    orm_rate(50)
+    for name in names:
+        clears[name]()
+        timed[name](50)
+    found: list[dict[str, float]] = []
     for number in range(rounds):
         rates: dict[str, float] = {}
-        for name in ("enqueue", "orm") if number % 2 == 0 else ("orm", "enqueue"):
-            clear()
-            rates[name] = enqueue_rate(count) if name == "enqueue" else orm_rate(count)
-        found.append((rates["enqueue"], rates["orm"]))
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            clears[name]()
+            rates[name] = timed[name](count)
+        found.append(rates)
     return found
+
+
+def table(inserts: list[dict[str, float]], count: int) -> str:
+    """Median (min-max) rows/s of each, and lockkit's ratios within each round."""
+
+    def spread(values: list[float], fmt: str) -> str:
+        return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}\u2013{max(values):{fmt}})"
+
+    rounds = len(inserts)
+    lines = [
+        f"| one transaction of {count} | rounds | rows/s: median (min\u2013max) |",
+        "|---|---:|---:|",
+        f"| lockkit enqueue() | {rounds} | {spread([r['enqueue'] for r in inserts], ',.0f')} |",
+        f"| QueuedTask.objects.create() | {rounds} | {spread([r['orm'] for r in inserts], ',.0f')} |",
+    ]
+    if "procrastinate" in inserts[0]:
+        lines.append(
+            f"| procrastinate defer() | {rounds} | {spread([r['procrastinate'] for r in inserts], ',.0f')} |"
+        )
+    lines.append(
+        f"| enqueue / ORM (within each round) | {rounds} | {spread([r['enqueue'] / r['orm'] for r in inserts], '.2f')} |"
+    )
+    if "procrastinate" in inserts[0]:
+        ratios = [r["enqueue"] / r["procrastinate"] for r in inserts]
+        lines.append(f"| enqueue / procrastinate (within each round) | {rounds} | {spread(ratios, '.2f')} |")
+    return "\n".join(lines)

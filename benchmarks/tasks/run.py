@@ -371,12 +371,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{options.synchronous_commit} for the workers, load average (1, 5, 15 min) before "
           f"{load_before}, after {_load()}; network: {network_line}.\n")  # fmt: skip
     print(table(rows, note))
-    print(
-        f"\n| one transaction of {tasks} | rounds | rows/s: median (min\u2013max) |\n|---|---:|---:|\n"
-        f"| lockkit enqueue() | {rounds} | {_spread([e for e, _ in inserts], ',.0f')} |\n"
-        f"| QueuedTask.objects.create() | {rounds} | {_spread([o for _, o in inserts], ',.0f')} |\n"
-        f"| enqueue / ORM (within each round) | {rounds} | {_spread([e / o for e, o in inserts], '.2f')} |"
-    )
+    print("\n" + enqueue.table(inserts, tasks))
     print("\n" + wakeup.table(wakeups))
     return 0
 

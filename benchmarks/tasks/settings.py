@@ -40,4 +40,8 @@ DJANGO_TASKS_DB = find_spec("django_tasks_db") is not None
 if DJANGO_TASKS_DB:
     INSTALLED_APPS.append("django_tasks_db")
     TASKS["django_tasks_db"] = {"BACKEND": "django_tasks_db.DatabaseBackend"}
+#: procrastinate (its Django app), when installed: its enqueue (``defer()``) is timed next to lockkit's.
+PROCRASTINATE = find_spec("procrastinate") is not None
+if PROCRASTINATE:
+    INSTALLED_APPS.append("procrastinate.contrib.django")
 LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}
