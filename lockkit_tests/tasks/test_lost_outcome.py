@@ -10,6 +10,8 @@ written back as the database would present it, under a real worker on every vend
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connections
@@ -22,24 +24,36 @@ from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import APPS, backend_on, vendor_aliases, wait_for
 
 
+@contextmanager
+def running(worker: Worker) -> Iterator[None]:
+    """Run ``worker`` on a thread for the block; then stop it and check it stopped cleanly (its error re-raised)."""
+    outcome: list[Stats | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(worker.run())
+        except BaseException as failure:  # re-raised below
+            outcome.append(failure)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert not isinstance(outcome[0], BaseException), outcome
+
+
 @pytest.mark.parametrize("alias", vendor_aliases())
 def test_a_completion_the_database_lost_is_given_back_and_run_again(alias: str) -> None:
     with backend_on(alias, lease=1, max_attempts=3) as backend:
         result = jobs.calculate_meaning_of_life.enqueue()
         worker = Worker(backend, queues=sorted(backend.queues), worker_id="w")
-        outcome: list[Stats | BaseException] = []
-
-        def run() -> None:
-            try:
-                outcome.append(worker.run())
-            except BaseException as failure:  # re-raised by the test
-                outcome.append(failure)
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        try:
+        with running(worker):
             wait_for(lambda: worker.stats.succeeded == 1, what="the first run")
             done = QueuedTask.objects.using(alias).get(pk=result.id)
             assert (done.status, done.lease_expires_at) == (TaskResultStatus.SUCCESSFUL, None)
@@ -52,11 +66,6 @@ def test_a_completion_the_database_lost_is_given_back_and_run_again(alias: str) 
                 lease_expires_at=lease_end,
             )
             wait_for(lambda: worker.stats.succeeded == 2, what="the task run again")
-        finally:
-            worker.stop()
-            thread.join(timeout=30)
-        assert not thread.is_alive()
-        assert not isinstance(outcome[0], BaseException), outcome
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.return_value == 42
@@ -88,23 +97,11 @@ def test_an_outcome_the_database_keeps_refusing_is_given_back_not_renewed_for_ev
         )
     try:
         with backend_on("default", lease=1, max_attempts=5) as backend:
-            result = (
-                jobs.noop_task.enqueue()
-            )  # no return value: the write is retried for a lease, then given up
+            # No return value: the write is retried for a lease, then given up (a value would be recorded as
+            # refused instead, the attempt failed).
+            result = jobs.noop_task.enqueue()
             worker = Worker(backend, queues=sorted(backend.queues), worker_id="w")
-            outcome: list[Stats | BaseException] = []
-
-            def run() -> None:
-                try:
-                    outcome.append(worker.run())
-                except BaseException as failure:  # re-raised by the test
-                    outcome.append(failure)
-                finally:
-                    connections.close_all()
-
-            thread = threading.Thread(target=run)
-            thread.start()
-            try:
+            with running(worker):
                 # Given back, then claimed again (by the same worker: the only one).
                 wait_for(
                     lambda: len(QueuedTask.objects.get(pk=result.id).worker_ids) >= 2,
@@ -118,15 +115,10 @@ def test_an_outcome_the_database_keeps_refusing_is_given_back_not_renewed_for_ev
                     timeout=30,
                     what="the task recorded once the database accepts it",
                 )
-            finally:
-                worker.stop()
-                thread.join(timeout=30)
     finally:
         with connections["default"].cursor() as cursor:
             cursor.execute(f"DROP TRIGGER IF EXISTS lockkit_test_refuse ON {table}")
             cursor.execute("DROP FUNCTION IF EXISTS lockkit_test_refuse_outcome()")
-    assert not thread.is_alive()
-    assert not isinstance(outcome[0], BaseException), outcome
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value is None
