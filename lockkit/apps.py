@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import logging
+from importlib import import_module
 
+import django
 from django.apps import AppConfig
 from django.core import checks
 from django.utils.module_loading import import_string
@@ -44,6 +46,11 @@ class LockkitConfig(AppConfig):
                 observer when called: its own failure, not a setting's.
         """
         forks.install()  # a forked child never uses its parent's database sessions (lockkit._engine.forks)
+        if django.VERSION >= (6, 0):
+            # Django registers its check of the TASKS backends when django.tasks is imported, which nothing may
+            # have done yet: then a lockkit.tasks backend without its app would pass `manage.py check`
+            # (lockkit.tasks.E001).
+            import_module("django.tasks")
         checks.register(check_settings)
         checks.register(check_configuration)
         checks.register(check_topology)

@@ -101,6 +101,8 @@ class DatabaseBackend(BaseTaskBackend):
             The ``TaskResult``, ``READY``.
 
         Raises:
+            django.core.exceptions.ImproperlyConfigured: ``"lockkit.tasks"`` is not in ``INSTALLED_APPS``
+                (the task table would not exist); nothing is written.
             django.tasks.exceptions.InvalidTask: the task is not valid for this backend (queue, priority,
                 ``run_after`` not aware...).
             TypeError, ValueError: an argument is not JSON (see ``lockkit.tasks.arguments.json_value``).
@@ -111,6 +113,7 @@ class DatabaseBackend(BaseTaskBackend):
                 transactions are open on several aliases, none of them a lockkit scope's (which one the task
                 belongs to is unknown); nothing is written.
         """
+        _require_app(self.alias)
         self.validate_task(task)
         row = self._row(task, args, kwargs)
         alias = self.database()
@@ -197,6 +200,7 @@ class DatabaseBackend(BaseTaskBackend):
             The ``TaskResult``.
 
         Raises:
+            django.core.exceptions.ImproperlyConfigured: ``"lockkit.tasks"`` is not in ``INSTALLED_APPS``.
             django.tasks.exceptions.TaskResultDoesNotExist: no task of this id for this backend (another
                 backend's task in the same table), or an id that is not a UUID.
             django.tasks.exceptions.InvalidTask: the row's ``task_path`` is refused (``check_task_path``),
@@ -204,6 +208,7 @@ class DatabaseBackend(BaseTaskBackend):
             ImportError: the row's ``task_path`` does not import any more.
             TypeError: the row's ``args_kwargs`` is not ``{"args": [...], "kwargs": {...}}`` (edited by hand).
         """
+        _require_app(self.alias)
         from lockkit.tasks.models import QueuedTask
 
         alias = self.database()
@@ -246,6 +251,15 @@ class DatabaseBackend(BaseTaskBackend):
                 )
             )
         return found
+
+
+def _require_app(alias: str) -> None:
+    """Raise ``ImproperlyConfigured`` unless ``lockkit.tasks`` is installed (``lockkit.tasks.E001`` at runtime)."""
+    if not apps.is_installed("lockkit.tasks"):
+        raise ImproperlyConfigured(
+            f'TASKS["{alias}"] is a lockkit.tasks backend but "lockkit.tasks" is not in INSTALLED_APPS: add it '
+            f"and run migrate (the task table is its)"
+        )
 
 
 def _column_length(field: str) -> int:

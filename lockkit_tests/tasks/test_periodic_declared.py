@@ -71,7 +71,6 @@ def _spare() -> None:
     ("kwargs", "error", "named"),
     [
         ({"cron": "61 * * * *"}, ValueError, "['cron']"),
-        ({"cron": 5}, TypeError, "['cron']"),
         ({"cron": "* * * * *", "missed": "all"}, ValueError, "['missed']"),
         ({"cron": "* * * * *", "grace": 0}, ValueError, "['grace']"),
         ({"cron": "* * * * *", "args": "xy"}, TypeError, "['args']"),
@@ -126,3 +125,49 @@ def test_a_declared_schedule_joins_the_configured_ones() -> None:
             ("nightly", "0 3 * * *", "skip", 5.0),
         ]
         assert [m for m in backend.check() if m.id == "lockkit.tasks.E002"] == []
+
+
+@pytest.mark.usefixtures("registry")
+def test_the_decorator_without_its_arguments_is_refused_at_once() -> None:
+    spare = task()(_spare)
+    with pytest.raises(TypeError, match=r"takes a cron expression first: .* \(got the Task .*\._spare\)"):
+        periodic_task(spare)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"takes a cron expression first: .* \(got int 5\)"):
+        periodic_task(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"not the function .*\._spare"):
+        periodic_task("* * * * *")(_spare)  # type: ignore[type-var]
+    assert declared._declared.get("default", {}) == {}
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+@pytest.mark.parametrize(
+    ("schedule", "named"),
+    [
+        ({"args": [1]}, "args [1]"),
+        ({"kwargs": {"unknown": 1}}, "kwargs {'unknown': 1}"),
+    ],
+)
+def test_arguments_the_task_cannot_take_fail_the_check_and_the_worker(
+    schedule: dict[str, Any], named: str
+) -> None:
+    periodic = {
+        "t": {"task": "lockkit_tests.tasks.jobs.calculate_meaning_of_life", "cron": "* * * * *", **schedule}
+    }
+    with backend_on("default", periodic=periodic) as backend:
+        errors = [m.msg for m in backend.check() if m.id == "lockkit.tasks.E002"]
+        assert len(errors) == 1
+        assert "cannot be called with the schedule's" in errors[0]
+        assert named in errors[0]
+        with pytest.raises(ImproperlyConfigured, match="cannot be called"):
+            Worker(backend, queues=["default"])
+    assert not PeriodicSchedule.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_a_task_module_that_does_not_import_is_named_by_the_check() -> None:
+    with backend_on("default", task_modules=["lockkit_tests.tasks.no_such_module"]) as backend:
+        errors = [m.msg for m in backend.check() if m.id == "lockkit.tasks.E002"]
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        'TASKS["default"]["OPTIONS"]["task_modules"]: cannot import \'lockkit_tests.tasks.no_such_module\''
+    )

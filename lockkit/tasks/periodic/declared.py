@@ -56,19 +56,29 @@ def periodic_task(
         The decorator.
 
     Raises:
-        TypeError: (from the decorator) it is not applied to a ``django.tasks`` ``Task``; or an argument has a
-            wrong type (the message names it).
+        TypeError: ``cron`` is not a str (``@periodic_task`` written without its arguments); (from the decorator)
+            it is not applied to a ``django.tasks`` ``Task``, or an argument has a wrong type (the message names
+            it).
         ValueError: (from the decorator) a bad argument: a cron expression that does not parse or never fires,
             a ``missed`` other than ``"once"``/``"skip"``, a ``grace`` that is not a positive number of seconds,
             arguments that are not JSON; or another schedule of the task's backend was declared with the same
             name. cronsim (the ``periodic`` extra) not installed raises it too.
     """
+    if not isinstance(cron, str):
+        what = f"the Task {cron.module_path}" if isinstance(cron, Task) else f"{type(cron).__name__} {cron!r}"
+        raise TypeError(
+            f'periodic_task() takes a cron expression first: write @periodic_task("*/5 * * * *") above @task '
+            f"(got {what})"
+        )
 
     def declare(task: T) -> T:
         if not isinstance(task, Task):
+            qualname = getattr(task, "__qualname__", None)
+            what = (
+                f"the {type(task).__name__} {getattr(task, '__module__', '?')}.{qualname}" if qualname else repr(task)
+            )
             raise TypeError(
-                f"periodic_task() decorates a django.tasks Task (write @periodic_task(...) above @task), "
-                f"not {type(task).__name__}"
+                f"periodic_task() decorates a django.tasks Task (write @periodic_task(...) above @task), not {what}"
             )
         key = task.module_path if name is None else name
         spec = {
@@ -103,7 +113,12 @@ def discover(backend: DatabaseBackend) -> None:
     """
     autodiscover_modules("tasks")
     for module in backend.settings.task_modules:
-        import_module(module)
+        try:
+            import_module(module)
+        except ImportError as missing:
+            raise ImportError(
+                f'TASKS["{backend.alias}"]["OPTIONS"]["task_modules"]: cannot import {module!r}: {missing}'
+            ) from missing
 
 
 def all_schedules(backend: DatabaseBackend) -> tuple[schedules.Schedule, ...]:

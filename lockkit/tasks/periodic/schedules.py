@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -157,8 +158,9 @@ def resolve(schedule: Schedule, backend: DatabaseBackend) -> Task[..., Any]:
     """The schedule's ``Task``, checked against ``backend`` (imported now: done at worker start and by checks).
 
     Raises:
-        ImproperlyConfigured: the path does not import, is not a ``Task``, or the task is not valid for this
-            backend (another backend's, a queue it lacks...); the message names the setting.
+        ImproperlyConfigured: the path does not import, is not a ``Task``, the task is not valid for this
+            backend (another backend's, a queue it lacks...), or its function cannot take the schedule's ``args``
+            and ``kwargs``; the message names the setting.
     """
     where = f'TASKS["{backend.alias}"]["OPTIONS"]["periodic"][{schedule.name!r}]["task"]'
     try:
@@ -173,6 +175,14 @@ def resolve(schedule: Schedule, backend: DatabaseBackend) -> Task[..., Any]:
         backend.validate_task(task)
     except InvalidTask as invalid:
         raise ImproperlyConfigured(f"{where}: {invalid}") from invalid
+    context = [None] if task.takes_context else []  # the TaskContext a worker passes first
+    try:
+        inspect.signature(task.func).bind(*context, *schedule.args, **schedule.kwargs)
+    except TypeError as unbound:
+        raise ImproperlyConfigured(
+            f"{where}: {schedule.task} cannot be called with the schedule's args {schedule.args!r} and kwargs "
+            f"{schedule.kwargs!r}: {unbound}"
+        ) from unbound
     return task
 
 
