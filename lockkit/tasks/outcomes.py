@@ -72,6 +72,8 @@ class Outcomes:
         # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
         self._ended: dict[Any, tuple[Claim, float]] = {}
         self._ended_lock = threading.Lock()
+        #: The claims whose outcome could not be written (given up): given back by the beat, or at exit.
+        self._unwritten: dict[Any, Claim] = {}
         self._settled_by: float | None = None  # the beat the ended claims were last settled by
         #: Takes a success's outcome to write with the next claim instead (``handover.py``), or ``None``.
         self.hold: Callable[[QueuedTask, Claim, dict[str, Any], Task[..., Any] | None], None] | None = None
@@ -290,17 +292,19 @@ class Outcomes:
                         "worker %s: could not record task %s: %s; giving it back to run again",
                         self.worker_id, row.id, failure,
                     )  # fmt: skip
-                    # Still claimed, and renewed by the heartbeat: given back by release_forgotten().
-                    self._remember_ended(claim)
+                    # Still claimed, and renewed by the heartbeat: given back by release_forgotten(), or at exit.
+                    self._remember_ended(claim, unwritten=True)
                     return False
                 time.sleep(0.2)
 
-    def _remember_ended(self, ended: Claim | list[Claim]) -> None:
+    def _remember_ended(self, ended: Claim | list[Claim], *, unwritten: bool = False) -> None:
         at = time.monotonic()
         to_python = QueuedTask._meta.pk.to_python
         with self._ended_lock:
             for claim in ended if isinstance(ended, list) else [ended]:
                 self._ended[to_python(claim.pk)] = (claim, at)
+                if unwritten:
+                    self._unwritten[to_python(claim.pk)] = claim
 
     def release_forgotten(self, beat: heartbeat_every) -> None:
         """Give back the tasks whose outcome the database lost or kept refusing, so that they run again.
@@ -323,24 +327,33 @@ class Outcomes:
             for pk in settled:
                 del self._ended[pk]
         for claim in lost:
-            logger.warning(
-                "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
-                "the commit); giving it back to run again", self.worker_id, claim.pk,
-            )  # fmt: skip
-            try:
-                release(claim, set={"status": TaskResultStatus.READY})
-            except StaleClaim as failure:
+            with self._ended_lock:
+                unwritten = self._unwritten.pop(QueuedTask._meta.pk.to_python(claim.pk), None) is not None
+            if not unwritten:
                 logger.warning(
-                    "worker %s: task %s was taken meanwhile: %s", self.worker_id, claim.pk, failure
-                )
-            except DatabaseError as failure:
-                logger.warning(
-                    "worker %s: could not give back task %s: %s; trying again",
-                    self.worker_id,
-                    claim.pk,
-                    failure,
-                )
-                self._remember_ended(claim)
+                    "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
+                    "the commit); giving it back to run again", self.worker_id, claim.pk,
+                )  # fmt: skip
+            if not self._give_back_one(claim):
+                self._remember_ended(claim, unwritten=unwritten)
+
+    def give_back_unwritten(self) -> None:
+        """Give back, when the worker stops, the tasks whose outcome it could not write (a beat did not yet)."""
+        with self._ended_lock:
+            claims, self._unwritten = list(self._unwritten.values()), {}
+        for claim in claims:
+            self._give_back_one(claim)
+
+    def _give_back_one(self, claim: Claim) -> bool:
+        """Release ``claim`` as ``READY`` (fenced); ``False`` when the database failed (try again later)."""
+        try:
+            release(claim, set={"status": TaskResultStatus.READY})
+        except StaleClaim as failure:
+            logger.warning("worker %s: task %s was taken meanwhile: %s", self.worker_id, claim.pk, failure)
+        except DatabaseError as failure:
+            logger.warning("worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure)
+            return False
+        return True
 
 
 class _NotRecorded(Exception):

@@ -220,6 +220,7 @@ class Worker:
                     if self._handover is not None:
                         self._handover.flush()
                     self._give_back()
+                    self.outcomes.give_back_unwritten()
                 finally:
                     if wakeup is not None:
                         wakeup.stop()

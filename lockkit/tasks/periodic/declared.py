@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.tasks.base import Task
 from django.utils.module_loading import autodiscover_modules
 
+from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.periodic import schedules
-
-if TYPE_CHECKING:
-    from lockkit.tasks.backend import DatabaseBackend
 
 T = TypeVar("T", bound="Task[..., Any]")
 
@@ -61,8 +59,8 @@ def periodic_task(
             it).
         ValueError: (from the decorator) a bad argument: a cron expression that does not parse or never fires,
             a ``missed`` other than ``"once"``/``"skip"``, a ``grace`` that is not a positive number of seconds,
-            arguments that are not JSON; or another schedule of the task's backend was declared with the same
-            name. cronsim (the ``periodic`` extra) not installed raises it too.
+            arguments that are not JSON; the task's backend is not a lockkit.tasks ``DatabaseBackend`` (no lockkit
+            worker would fire it); or another schedule of the task's backend was declared with the same name. cronsim (the ``periodic`` extra) not installed raises it too.
     """
     if not isinstance(cron, str):
         what = f"the Task {cron.module_path}" if isinstance(cron, Task) else f"{type(cron).__name__} {cron!r}"
@@ -75,16 +73,28 @@ def periodic_task(
         if not isinstance(task, Task):
             qualname = getattr(task, "__qualname__", None)
             what = (
-                f"the {type(task).__name__} {getattr(task, '__module__', '?')}.{qualname}" if qualname else repr(task)
+                f"the {type(task).__name__} {getattr(task, '__module__', '?')}.{qualname}"
+                if qualname
+                else repr(task)
             )
             raise TypeError(
                 f"periodic_task() decorates a django.tasks Task (write @periodic_task(...) above @task), not {what}"
             )
         key = task.module_path if name is None else name
+        runner = task.get_backend()
+        if not isinstance(runner, DatabaseBackend):
+            raise ValueError(
+                f"@periodic_task on {task.module_path}: its backend {task.backend!r} is a "
+                f"{type(runner).__name__}, not a lockkit.tasks DatabaseBackend: no lockkit worker would fire "
+                f"schedule {key!r}"
+            )
         spec = {
             "task": task.module_path,
             "cron": cron,
-            "args": list(args) if not isinstance(args, (str, bytes, Mapping)) else args,
+            # Not an iterable (or a str, bytes, dict): left for parse() to refuse, naming ['args'].
+            "args": list(args)
+            if isinstance(args, Iterable) and not isinstance(args, (str, bytes, Mapping))
+            else args,
             "kwargs": {} if kwargs is None else kwargs,
             "missed": missed,
             "grace": grace,

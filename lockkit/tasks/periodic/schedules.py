@@ -102,6 +102,9 @@ def parse(value: object) -> tuple[Schedule, ...]:
         where = f"periodic[{name!r}]"
         if not isinstance(name, str) or not 0 < len(name) <= NAME_MAX_LENGTH:
             raise ValueError(f"{where}: a schedule's name must be a str of 1 to {NAME_MAX_LENGTH} characters")
+        if "\x00" in name or not _unicode(name):
+            # Its row could not be written: every schedule's row is created in one statement, so none would fire.
+            raise ValueError(f"{where}: a schedule's name must not hold a NUL character or a lone surrogate")
         if not isinstance(spec, Mapping):
             raise TypeError(f"{where} must be a dict with 'task' and 'cron', not {type(spec).__name__}")
         unknown = sorted(str(key) for key in spec if key not in KEYS)
@@ -154,6 +157,15 @@ def parse(value: object) -> tuple[Schedule, ...]:
     return tuple(found)
 
 
+def _unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode text (no lone surrogate): what PostgreSQL and MariaDB store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def resolve(schedule: Schedule, backend: DatabaseBackend) -> Task[..., Any]:
     """The schedule's ``Task``, checked against ``backend`` (imported now: done at worker start and by checks).
 
@@ -190,16 +202,20 @@ def check(backend: DatabaseBackend) -> list[checks.CheckMessage]:
     """``lockkit.tasks.E002`` for each schedule whose task cannot be resolved (see ``resolve``).
 
     The schedules ``@periodic_task`` declares count (their modules are imported now); two schedules of one name,
-    or a module of declarations that fails to import, are one ``E002``.
+    or a module of declarations that fails to import or whose declaration is refused, are one ``E002``.
     """
     from lockkit.tasks.periodic.declared import all_schedules
 
     found: list[checks.CheckMessage] = []
     try:
         every = all_schedules(backend)
-    except (ImproperlyConfigured, ImportError) as error:
+    except (
+        Exception
+    ) as error:  # a module of declarations failed: its import error, or a declaration's refusal
         hint = "Give each schedule its own name." if isinstance(error, ImproperlyConfigured) else None
-        return [checks.Error(str(error), hint=hint, id="lockkit.tasks.E002")]
+        named = isinstance(error, (ImproperlyConfigured, ImportError))  # their messages name the setting
+        text = str(error) if named else f"{type(error).__name__}: {error}"
+        return [checks.Error(text, hint=hint, id="lockkit.tasks.E002")]
     for schedule in every:
         try:
             resolve(schedule, backend)
