@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from lockkit._engine.liveness import discard_if_dead
 from lockkit.tasks import arguments, enqueueing, options, results
-from lockkit.tasks.periodic import schedules
+from lockkit.tasks.periodic import declared
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -226,7 +226,7 @@ class DatabaseBackend(BaseTaskBackend):
         an ``enqueue()`` in a transaction on another alias is written when that transaction commits.
         """
         found: list[checks.CheckMessage] = list(super().check(**kwargs))
-        found += schedules.check(self)
+        found += declared.check(self)
         alias = self.settings.database
         if alias is not None and alias != DEFAULT_DB_ALIAS:
             found.append(

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from importlib import import_module
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.tasks.base import Task
 from django.utils.module_loading import autodiscover_modules
 
-from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks import options
 from lockkit.tasks.periodic import schedules
+
+if TYPE_CHECKING:
+    from lockkit.tasks.backend import DatabaseBackend
 
 T = TypeVar("T", bound="Task[..., Any]")
 
@@ -82,7 +86,8 @@ def periodic_task(
             )
         key = task.module_path if name is None else name
         runner = task.get_backend()
-        if not isinstance(runner, DatabaseBackend):
+        # A lockkit.tasks DatabaseBackend (its class is not imported here: the backend imports this module).
+        if not isinstance(getattr(runner, "settings", None), options.TaskOptions):
             raise ValueError(
                 f"@periodic_task on {task.module_path}: its backend {task.backend!r} is a "
                 f"{type(runner).__name__}, not a lockkit.tasks DatabaseBackend: no lockkit worker would fire "
@@ -150,3 +155,33 @@ def all_schedules(backend: DatabaseBackend) -> tuple[schedules.Schedule, ...]:
                 f"{schedule.task}: rename one (periodic_task(name=...))"
             )
     return configured + declared
+
+
+def check(backend: DatabaseBackend) -> list[checks.CheckMessage]:
+    """``lockkit.tasks.E002`` for each schedule whose task cannot be resolved (see ``schedules.resolve``).
+
+    The schedules ``@periodic_task`` declares count (their modules are imported now); two schedules of one name,
+    or a module of declarations that fails to import or whose declaration is refused, are one ``E002``.
+    """
+    found: list[checks.CheckMessage] = []
+    try:
+        every = all_schedules(backend)
+    except (
+        Exception
+    ) as error:  # a module of declarations failed: its import error, or a declaration's refusal
+        hint = "Give each schedule its own name." if isinstance(error, ImproperlyConfigured) else None
+        named = isinstance(error, (ImproperlyConfigured, ImportError))  # their messages name the setting
+        text = str(error) if named else f"{type(error).__name__}: {error}"
+        return [checks.Error(text, hint=hint, id="lockkit.tasks.E002")]
+    for schedule in every:
+        try:
+            schedules.resolve(schedule, backend)
+        except ImproperlyConfigured as error:
+            found.append(
+                checks.Error(
+                    str(error),
+                    hint="Name a Task (a function decorated with @task) of this backend by its dotted path.",
+                    id="lockkit.tasks.E002",
+                )
+            )
+    return found

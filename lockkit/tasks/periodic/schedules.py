@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.tasks.base import Task
 from django.tasks.exceptions import InvalidTask
@@ -196,35 +195,3 @@ def resolve(schedule: Schedule, backend: DatabaseBackend) -> Task[..., Any]:
             f"{schedule.kwargs!r}: {unbound}"
         ) from unbound
     return task
-
-
-def check(backend: DatabaseBackend) -> list[checks.CheckMessage]:
-    """``lockkit.tasks.E002`` for each schedule whose task cannot be resolved (see ``resolve``).
-
-    The schedules ``@periodic_task`` declares count (their modules are imported now); two schedules of one name,
-    or a module of declarations that fails to import or whose declaration is refused, are one ``E002``.
-    """
-    from lockkit.tasks.periodic.declared import all_schedules
-
-    found: list[checks.CheckMessage] = []
-    try:
-        every = all_schedules(backend)
-    except (
-        Exception
-    ) as error:  # a module of declarations failed: its import error, or a declaration's refusal
-        hint = "Give each schedule its own name." if isinstance(error, ImproperlyConfigured) else None
-        named = isinstance(error, (ImproperlyConfigured, ImportError))  # their messages name the setting
-        text = str(error) if named else f"{type(error).__name__}: {error}"
-        return [checks.Error(text, hint=hint, id="lockkit.tasks.E002")]
-    for schedule in every:
-        try:
-            resolve(schedule, backend)
-        except ImproperlyConfigured as error:
-            found.append(
-                checks.Error(
-                    str(error),
-                    hint="Name a Task (a function decorated with @task) of this backend by its dotted path.",
-                    id="lockkit.tasks.E002",
-                )
-            )
-    return found
