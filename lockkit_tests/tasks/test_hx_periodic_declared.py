@@ -16,28 +16,12 @@ import pytest
 from django.db import connections
 
 from lockkit.tasks.models import QueuedTask
-from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
+from lockkit_tests.support.vendors import MYSQL_CONFIGURED
 from lockkit_tests.tasks.helpers import APPS, ROOT, tasks_setting, wait_for, worker_process
-from lockkit_tests.tasks.test_periodic import stop_all
+from lockkit_tests.tasks.test_periodic import VENDORS, stop_all
 
 GOOD = "lockkit_tests.tasks.hx_decl.good"
 GOOD_TASK = f"{GOOD}.good_tick"
-
-
-def _mark(*databases: str) -> Any:
-    return pytest.mark.django_db(transaction=True, databases=list(databases), available_apps=APPS)
-
-
-VENDORS = [
-    pytest.param("default", id="postgresql", marks=_mark("default")),
-    pytest.param(
-        "mariadb",
-        id="mariadb",
-        marks=[_mark("default", "mariadb")]
-        if MYSQL_CONFIGURED
-        else [pytest.mark.skip(reason=MYSQL_SKIP_REASON)],
-    ),
-]
 
 
 def _env(tasks: dict[str, Any]) -> dict[str, str]:
@@ -116,19 +100,19 @@ def test_a_name_no_database_stores_is_refused_in_the_option(name: str) -> None:
 
 # --- 2. what check and the worker say about declarations that clash or modules that fail --------------------------
 
+#: Modules of declarations that clash, declare a bad cron, or fail to import.
+BAD_MODULES = [
+    pytest.param(
+        ["lockkit_tests.tasks.hx_decl.clash_a", "lockkit_tests.tasks.hx_decl.clash_b"],
+        id="two-declarations-one-name",
+    ),
+    pytest.param(["lockkit_tests.tasks.hx_decl.bad_cron"], id="bad-cron-in-a-declaration"),
+    pytest.param(["lockkit_tests.tasks.hx_decl.broken_import"], id="module-fails-to-import"),
+]
+
 
 @pytest.mark.django_db(transaction=True, databases=["default"], available_apps=APPS)
-@pytest.mark.parametrize(
-    "modules",
-    [
-        pytest.param(
-            ["lockkit_tests.tasks.hx_decl.clash_a", "lockkit_tests.tasks.hx_decl.clash_b"],
-            id="two-declarations-one-name",
-        ),
-        pytest.param(["lockkit_tests.tasks.hx_decl.bad_cron"], id="bad-cron-in-a-declaration"),
-        pytest.param(["lockkit_tests.tasks.hx_decl.broken_import"], id="module-fails-to-import"),
-    ],
-)
+@pytest.mark.parametrize("modules", BAD_MODULES)
 def test_check_reports_a_bad_declaration_module_as_E002(modules: list[str]) -> None:
     # docs/tasks.md: a declaration with the name of another declaration is refused "lockkit.tasks.E002 from the
     # check"; schedules.check(): "two schedules of one name, or a module of declarations that fails to import, are
@@ -141,17 +125,7 @@ def test_check_reports_a_bad_declaration_module_as_E002(modules: list[str]) -> N
 
 
 @pytest.mark.django_db(transaction=True, databases=["default"], available_apps=APPS)
-@pytest.mark.parametrize(
-    "modules",
-    [
-        pytest.param(
-            ["lockkit_tests.tasks.hx_decl.clash_a", "lockkit_tests.tasks.hx_decl.clash_b"],
-            id="two-declarations-one-name",
-        ),
-        pytest.param(["lockkit_tests.tasks.hx_decl.bad_cron"], id="bad-cron-in-a-declaration"),
-        pytest.param(["lockkit_tests.tasks.hx_decl.broken_import"], id="module-fails-to-import"),
-    ],
-)
+@pytest.mark.parametrize("modules", BAD_MODULES)
 def test_the_worker_refuses_to_start_with_a_message_not_a_traceback(modules: list[str]) -> None:
     code, output = _manage(tasks_setting("default", task_modules=modules), "lockkit_worker", "--burst")
     print(output)
