@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -13,6 +13,7 @@ from django.db.models import CompositePrimaryKey, DecimalField, Field, ForeignOb
 from django.db.models.sql import UpdateQuery
 
 from lockkit.claims.mixin import Claimable
+from lockkit.claims.sql.base import identical
 from lockkit.claims.sql.table import CLAIM_FIELDS, WORKER_MAX_LENGTH
 from lockkit.claims.value import Claim
 from lockkit.errors import AliasMismatch
@@ -156,6 +157,31 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
         return {}
     if not isinstance(values, Mapping):
         raise TypeError(f"{name} must be a dict of field names to values, not {type(values).__name__}")
+    # A worker passes the same assignments on every call: checked once (the same values, the same result).
+    same = identical(values)
+    key = None if same is None else (model, alias, name, same)
+    kept = None if key is None else _CHECKED.get(key)
+    if kept is not None:
+        return dict(kept)
+    checked = _checked_assignments(model, values, name, alias)
+    if key is not None:
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[key] = (
+            checked  # the values are kept with it: an expression's id in the key names that object
+        )
+        return dict(checked)
+    return checked
+
+
+#: ``assignments()`` of identical assignments (``identical``), by model, alias and parameter name.
+_CHECKED: dict[Hashable, dict[str, Any]] = {}
+_MAX_CHECKED = 64
+
+
+def _checked_assignments(
+    model: type[Claimable], values: Mapping[Any, Any], name: str, alias: str
+) -> dict[str, Any]:
     checked: dict[str, Any] = {}
     for field_name, value in values.items():
         if not isinstance(field_name, str):

@@ -5,6 +5,7 @@ Also ``stale_reason``: why a claim no longer holds its row, in words for ``Stale
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -99,19 +100,19 @@ def instances(
     https://docs.djangoproject.com/en/stable/ref/models/instances/#customizing-model-loading.
     """
     connection = connections[alias]
-    table = model._meta.db_table
-    converters = []
-    for field in fields:
-        column = field.get_col(table)
-        converters.append(
-            (column, [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)])
-        )
-    names = [field.attname for field in fields]
+    key = (model, tuple(fields))
+    per_connection = _CONVERTERS.get(connection)
+    if per_connection is None:
+        per_connection = _CONVERTERS.setdefault(connection, {})
+    kept = per_connection.get(key)
+    if kept is None:
+        kept = per_connection[key] = _converters(connection, model, fields)
+    converters, names = kept
     built: list[Claimable] = []
     for row in rows:
         values = []
-        for index, (column, functions) in enumerate(converters):
-            value = row[fetched_column(index)]
+        for name, column, functions in converters:
+            value = row[name]
             for convert in functions:
                 value = convert(value, column, connection)
             values.append(value)
@@ -151,3 +152,21 @@ def stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str 
 
 
 __all__ = ["Claim", "Claimed"]
+
+
+#: ``instances()``' converters and attribute names, per connection (its own ``ops``) and (model, fields).
+_CONVERTERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[Any], list[str]]]]
+_CONVERTERS = weakref.WeakKeyDictionary()
+
+
+def _converters(
+    connection: Any, model: type[Claimable], fields: Sequence[Field[Any, Any]]
+) -> tuple[list[Any], list[str]]:
+    """Each field's name in a claiming statement, column and converters (as a queryset's); the attribute names."""
+    table = model._meta.db_table
+    converters = []
+    for index, field in enumerate(fields):
+        column = field.get_col(table)
+        functions = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+        converters.append((fetched_column(index), column, functions))
+    return converters, [field.attname for field in fields]

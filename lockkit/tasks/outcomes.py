@@ -122,13 +122,16 @@ class Outcomes:
             "return_value": value,
             **(extra or {}),
         }
+        if not errors and row.errors == []:
+            # Nothing to change: the same assignments for every such success, so its UPDATE is compiled once.
+            del values["errors"]
         if self.hold is not None and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
             self.hold(row, claim, values, task)  # written with the next claim (handover.py)
             return
         if self.batch > 1 and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
             # Successes with the same values are completed together: one statement (one commit) per batch.
             done = self._done()
-            key = json.dumps(value, sort_keys=True)
+            key = json.dumps([value, "errors" in values], sort_keys=True)
             if done and done[0][0] != key:
                 self.flush()
             done.append((key, row, claim, values, task))
@@ -141,9 +144,9 @@ class Outcomes:
         self, row: QueuedTask, claim: Claim, values: dict[str, Any], task: Task[..., Any] | None = None
     ) -> None:
         """Write the outcome ``values`` (``finish()``'s) now, fenced, and count it."""
-        errors, value, extra = values["errors"], values["return_value"], values.copy()
+        errors, value, extra = values.get("errors", []), values["return_value"], values.copy()
         for name in ("status", "finished_at", "errors", "return_value"):
-            del extra[name]
+            extra.pop(name, None)
         try:
             if not self._write(complete, claim, values, row, refusable=value is not None):
                 return

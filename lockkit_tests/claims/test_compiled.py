@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.db.models import F, Value
+from django.db.models import F, TextChoices, Value
 
 from lockkit.claims import claim_next, complete, heartbeat, release
 from lockkit.claims.sql import claims_sql_for
@@ -171,3 +171,46 @@ def test_a_choices_member_is_written_as_its_value() -> None:
     (third,) = claim_next(pending, worker="w-3", lease=30, set={"state": State.RUNNING})
     complete(third, set={"state": State.DONE})
     assert sorted(Job.objects.values_list("state", flat=True)) == ["done", "done", "running"]
+
+
+class _State(TextChoices):
+    DONE = "done"
+    PENDING = "pending"
+
+
+def test_enumeration_members_are_kept_by_their_type_and_value() -> None:
+    statements_ = claims_sql_for(Job, "default")
+    sql, params = statements_.update({"state": _State.DONE, "result": "r"})
+    again, again_params = statements_.update({"state": _State.DONE, "result": "r"})
+    assert again is sql
+    assert again_params == params == ["done", "r"]
+    # Another member, or the member's plain value (another type), is compiled again by Django.
+    other, other_params = statements_.update({"state": _State.PENDING, "result": "r"})
+    assert other is not sql
+    assert other_params == ["pending", "r"]
+    plain = statements_.update({"state": "done", "result": "r"})[0]
+    assert plain is not sql
+    assert plain == sql
+
+
+def test_identical_set_values_are_checked_again_when_they_change() -> None:
+    """``set=`` is checked once per identical assignments, never reused for another value or a mutated dict."""
+    (job,) = _make(1)
+    pending = Job.objects.filter(state="pending")
+    values: dict[str, Any] = {"result": "first"}
+    (one,) = claim_next(pending, worker="w", lease=30, set=values)
+    release(one)
+    values["result"] = "second"  # the same dict object, another value: written as it is now
+    (two,) = claim_next(pending, worker="w", lease=30, set=values)
+    job.refresh_from_db()
+    assert job.result == "second"
+    release(two)
+    unknown = F("no_such_field")
+    for _ in range(2):  # a refused expression is refused on every call, never kept
+        with pytest.raises(ValueError, match="no_such_field"):
+            claim_next(pending, worker="w", lease=30, set={"result": unknown})
+    values["state"] = object()  # not storable: refused before any SQL, though the rest was checked before
+    with pytest.raises((TypeError, ValueError), match="state"):
+        claim_next(pending, worker="w", lease=30, set=values)
+    job.refresh_from_db()
+    assert (job.lease_expires_at, job.claim_token, job.result) == (None, 2, "second")  # released, not re-claimed

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import enum
 import functools
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -93,6 +94,8 @@ class ClaimsSQL(abc.ABC):
         self.qualified = relations.is_qualified(table.model, table.alias)
         #: Django's ``UPDATE ... SET`` for identical assignments (``update``): text, parameters, the values.
         self._updates: dict[Hashable, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
+        #: ``returning()`` per tuple of fields (names quoted for this alias, fixed as the table's).
+        self._returning: dict[tuple[Field[Any, Any], ...], str] = {}
 
     # -- the database clock and the values every claim writes ------------------------------------------------
 
@@ -211,14 +214,14 @@ class ClaimsSQL(abc.ABC):
 
         Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``,
         ``Case``, functions); every value is a parameter. Django's output is kept for identical assignments only
-        (``_identical``): the same fields, each value a ``str``/``int``/``bool``/``None`` of the same type and
-        value, or the very same expression object (lockkit's clock, next token and lease ends are built once), in
+        (``identical``): the same fields, each value a ``str``/``int``/``bool``/``None`` or an enumeration member
+        (``TextChoices``) of the same type and value, or the very same expression object (lockkit's clock, next token and lease ends are built once), in
         the same time zone. A worker's claims and completions are such calls; anything else compiles per call.
 
         Raises:
             django.core.exceptions.FieldError: a field name Django does not know.
         """
-        key = _identical(values)
+        key = identical(values)
         kept = None if key is None else self._updates.get(key)
         if kept is not None:
             return kept[0], list(kept[1])
@@ -287,6 +290,13 @@ class ClaimsSQL(abc.ABC):
 
         ``fields`` (the model's concrete fields, for ``fetch=True``) follow as ``lockkit_f0``, ``lockkit_f1``...
         """
+        key = tuple(fields)
+        kept = self._returning.get(key)
+        if kept is None:
+            kept = self._returning[key] = self._compose_returning(key)
+        return kept
+
+    def _compose_returning(self, fields: tuple[Field[Any, Any], ...]) -> str:
         table = self.table
         quote = connections[self.alias].ops.quote_name
         sources = [table.pk_of(), *(table.column(name) for name in CLAIM_COLUMNS[1:])]
@@ -322,12 +332,15 @@ def bounded(prefix: str) -> Iterator[None]:
         _PREFIX.reset(token)
 
 
-def _identical(values: dict[str, Any]) -> Hashable | None:
-    """What makes two assignments identical for Django's compiler (see ``ClaimsSQL.update``); ``None``: not kept."""
+def identical(values: Mapping[str, Any]) -> Hashable | None:
+    """What makes two assignments identical for Django's compiler (see ``ClaimsSQL.update``); ``None``: not kept.
+
+    Also the key under which ``lockkit.claims.inputs.assignments`` keeps its checks of identical assignments.
+    """
     key: list[Hashable] = []
     expressions = False
     for name, value in values.items():
-        if type(value) in _PLAIN:
+        if type(value) in _PLAIN or isinstance(value, enum.Enum):  # a member is prepared from its own value
             key.append((name, type(value), value))
         elif isinstance(value, BaseExpression | Combinable):
             key.append((name, id(value)))

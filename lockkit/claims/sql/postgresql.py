@@ -16,7 +16,7 @@ from django.db.models import Expression, Field, QuerySet
 from lockkit._engine import message
 from lockkit._engine.message import Row
 from lockkit.claims.sql.base import CLOCK, ClaimsSQL
-from lockkit.claims.sql.table import ROW
+from lockkit.claims.sql.table import ROW, ClaimTable
 
 
 class PostgreSQLClaimsSQL(ClaimsSQL):
@@ -25,9 +25,21 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
     vendor = "postgresql"
     fences_in_one = True
 
+    def __init__(self, table: ClaimTable) -> None:
+        """Build the statements of ``table``; the claimable condition is compiled on first use."""
+        super().__init__(table)
+        self._claimable: dict[bool, tuple[str, list[Any]]] = {}
+
     def now(self) -> Expression:
         """``statement_timestamp()`` (see ``StatementTimestamp``): one shared expression, reused by every claim."""
         return CLOCK
+
+    def claimable_sql(self, *, expired: bool) -> tuple[str, list[Any]]:
+        """As the base's, kept per ``expired``: ``statement_timestamp()`` compiles to the same text every time."""
+        kept = self._claimable.get(expired)
+        if kept is None:
+            kept = self._claimable[expired] = super().claimable_sql(expired=expired)
+        return kept[0], list(kept[1])
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
         """Execute one statement; inside a claims call outside any transaction, as one message with its opening.
