@@ -213,4 +213,5 @@ def test_identical_set_values_are_checked_again_when_they_change() -> None:
     with pytest.raises((TypeError, ValueError), match="state"):
         claim_next(pending, worker="w", lease=30, set=values)
     job.refresh_from_db()
-    assert (job.lease_expires_at, job.claim_token, job.result) == (None, 2, "second")  # released, not re-claimed
+    # Released, never claimed again by the refused calls.
+    assert (job.lease_expires_at, job.claim_token, job.result) == (None, 2, "second")
