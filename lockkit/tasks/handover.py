@@ -8,6 +8,7 @@ docs/tasks.md.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import DatabaseError
@@ -15,9 +16,11 @@ from django.tasks.base import Task
 
 from lockkit.claims import Claim, Claimed, claim_next
 from lockkit.claims.chaining import complete_then_claim_next
-from lockkit.errors import StaleClaim
+from lockkit.errors import ConnectionLost, StaleClaim
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.outcomes import Outcomes
+
+logger = logging.getLogger("lockkit.tasks.worker")
 
 #: A success not written yet: the row, its claim, the values ``Outcomes.finish`` writes, the task.
 Held = tuple[QueuedTask, Claim, dict[str, Any], "Task[..., Any] | None"]
@@ -46,7 +49,8 @@ class Handover:
         """``claim_next(**claiming, fetch=True)``, carrying the held success's completion.
 
         Raises:
-            django.db.DatabaseError: the claim failed; the held success was written on its own first.
+            django.db.DatabaseError: the claim failed (a refused message is tried once more without the success);
+                the held success was written on its own first.
         """
         held, self.held = self.held, None
         if held is None:
@@ -54,9 +58,23 @@ class Handover:
         row, claim, values, task = held
         try:
             chained = complete_then_claim_next(claim, values, **claiming)
-        except DatabaseError:
-            self.outcomes.write(*held)  # rolled back with the claim (or unknown): on its own, as always
+        except ConnectionLost:
+            self.outcomes.write(
+                *held
+            )  # the connection went (the claim's outcome unknown): on its own, as always
             raise
+        except DatabaseError as refused:
+            # The message was refused and rolled back: neither was written. The success is written on its own (a
+            # value the database refuses fails the attempt there); the claim is made on its own, once: a claim
+            # refused again is the caller's "claiming failed".
+            logger.info(
+                "worker %s: a claim carrying the outcome of task %s was refused: %s",
+                claim.worker,
+                row.pk,
+                refused,
+            )
+            self.outcomes.write(*held)
+            return claim_next(**claiming, fetch=True)
         except BaseException:
             self.held = held  # flush() writes it
             raise
