@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from django.conf import settings
 from django.db import connections
 from django.db.models import Field
 
@@ -100,7 +101,8 @@ def instances(
     https://docs.djangoproject.com/en/stable/ref/models/instances/#customizing-model-loading.
     """
     connection = connections[alias]
-    key = (model, tuple(fields))
+    # USE_TZ too: MySQL's converters of date-times are chosen by it when they are listed (``override_settings``).
+    key = (model, tuple(fields), settings.USE_TZ)
     per_connection = _CONVERTERS.get(connection)
     if per_connection is None:
         per_connection = _CONVERTERS.setdefault(connection, {})
@@ -154,7 +156,7 @@ def stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str 
 __all__ = ["Claim", "Claimed"]
 
 
-#: ``instances()``' converters and attribute names, per connection (its own ``ops``) and (model, fields).
+#: ``instances()``' converters and attribute names, per connection (its own ``ops``) and (model, fields, USE_TZ).
 _CONVERTERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[Any], list[str]]]]
 _CONVERTERS = weakref.WeakKeyDictionary()
 

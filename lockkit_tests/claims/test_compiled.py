@@ -178,7 +178,7 @@ class _State(TextChoices):
     PENDING = "pending"
 
 
-def test_enumeration_members_are_kept_by_their_type_and_value() -> None:
+def test_choices_members_are_kept_by_their_type_and_value() -> None:
     statements_ = claims_sql_for(Job, "default")
     sql, params = statements_.update({"state": _State.DONE, "result": "r"})
     again, again_params = statements_.update({"state": _State.DONE, "result": "r"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import enum
 import functools
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -20,7 +19,18 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import DateTimeField, DurationField, Expression, F, Field, Func, Q, QuerySet, Value
+from django.db.models import (
+    Choices,
+    DateTimeField,
+    DurationField,
+    Expression,
+    F,
+    Field,
+    Func,
+    Q,
+    QuerySet,
+    Value,
+)
 from django.db.models.expressions import BaseExpression, Combinable
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
@@ -214,9 +224,9 @@ class ClaimsSQL(abc.ABC):
 
         Django prepares each value for its field (``get_db_prep_save``) and compiles expressions (``F``,
         ``Case``, functions); every value is a parameter. Django's output is kept for identical assignments only
-        (``identical``): the same fields, each value a ``str``/``int``/``bool``/``None`` or an enumeration member
-        (``TextChoices``) of the same type and value, or the very same expression object (lockkit's clock, next token and lease ends are built once), in
-        the same time zone. A worker's claims and completions are such calls; anything else compiles per call.
+        (``identical``): the same fields, each value a ``str``/``int``/``bool``/``None`` or a choices member
+        (``TextChoices``, ``IntegerChoices``) holding one, of the same type and value, or the very same expression
+        object (lockkit's clock, next token and lease ends are built once), in the same time zone. A worker's claims and completions are such calls; anything else compiles per call.
 
         Raises:
             django.core.exceptions.FieldError: a field name Django does not know.
@@ -340,7 +350,10 @@ def identical(values: Mapping[str, Any]) -> Hashable | None:
     key: list[Hashable] = []
     expressions = False
     for name, value in values.items():
-        if type(value) in _PLAIN or isinstance(value, enum.Enum):  # a member is prepared from its own value
+        if type(value) in _PLAIN or (isinstance(value, Choices) and type(value.value) in _PLAIN):
+            # A choices member (``TextChoices``, ``IntegerChoices``) holds a plain value it cannot change, and is
+            # prepared from it (Django's ``Choices.__str__`` is ``str(value)``); any other enumeration may hold a
+            # mutable value, or none that can be hashed.
             key.append((name, type(value), value))
         elif isinstance(value, BaseExpression | Combinable):
             key.append((name, id(value)))
