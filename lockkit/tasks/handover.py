@@ -59,9 +59,8 @@ class Handover:
         try:
             chained = complete_then_claim_next(claim, values, **claiming)
         except ConnectionLost:
-            self.outcomes.write(
-                *held
-            )  # the connection went (the claim's outcome unknown): on its own, as always
+            # The connection went (the claim's outcome unknown): the success on its own, as always.
+            self.outcomes.write(*held)
             raise
         except DatabaseError as refused:
             # The message was refused and rolled back: neither was written. The success is written on its own (a
