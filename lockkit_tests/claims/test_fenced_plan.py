@@ -75,6 +75,7 @@ def test_a_fenced_write_reaches_its_row_by_the_primary_key(alias: str) -> None:
     statements = claims_sql_for(Job, alias)
     values = {"lease_expires_at": None, "state": "done"}
     one = statements.fenced_one(claims[0].pk, claims[0].token, claims[0].worker, values)
+    assert one is not None  # one statement on PostgreSQL
     assert _indexes(alias, *one) == {_primary_key_index(alias)}
     # And the write does what it says: one row written, the other claims untouched.
     complete(claims[0], set={"state": "done"})
