@@ -167,9 +167,8 @@ def assignments(model: type[Claimable], values: object, name: str, alias: str) -
     if key is not None:
         if len(_CHECKED) >= _MAX_CHECKED:
             _CHECKED.clear()
-        _CHECKED[key] = (
-            checked  # the values are kept with it: an expression's id in the key names that object
-        )
+        # The values are kept with it: an expression's id in the key names that object while it is kept.
+        _CHECKED[key] = checked
         return dict(checked)
     return checked
 

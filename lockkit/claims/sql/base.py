@@ -226,7 +226,8 @@ class ClaimsSQL(abc.ABC):
         ``Case``, functions); every value is a parameter. Django's output is kept for identical assignments only
         (``identical``): the same fields, each value a ``str``/``int``/``bool``/``None`` or a choices member
         (``TextChoices``, ``IntegerChoices``) holding one, of the same type and value, or the very same expression
-        object (lockkit's clock, next token and lease ends are built once), in the same time zone. A worker's claims and completions are such calls; anything else compiles per call.
+        object (lockkit's clock, next token and lease ends are built once), in the same time zone. A worker's
+        claims and completions are such calls; anything else compiles per call.
 
         Raises:
             django.core.exceptions.FieldError: a field name Django does not know.
