@@ -40,6 +40,8 @@ def json_value(value: Any, name: str) -> Any:
         ValueError: undecodable bytes, NaN or infinity, a NUL character, a lone surrogate, or nesting deeper
             than ``MAX_DEPTH`` (a list that contains itself included).
     """
+    if (type(value) is list or type(value) is dict) and not value:
+        return type(value)()  # no arguments (most tasks' kwargs): nothing to check
     _check_depth(value, name)
     try:
         normalized = normalize_json(value)

@@ -135,7 +135,12 @@ def test_a_deadlock_against_a_locked_transaction_is_retried() -> None:
     assert blocked.result == 1
     assert done.error is None, done.error
     assert sorted((s.sku, s.available) for s in done.result or []) == [("a", 4), ("b", 4)]
-    assert [(e.failure, e.sqlstate, e.attempt) for e in events] == [(Failure.DEADLOCK_DETECTED, "40P01", 1)]
+    # Retried at once, the update can take a again before the other transaction, woken by the rollback, does: on
+    # a busy machine the same cycle may close once more (attempts=3 allows it); every retry is the deadlock.
+    assert [(e.failure, e.sqlstate, e.attempt) for e in events] == [
+        (Failure.DEADLOCK_DETECTED, "40P01", attempt) for attempt in range(1, len(events) + 1)
+    ]
+    assert 1 <= len(events) <= 2
     assert dict(Stock.objects.values_list("sku", "available")) == {"a": 4, "b": 4}
 
 

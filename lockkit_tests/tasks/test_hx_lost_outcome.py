@@ -115,7 +115,7 @@ def test_outcome_and_release_refused_then_accepted(
         _sql(alias, create)
         thread = threading.Thread(target=run)
         thread.start()
-        refused_for = 6.0
+        refused_for = 3.0  # three leases
         try:
             time.sleep(refused_for)  # every outcome and every give-back refused meanwhile
             during = sorted(QueuedTask.objects.using(alias).values_list("status", flat=True))
