@@ -6,13 +6,16 @@ transaction is on ``default``, the task table on ``other``.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import pytest
 from django.db import connections, transaction
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import lockkit
 from lockkit.tasks.models import QueuedTask
@@ -51,6 +54,37 @@ def test_enqueue_is_one_statement(alias: str) -> None:
         result = jobs.noop_task.enqueue(1)
     assert len(queries) == 1, [q["sql"] for q in queries]
     assert backend.get_result(result.id).args == [1]
+
+
+@pytest.mark.parametrize("alias", vendor_aliases())
+def test_enqueue_writes_the_columns_that_have_a_value_in_each_shape(alias: str) -> None:
+    """A column without a value is left out of the INSERT (it is NULL); the statement is kept per set of columns,
+    so tasks with and without ``run_after`` enqueued in turn in one process each get their own."""
+    due = timezone.now() + timedelta(hours=1)
+    with backend_on(alias) as backend, CaptureQueriesContext(connections[alias]) as queries:
+        plain = jobs.noop_task.enqueue(1)
+        later = jobs.noop_task.using(run_after=due).enqueue(2)
+        again = jobs.noop_task.enqueue(3)
+    statements = [q["sql"] for q in queries]
+    assert len(statements) == 3, statements
+    column = connections[alias].ops.quote_name("run_after")
+    assert [column in sql for sql in statements] == [False, True, False], statements
+    assert all(connections[alias].ops.quote_name("finished_at") not in sql for sql in statements), statements
+    rows = {row.pk: row for row in QueuedTask.objects.using(alias).all()}
+    assert [(rows[UUID(r.id)].run_after, rows[UUID(r.id)].ready_at) for r in (plain, again)] == [
+        (None, None)
+    ] * 2
+    assert (rows[UUID(later.id)].run_after, rows[UUID(later.id)].ready_at) == (due, due)
+    for result, value in ((plain, 1), (later, 2), (again, 3)):
+        row = rows[UUID(result.id)]
+        assert (row.status, row.errors, row.worker_log, row.attempts, row.finished_at) == (
+            "READY",
+            [],
+            "",
+            0,
+            None,
+        )
+        assert backend.get_result(result.id).args == [value]
 
 
 @TWO
