@@ -91,7 +91,7 @@ def _statement(connection: Any, model: Any, fields: tuple[Any, ...], notify: boo
 
 
 #: The statement per (model, vendor, columns written, notify): the quoting of names is the vendor's. A task's
-#: columns without a value vary in a few ways only (``run_after`` given or not, a retry's ``retry_of``).
+#: columns without a value vary in a few ways only (``run_after`` given or not sets two of them).
 _STATEMENTS: dict[tuple[Any, str, tuple[Any, ...], bool], str] = {}
 _KEPT = 64
 
