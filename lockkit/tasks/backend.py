@@ -8,6 +8,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models import CharField
 from django.tasks.backends.base import BaseTaskBackend
@@ -114,7 +115,7 @@ class DatabaseBackend(BaseTaskBackend):
                 belongs to is unknown); nothing is written.
         """
         _require_app(self.alias)
-        self.validate_task(task)
+        self._validate_once(task)
         row = self._row(task, args, kwargs)
         alias = self.database()
         # Outside a transaction, a connection an earlier call left dead (a MariaDB "packet too big" closes it)
@@ -146,6 +147,16 @@ class DatabaseBackend(BaseTaskBackend):
                 f"Task {task.module_path!r} uses backend {task.backend!r}, not {self.alias!r}: enqueue it with "
                 f"task.using(backend={self.alias!r}).enqueue()"
             )
+
+    def _validate_once(self, task: Task[..., Any]) -> None:
+        """``validate_task(task)``, remembered per backend and task until a setting changes (``INSTALLED_APPS``)."""
+        key = (self, task)
+        if key in _VALIDATED:
+            return
+        self.validate_task(task)
+        if len(_VALIDATED) >= _VALIDATED_KEPT:
+            _VALIDATED.clear()
+        _VALIDATED[key] = None
 
     def _row(self, task: Task[..., Any], args: Any, kwargs: Any) -> Any:
         from lockkit.tasks.models import QueuedTask
@@ -251,6 +262,19 @@ class DatabaseBackend(BaseTaskBackend):
                 )
             )
         return found
+
+
+#: The (backend, task) pairs that passed ``validate_task``: a ``Task`` is frozen, and what else the checks read
+#: (``INSTALLED_APPS``, ``USE_TZ``, ``TASKS``) are settings, so any ``setting_changed`` forgets them all.
+_VALIDATED: dict[tuple[DatabaseBackend, Task[..., Any]], None] = {}
+_VALIDATED_KEPT = 1024
+
+
+def _forget_validated(**kwargs: Any) -> None:
+    _VALIDATED.clear()
+
+
+setting_changed.connect(_forget_validated, dispatch_uid="lockkit.tasks.backend.forget_validated")
 
 
 def _require_app(alias: str) -> None:

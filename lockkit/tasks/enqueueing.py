@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from lockkit._engine import commits
+from lockkit._engine import commits, cursors
 from lockkit.scopes.stack import innermost_scope
 from lockkit.tasks.notify import CHANNEL
 
@@ -37,14 +37,15 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
         django.db.transaction.TransactionManagementError: transactions are open on several other aliases and
             none of them is a lockkit scope's: which one the task belongs to is unknown.
     """
+    connection = connections[alias]
 
     def insert() -> None:
-        _insert(row, alias, notify)
-        if not connections[alias].in_atomic_block:
+        _insert(row, connection, notify)
+        if not connection.in_atomic_block:
             commits.committed(alias)
         then()
 
-    if connections[alias].in_atomic_block:
+    if connection.in_atomic_block:
         insert()
         return
     callers = [
@@ -67,15 +68,19 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
         )
 
 
-def _insert(row: Any, alias: str, notify: str | None) -> None:
-    connection = connections[alias]
+def _insert(row: Any, connection: Any, notify: str | None) -> None:
     postgresql = connection.vendor == "postgresql"
     # Only the columns with a value: a column left out is NULL (no task column has a database default), and the
     # driver quotes fewer parameters (most of an enqueue's time in the client).
-    fields = tuple(f for f in type(row)._meta.concrete_fields if getattr(row, f.attname) is not None)
-    values = [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields]
-    sql = _statement(connection, type(row), fields, postgresql and notify is not None)
-    with connection.cursor() as cursor:
+    fields = []
+    values = []
+    for field in type(row)._meta.concrete_fields:
+        value = getattr(row, field.attname)
+        if value is not None:
+            fields.append(field)
+            values.append(field.get_db_prep_save(value, connection))
+    sql = _statement(connection, type(row), tuple(fields), postgresql and notify is not None)
+    with cursors.kept(connection) as cursor:
         cursor.execute(sql, [*values, CHANNEL, notify] if postgresql and notify is not None else values)
 
 

@@ -36,6 +36,7 @@ from django.db.models.sql import UpdateQuery
 from django.db.models.sql.datastructures import BaseTable
 from django.utils import timezone
 
+from lockkit._engine import cursors
 from lockkit._engine.message import Row, read_rows
 from lockkit.backends.sql import relations
 from lockkit.claims.sql.memo import PerQueryset
@@ -325,7 +326,7 @@ class ClaimsSQL(abc.ABC):
         """
         connection = connections[self.alias]
         sql = _PREFIX.get() + sql
-        with translating(self.alias, nowait=False), connection.cursor() as cursor:
+        with translating(self.alias, nowait=False), cursors.kept(connection) as cursor:
             cursor.execute(sql, params)
             return read_rows(cursor.cursor)
 

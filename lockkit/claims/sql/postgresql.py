@@ -13,7 +13,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import Expression, Field, QuerySet
 
-from lockkit._engine import message
+from lockkit._engine import cursors, message
 from lockkit._engine.message import Row
 from lockkit.claims.sql.base import CLOCK, ClaimsSQL
 from lockkit.claims.sql.table import ROW, ClaimTable
@@ -57,7 +57,7 @@ class PostgreSQLClaimsSQL(ClaimsSQL):
         sending = message.current()
         if sending is None:
             return super().run(sql, params)
-        with connections[self.alias].cursor() as cursor:
+        with cursors.kept(connections[self.alias]) as cursor:
             return sending.run(cursor, sql, params)
 
     def claim_row(self, pk: Any, values: dict[str, Any]) -> Row:
