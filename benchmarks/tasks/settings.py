@@ -44,4 +44,12 @@ if DJANGO_TASKS_DB:
 PROCRASTINATE = find_spec("procrastinate") is not None
 if PROCRASTINATE:
     INSTALLED_APPS.append("procrastinate.contrib.django")
-LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}
+# Django logs each task's start and end on the "django.tasks" logger at INFO; its default configuration builds
+# those records and then drops them (the console handler logs only with DEBUG). Celery runs here with "-l WARNING",
+# which builds none: the Django workers (lockkit's and db_worker) log at WARNING too, so all three log alike.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "root": {"level": "WARNING"},
+    "loggers": {"django.tasks": {"level": "WARNING"}},
+}
