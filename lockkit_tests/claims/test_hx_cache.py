@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from lockkit.claims import claim_next, complete, release
 from lockkit_tests.models import Job, PricedJob
+from lockkit_tests.support.util import run_threads
 from lockkit_tests.support.vendors import vendor_params
 
 VENDORS = vendor_params()
@@ -188,12 +189,7 @@ def test_eviction_under_threads_keeps_each_threads_values(alias: str) -> None:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
+    run_threads(run, 4)
     assert errors == []
     for index in range(4):
         assert written[index] == [f"t{index}-{r}/n{index}-{r % 3}/pending" for r in range(40)]

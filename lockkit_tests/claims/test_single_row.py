@@ -23,6 +23,7 @@ from lockkit.testing import hold_lock, in_thread, wait_until_blocked
 from lockkit_harness.proxy import FaultProxy
 from lockkit_tests.claims.test_hardening import queue_schema  # noqa: F401  # the fixture, used by name
 from lockkit_tests.models import Job, QueuedJob
+from lockkit_tests.support.util import run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,12 +76,7 @@ def test_limit_one_under_contention_claims_each_row_exactly_once() -> None:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
+    run_threads(worker, 4)
     assert errors == []
     every = [pk for worker_taken in taken for pk in worker_taken]
     assert sorted(every) == sorted(Job.objects.values_list("pk", flat=True))  # each row once, none missed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -67,3 +68,14 @@ def identify_server(alias: str = "default") -> None:
 
     with lockkit.locked(alias):
         pass
+
+
+def run_threads(target: Callable[[int], object], count: int, timeout: float = 60) -> None:
+    """Run ``target(0)`` ... ``target(count - 1)`` on threads of their own, all at once; fail if one is still
+    running after ``timeout`` seconds (each join is bounded)."""
+    threads = [threading.Thread(target=target, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(thread.is_alive() for thread in threads)

@@ -7,7 +7,6 @@ next enqueue works; a setting change makes the task checks run again.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -18,6 +17,7 @@ from django.tasks.exceptions import InvalidTask
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from lockkit.tasks.models import QueuedTask
+from lockkit_tests.support.util import run_threads
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import backend_on, vendor_aliases
 
@@ -130,12 +130,7 @@ def test_threads_enqueue_on_their_own_connections_and_cursors(alias: str) -> Non
             connections.close_all()
 
     with backend_on(alias):
-        threads = [threading.Thread(target=enqueue, args=(n,)) for n in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not any(thread.is_alive() for thread in threads)
+        run_threads(enqueue, 2)
     assert errors == []
     (raw_a, seen_a, results_a), (raw_b, seen_b, results_b) = found[0], found[1]
     assert raw_a is not raw_b

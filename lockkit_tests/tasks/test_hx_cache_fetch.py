@@ -6,7 +6,6 @@ convert values as the ORM does, after a terminated session, in threads with thei
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -20,6 +19,7 @@ from django.utils import timezone
 from lockkit.claims import claim_next, release
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.models import PricedJob
+from lockkit_tests.support.util import run_threads
 from lockkit_tests.support.vendors import vendor_params
 
 VENDORS = vendor_params()
@@ -110,12 +110,7 @@ def test_fetch_in_threads_with_their_own_connections(alias: str) -> None:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not any(thread.is_alive() for thread in threads)
+    run_threads(run, 3, timeout=30)
     assert errors == []
     for index in range(3):
         _assert_fetched(got[index], rows[index])
