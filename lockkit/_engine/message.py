@@ -301,7 +301,11 @@ def _column_names(result: Any) -> list[str] | None:
         return None if description is None else [column[0] for column in description]
     if not pgresult.nfields and pgresult.status not in _TUPLES:
         return None
-    encoding = result.connection.info.encoding
+    try:
+        encoding = result.connection.info.encoding
+    except psycopg.Error:  # the connection ended since (psycopg before 3.3 reads it from the session)
+        description = result.description
+        return None if description is None else [column[0] for column in description]
     return [bytes(pgresult.fname(index) or b"").decode(encoding) for index in range(pgresult.nfields)]
 
 

@@ -153,7 +153,10 @@ class DatabaseBackend(BaseTaskBackend):
         key = (self, task)
         if key in _VALIDATED:
             return
+        generation = _GENERATION[0]
         self.validate_task(task)
+        if generation != _GENERATION[0]:
+            return  # a setting changed while it was checked (another thread): not remembered
         if len(_VALIDATED) >= _VALIDATED_KEPT:
             _VALIDATED.clear()
         _VALIDATED[key] = None
@@ -268,9 +271,11 @@ class DatabaseBackend(BaseTaskBackend):
 #: (``INSTALLED_APPS``, ``USE_TZ``, ``TASKS``) are settings, so any ``setting_changed`` forgets them all.
 _VALIDATED: dict[tuple[DatabaseBackend, Task[..., Any]], None] = {}
 _VALIDATED_KEPT = 1024
+_GENERATION = [0]  # bumped by each setting change
 
 
 def _forget_validated(**kwargs: Any) -> None:
+    _GENERATION[0] += 1
     _VALIDATED.clear()
 
 
