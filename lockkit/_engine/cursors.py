@@ -72,8 +72,9 @@ def kept(connection: Any) -> Any:
         django.core.exceptions.SynchronousOnlyOperation: called from a running event loop (as ``cursor()``).
         django.db.DatabaseError: connecting failed (as ``cursor()``).
     """
-    if getattr(connection.cursor, "__func__", None) is not type(connection).cursor:
-        # Replaced on this connection (a test case's guard): every statement goes through it.
+    if getattr(connection.cursor, "__func__", None) is not getattr(type(connection), "cursor", None):
+        # Replaced on this connection (a test case's guard), or not a connection itself (``django.db.connection``
+        # is a proxy): every statement goes through ``cursor()``.
         return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()

@@ -20,9 +20,11 @@ from django.db import Error, connections
 from lockkit.backends import backend_for
 from lockkit.errors import ReadOnlyDatabase
 
-# lockkit's own record of the driver connection (by id) each Django connection was last found usable on, after
-# Django recorded an error on it: ``errors_occurred`` is read, never written.
-_checked: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+# lockkit's own record of the driver connection each Django connection was last found usable on, after Django
+# recorded an error on it: ``errors_occurred`` is read, never written. The driver object itself is kept (not its
+# ``id()``, which a later driver connection may be given once this one is freed; not a weak reference, which
+# ``sqlite3`` connections do not take): compared by identity, a new connection is never taken for a checked one.
+_checked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _outside_transaction(alias: str) -> bool:
@@ -42,12 +44,12 @@ def discard_if_dead(alias: str) -> None:
     driver = connection.connection
     if driver is None or not connection.errors_occurred or not _outside_transaction(alias):
         return
-    if _checked.get(connection) == id(driver):
+    if _checked.get(connection) is driver:
         return  # already found usable since Django recorded the error (Django's flag is Django's to reset)
     if backend_for(connection).tx.connection_unusable(connection):
         _close(alias)
     else:
-        _checked[connection] = id(driver)
+        _checked[connection] = driver
 
 
 def discard_after_loss(alias: str) -> None:

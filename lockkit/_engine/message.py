@@ -295,17 +295,17 @@ def _column_names(result: Any) -> list[str] | None:
     encoding): ``description`` builds a ``Column`` object per column and call, about 1 microsecond each, twice
     per task in a worker's message. Other drivers: ``description``.
     """
-    pgresult = getattr(result, "pgresult", None) if psycopg is not None else None
-    if pgresult is None or not isinstance(result, psycopg.Cursor):
+    pgresult = encoding = None
+    if psycopg is not None and isinstance(result, psycopg.Cursor):
+        pgresult = result.pgresult
+        # The connection may have ended since (psycopg before 3.3 reads the encoding from the session).
+        with contextlib.suppress(psycopg.Error):
+            encoding = result.connection.info.encoding
+    if pgresult is None or encoding is None:
         description = result.description
         return None if description is None else [column[0] for column in description]
     if not pgresult.nfields and pgresult.status not in _TUPLES:
         return None
-    try:
-        encoding = result.connection.info.encoding
-    except psycopg.Error:  # the connection ended since (psycopg before 3.3 reads it from the session)
-        description = result.description
-        return None if description is None else [column[0] for column in description]
     return [bytes(pgresult.fname(index) or b"").decode(encoding) for index in range(pgresult.nfields)]
 
 

@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 from django.db.utils import load_backend
 from django.test import TransactionTestCase
 from django.test.utils import override_settings
 
 from lockkit._engine import cursors
+from lockkit_harness import sessions
 
 # ``other`` too: pytest-django creates the test databases its collected tests ask for, and the guard test's class
 # (below) must not declare it.
@@ -44,9 +45,7 @@ def test_a_session_the_server_ended_between_requests_is_replaced_by_the_health_c
     first = _pid(checked)
     assert _pid(checked) == first  # the same session, the kept cursor used again
     checked.close_if_unusable_or_obsolete()  # the end of a request: the next one checks the connection first
-    with connections["default"].cursor() as killer:
-        killer.execute("SELECT pg_terminate_backend(%s)", [first])
-        assert killer.fetchone() == (True,)
+    assert sessions.terminate("default", first)
     with cursors.kept(checked) as cursor:  # the health check finds the session gone and connects anew
         cursor.execute("SELECT 41 + 1, pg_backend_pid()")
         answer, pid = cursor.fetchone()
@@ -64,6 +63,15 @@ def test_a_cursor_kept_before_the_time_zone_setting_changed_is_not_used_after() 
     with cursors.kept(connection) as cursor:
         cursor.execute("SELECT now()")
         assert cursor.fetchone()[0].tzinfo is not None
+
+
+def test_django_db_connection_a_proxy_is_served_by_its_own_cursor() -> None:
+    # ``django.db.connection`` forwards attribute reads to this thread's default connection; its class has no
+    # ``cursor`` of its own.
+    with cursors.kept(connection) as cursor:
+        cursor.execute("SELECT 41 + 1, pg_backend_pid()")
+        answer, pid = cursor.fetchone()
+    assert (answer, pid) == (42, sessions.session_of("default"))
 
 
 @pytest.mark.usefixtures("django_db_setup")  # the test databases exist before setUpClass

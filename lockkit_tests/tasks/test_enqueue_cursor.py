@@ -17,6 +17,7 @@ from django.tasks.exceptions import InvalidTask
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from lockkit.tasks.models import QueuedTask
+from lockkit_harness import sessions
 from lockkit_tests.support.util import run_threads
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import backend_on, vendor_aliases
@@ -94,14 +95,8 @@ def test_after_the_server_ends_the_session_the_next_enqueue_works_on_a_new_curso
     seen: list[Any] = []
     with backend_on(alias), connection.execute_wrapper(_cursors(seen)):
         before = jobs.noop_task.enqueue("before")
-        pid = connection.connection.info.backend_pid
-        killer = connections.create_connection(alias)
-        try:
-            with killer.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-                assert cursor.fetchone() == (True,)
-        finally:
-            killer.close()
+        pid = sessions.session_of(alias)
+        assert sessions.terminate(alias, pid)
         with pytest.raises(DatabaseError):
             jobs.noop_task.enqueue("lost")  # sent into the ended session: refused, nothing written
         after = jobs.noop_task.enqueue("after")
