@@ -11,6 +11,11 @@ everything, and when armed, acts on the next ``COMMIT`` the client sends:
 - ``"hold"``: never forward it and keep the server connection open, idle in its transaction, until
   ``release_held()``; cut the client: the outcome is undecided while the client looks for it.
 
+With ``late_hangup`` set, a server that hangs up has its last words delivered (a session's farewell error) but
+not its end: the client's side stays open until the client sends something, which is dropped as the client's side
+is closed (``server_hangups`` counts such ends). So the farewell and the end of the stream reach the client apart,
+as they may from a real server.
+
 It runs its own asyncio loop in a daemon thread. See
 https://www.postgresql.org/docs/current/protocol-message-formats.html and
 https://mariadb.com/kb/en/com_query/.
@@ -55,6 +60,7 @@ class _Link:
     startup_done: bool = False
     pending_one_byte_replies: int = 0
     closed: bool = False
+    server_gone: bool = False  # ``late_hangup``: the server hung up, the client's side is still open
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -95,6 +101,10 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
         self._server: asyncio.Server | None = None
         self._lock = threading.Lock()
+        #: Deliver a hanging-up server's last words but not its end (see the module's docstring).
+        self.late_hangup = False
+        #: How many server hang-ups ``late_hangup`` kept from their clients so far.
+        self.server_hangups = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -235,7 +245,7 @@ class FaultProxy:
         try:
             while not link.closed:
                 chunk = await link.client_reader.read(_CHUNK)
-                if not chunk:
+                if not chunk or link.server_gone:
                     break
                 buffer += chunk
                 messages, buffer = self._split_client(link, buffer)
@@ -277,7 +287,12 @@ class FaultProxy:
         finally:
             if link.swallow is not None:
                 link.swallow.set()  # the server hung up: whatever it did, it is done
-            if link not in self._held:
+            if self.late_hangup and link.swallow is None and not link.closed:
+                link.server_gone = True  # the client's side closes when it next sends
+                self.server_hangups += 1
+                with contextlib.suppress(Exception):
+                    link.server_writer.close()
+            elif link not in self._held:
                 await self._close(link)
 
     async def _cut(self, link: _Link, action: Action, commit: bytes) -> None:

@@ -16,13 +16,10 @@ to resolve, from the rows themselves (``sent``, ``pid`` and ``sent_at`` say what
 from __future__ import annotations
 
 import contextlib
-import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
-
-from django.db import DatabaseError
 
 from lockkit import cancellation
 from lockkit.backends import TimeoutToken, backend_for
@@ -163,53 +160,19 @@ def can_send(connection: Any) -> bool:
 
     Client-side binding is read from the driver connection's ``cursor_factory`` (Django's default is psycopg's
     ``ClientCursor``; ``OPTIONS["server_side_binding"]`` makes it the server-binding ``Cursor``, which refuses a
-    message of several statements). Connects if needed (the call is about to).
+    message of several statements). Connects if needed (the call is about to). A connection the server ended
+    while idle was discarded just before (``liveness.discard_if_dead``, run by every attempt).
     """
     if psycopg is None:
         return False
     connection.ensure_connection()
     raw = connection.connection
-    if isinstance(raw, psycopg.Connection) and _ended_while_idle(raw):
-        # The server ended the session while it sat idle (a restart, a terminated backend): its farewell is
-        # waiting on the socket. Nothing of this call was sent: reconnect now rather than send into it.
-        with contextlib.suppress(DatabaseError):
-            connection.close()
-        connection.ensure_connection()
-        raw = connection.connection
     return (
         isinstance(raw, psycopg.Connection)
         and issubclass(raw.cursor_factory, psycopg.ClientCursor)
         and raw.autocommit
         and raw.info.transaction_status == pq.TransactionStatus.IDLE
     )
-
-
-def _ended_while_idle(raw: Any) -> bool:
-    """Whether an idle connection's server has closed it: input is waiting and libpq reads it as the end.
-
-    An idle session in autocommit is sent nothing unasked but notifications and parameter changes; a readable
-    socket is read (``PQconsumeInput``, psycopg's documented ``pgconn``), and a connection libpq then marks bad was
-    ended by the server before this call sent anything. One non-blocking ``poll()`` on the healthy path.
-    """
-    if raw.closed or raw.broken:
-        return True
-    waiting = select.poll()
-    waiting.register(raw.fileno(), select.POLLIN)
-    # The server's farewell (an ErrorResponse) and then the end of the stream arrive as two reads: a few rounds.
-    for _ in range(_FAREWELL_READS):
-        if not waiting.poll(0):
-            return False
-        try:
-            raw.pgconn.consume_input()
-        except psycopg.OperationalError:
-            return True
-        if raw.pgconn.status == pq.ConnStatus.BAD:
-            return True
-    return False
-
-
-#: How many times an idle connection's waiting input is read before it is taken as alive (notifications).
-_FAREWELL_READS = 4
 
 
 def begin(connection: Any, timeouts: Mapping[str, int], columns: tuple[str, ...] = ()) -> OneMessage | None:

@@ -113,8 +113,9 @@ class ScopeTransaction:
         if waiting is not None:
             waiting.raise_if_cancelled()  # the caller is gone: no new attempt
         forks.install()  # a forked child never shares its parent's sessions (also installed by the app's ready())
-        if not self.nested and connection.errors_occurred:
-            discard_if_dead(self.alias)  # Django saw this connection fail: reconnect rather than fail again
+        if not self.nested:
+            # Django saw this connection fail, or the server ended it while idle: reconnect rather than fail.
+            discard_if_dead(self.alias)
         self._reused = connection.connection is not None
         with self._lost_connection_discarded(), self.translating:
             self.backend.tx.open_transaction(

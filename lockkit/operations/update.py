@@ -69,7 +69,10 @@ def locked_update(
             picks the row; no slicing, ``distinct()``, annotations or combinations).
         change: Called with the locked row (a model instance); returns ``{field name: value}`` to write (plain
             values, not expressions: the write happens after the decision). It must not run queries (refused
-            with ``QueryInChange``). An exception it raises rolls back and propagates, never retried.
+            with ``QueryInChange``). An exception it raises rolls back and propagates, never retried. It must
+            have no side effects: it runs once per attempt, before the write commits, and on the two-message
+            path with no Django transaction open (``transaction.on_commit()`` called there runs at once). Act
+            on the returned row after the call.
         lock_timeout: Seconds (``int``/``float``/``timedelta``) the row lock may be waited for, ``None`` for the
             connection's own setting; default ``settings.LOCKKIT["LOCK_TIMEOUT"]``.
         nowait: Fail at once with ``LockNotAvailable`` when the row is locked (``FOR UPDATE NOWAIT``).

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import lockkit
 from lockkit.backends.postgresql import PostgreSQLTransactions
 from lockkit.testing import assert_single_alias, hold_lock
+from lockkit_harness import sessions
 from lockkit_tests.models import Stock
 from lockkit_tests.support.util import identify_server, show
 
@@ -143,16 +144,10 @@ def test_no_timeout_sends_no_statement() -> None:
 
 def test_broken_connection_during_folded_begin_is_a_django_error() -> None:
     connection.ensure_connection()
-    with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        other.close()
+    pid = sessions.session_of("default")
     with pytest.raises(OperationalError), lockkit.locked():
+        # Ended after the scope began (its BEGIN waits for the first statement) and checked the connection.
+        assert sessions.terminate("default", pid)
         show("lock_timeout")  # carries the BEGIN: the dead session fails it
     with lockkit.locked():  # the dead connection was discarded: the next scope reconnects
         assert show("lock_timeout") == "5s"

@@ -30,7 +30,7 @@ from lockkit.claims import (
 from lockkit_harness.sessions import session_of, terminate
 from lockkit_tests.models import Job, Stock
 from lockkit_tests.support.claims_helpers import expire
-from lockkit_tests.support.faultkit import wait_until_gone
+from lockkit_tests.support.faultkit import ended_at_first_statement, wait_until_gone
 from lockkit_tests.support.util import reserve_one_on
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON, vendor_params
 
@@ -54,10 +54,11 @@ def test_locked_operation_retries_a_terminated_session_and_succeeds(alias: str) 
     reserve = reserve_one_on(alias)
     with override_settings(LOCKKIT={"RETRY": RetryPolicy(before_retry=events.append)}):
         assert reserve() is True
-        dead = session_of(alias)
-        assert terminate(alias, dead)
-        assert reserve() is True  # attempt 1 fails on the dead session (before COMMIT), attempt 2 reconnects
-        assert session_of(alias) != dead
+        with ended_at_first_statement(alias) as ended:
+            assert (
+                reserve() is True
+            )  # attempt 1 fails on the dead session (before COMMIT), attempt 2 reconnects
+        assert session_of(alias) != ended[0]
     assert [event.failure for event in events] == [Failure.CONNECTION_LOST]
     assert events[0].sqlstate in LOST_CODES[connections[alias].vendor]
     assert _available(alias) == 3
@@ -68,10 +69,13 @@ def test_locked_raises_connection_lost_once_and_the_next_scope_works(alias: str)
     _widgets(alias)
     with lockkit.locked(alias) as scope:
         scope.get(Stock, pk="widget")
-    dead = session_of(alias)
-    assert terminate(alias, dead)
-    with pytest.raises(lockkit.ConnectionLost) as caught, lockkit.locked(alias) as scope:
+    with (
+        ended_at_first_statement(alias) as ended,
+        pytest.raises(lockkit.ConnectionLost) as caught,
+        lockkit.locked(alias) as scope,
+    ):
         scope.get(Stock, pk="widget")
+    dead = ended[0]
     assert caught.value.sqlstate in LOST_CODES[connections[alias].vendor]
     assert caught.value.alias == alias
     assert isinstance(caught.value, OperationalError)

@@ -19,6 +19,7 @@ from django.db import connections, models
 
 from lockkit_harness.cluster import PgBouncer, missing_binaries
 from lockkit_harness.proxy import FaultProxy, Protocol
+from lockkit_harness.sessions import session_of, terminate
 
 
 @contextlib.contextmanager
@@ -85,6 +86,26 @@ def proxied(like: str, name: str = "proxied") -> Iterator[tuple[str, FaultProxy]
     with FaultProxy(upstream_of(like), protocol) as proxy:
         with extra_alias(name, like, HOST="127.0.0.1", PORT=proxy.port, OPTIONS=options) as alias:
             yield alias, proxy
+
+
+@contextlib.contextmanager
+def ended_at_first_statement(alias: str) -> Iterator[list[int]]:
+    """End ``alias``'s session right before the first statement sent on it inside the block is executed.
+
+    From another connection, waiting until the session is gone (``lockkit_harness.sessions.terminate``): the
+    statement is sent into the ended session, after any check a call makes before it sends. Yields the ended
+    session's id, once it was ended.
+    """
+    ended: list[int] = []
+
+    def end_first(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if not ended:
+            ended.append(session_of(alias))
+            assert terminate(alias, ended[0])
+        return execute(sql, params, many, context)
+
+    with connections[alias].execute_wrapper(end_first):
+        yield ended
 
 
 def create_tables(alias: str, *model_classes: type[models.Model]) -> None:

@@ -101,6 +101,8 @@ def test_startup_line_on_stderr_without_logging(alias: str) -> None:
         (["--exclude-queues", "default", "--exclude-queues", "queue-1"], {}, "no queue left"),
         (["--exclude-queues", "default,queue-1"], {}, "no queue left"),
         (["--queue-name", "nope"], {}, "--queue/--queue-name: queues must name queues of backend 'default'"),
+        (["--queue-name", ""], {}, "--queue-name: no queue named in '' ('*' for all)"),
+        (["--queue-name", ",,"], {}, "--queue-name: no queue named in ',,' ('*' for all)"),
         (["--max-tasks", "0"], {}, "--max-tasks must be a whole number from 1 to"),
         (["--claim-batch", "1001"], {}, "--claim-batch must be a whole number from 1 to 1000, got '1001'"),
     ],

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from django.contrib.admin.sites import AdminSite
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
 from django.tasks import task_backends
 from django.tasks.signals import task_enqueued
 from django.test import override_settings
@@ -29,6 +28,7 @@ from lockkit.tasks.models import PeriodicSchedule, QueuedTask
 from lockkit.tasks.periodic.admin import PeriodicScheduleAdmin
 from lockkit.tasks.periodic.firing import RETRY_AFTER, Periodic
 from lockkit.tasks.worker import Worker
+from lockkit_tests.support.faultkit import ended_at_first_statement
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, tasks_setting, wait_for, worker_process
 
@@ -264,18 +264,10 @@ def test_a_lost_connection_is_logged_and_a_later_call_fires(caplog: pytest.LogCa
         periodic = Periodic(backend, alias)
         periodic.fire_due()  # reads (creates) the schedule's row
         created = PeriodicSchedule.objects.using(alias).get().created_at
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            (pid,) = cursor.fetchone()
-        killer = connections.create_connection(alias)
-        try:
-            with killer.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-        finally:
-            killer.close()
         wait_for(lambda: timezone.now() > created + timedelta(seconds=1.1), timeout=5, what="a tick")
         caplog.set_level(logging.WARNING, logger="lockkit.tasks.periodic")
-        periodic.fire_due()
+        with ended_at_first_statement(alias):  # the session ends inside the call, after its checks
+            periodic.fire_due()
         assert [r.getMessage() for r in caplog.records if r.name == "lockkit.tasks.periodic"], "no warning"
         assert fired(alias) == []
 

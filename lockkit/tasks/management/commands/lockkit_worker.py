@@ -201,11 +201,15 @@ def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[s
     goes on: a typo is visible, not fatal).
 
     Raises:
-        CommandError: queues excluded from a list of named queues, or no queue left.
+        CommandError: a ``--queue-name`` that names no queue (``''``, ``','``), queues excluded from a list of
+            named queues, or no queue left.
     """
     named = list(options["queues"] or [])
-    if options["queue_name"]:
-        named += [] if options["queue_name"] == "*" else [q for q in options["queue_name"].split(",") if q]
+    if options["queue_name"] is not None:
+        listed = [] if options["queue_name"] == "*" else [q for q in options["queue_name"].split(",") if q]
+        if options["queue_name"] != "*" and not listed:
+            raise CommandError(f"--queue-name: no queue named in {options['queue_name']!r} ('*' for all)")
+        named += listed
     everything = not named or options["queue_name"] == "*"
     queues = sorted(backend.queues) if everything else named
     excluded = [q for given in options["excluded"] or [] for q in given.split(",") if q]
