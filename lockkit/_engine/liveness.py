@@ -36,8 +36,7 @@ except ImportError:  # pragma: no cover - psycopg2-only installations
 _checked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def _outside_transaction(alias: str) -> bool:
-    connection = connections[alias]
+def _outside_transaction(connection: Any) -> bool:
     # Read the flags, not get_autocommit(): that would connect.
     return not connection.in_atomic_block and bool(connection.autocommit)
 
@@ -52,7 +51,7 @@ def discard_if_dead(alias: str) -> None:
     """
     connection = connections[alias]
     driver = connection.connection
-    if driver is None or not _outside_transaction(alias):
+    if driver is None or not _outside_transaction(connection):
         return
     if (
         psycopg is not None
@@ -122,7 +121,7 @@ _FAREWELL_READS = 4
 
 def discard_after_loss(alias: str) -> None:
     """Close the alias's connection after lockkit classified a ``ConnectionLost`` on it (outside transactions)."""
-    if _outside_transaction(alias):
+    if _outside_transaction(connections[alias]):
         _close(alias)
 
 
@@ -132,7 +131,7 @@ def discard_read_only(alias: str, error: ReadOnlyDatabase, *, reused: bool) -> N
     A kept connection may be on a node that became read-only (a failover) while a new one reaches the writer.
     Marks ``error.stale`` when the connection was ``reused`` (open before the attempt) and was closed.
     """
-    if _outside_transaction(alias):
+    if _outside_transaction(connections[alias]):
         _close(alias)
         error.stale = reused
 
