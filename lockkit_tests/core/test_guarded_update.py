@@ -101,7 +101,14 @@ def test_a_statement_timeout_raises_statement_timeout() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_deadlock_against_a_locked_transaction_is_retried() -> None:
-    """The guarded update locks a then waits for b; the other transaction, holding b, then asks for a."""
+    """The guarded update locks a then waits for b; the other transaction, holding b, then asks for a.
+
+    Which session of a cycle is the victim is the one whose deadlock check (``deadlock_timeout`` after it began to
+    wait) runs while the cycle exists. The test databases' 100 ms would let a busy machine start the other
+    transaction's wait after the updater's check, or let a retried update close the cycle again and the other
+    transaction's check find it: here the updater's session checks after 2 s, and the other transaction never
+    within the test (60 s, for its transaction only). Both settings are superuser-only, as the test databases' is.
+    """
     Stock.objects.bulk_create([Stock(sku="a", available=5), Stock(sku="b", available=5)])
     events: list[RetryEvent] = []
     holding, go = threading.Event(), threading.Event()
@@ -110,6 +117,8 @@ def test_a_deadlock_against_a_locked_transaction_is_retried() -> None:
     @lockkit.locked_operation(lock_timeout=20, retry=None)
     def other() -> int:
         scope = lockkit.current_scope()
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL deadlock_timeout = '60s'")
         scope.get(Stock, pk="b")
         pids.append(backend_pid())
         holding.set()
@@ -117,26 +126,30 @@ def test_a_deadlock_against_a_locked_transaction_is_retried() -> None:
         scope.get(Stock, pk="a")  # closes the cycle
         return scope.attempt
 
+    def update() -> Any:
+        with connection.cursor() as cursor:  # this thread's own session, for every attempt
+            cursor.execute("SET deadlock_timeout = '2s'")
+        return lockkit.guarded_update(
+            Stock.objects.filter(pk__in=["a", "b"]).order_by(),
+            available=F("available") - 1,
+            lock_timeout=20,
+            retry=RetryPolicy(attempts=3, before_retry=events.append),
+        )
+
     blocker = in_thread(other)
     assert holding.wait(JOIN)
-    updater = in_thread(
-        lockkit.guarded_update,
-        Stock.objects.filter(pk__in=["a", "b"]).order_by(),
-        available=F("available") - 1,
-        lock_timeout=20,
-        retry=RetryPolicy(attempts=3, before_retry=events.append),
-    )
+    updater = in_thread(update)
     wait_until_blocked(pids[0], contenders=[updater], timeout=JOIN)  # it holds a and waits for b
     go.set()
     done = updater.outcome(timeout=JOIN)
     blocked = blocker.outcome(timeout=JOIN)
-    # The updater waited first, so its deadlock check runs first and it is the victim: retried after the other.
+    # The updater's check finds the cycle: it is the victim, retried after the other transaction committed.
     assert blocked.error is None
     assert blocked.result == 1
     assert done.error is None, done.error
     assert sorted((s.sku, s.available) for s in done.result or []) == [("a", 4), ("b", 4)]
-    # Retried at once, the update can take a again before the other transaction, woken by the rollback, does: on
-    # a busy machine the same cycle may close once more (attempts=3 allows it); every retry is the deadlock.
+    # Retried at once, the update can take a again before the other transaction, woken by the rollback, does: the
+    # same cycle may close once more (attempts=3 allows it), and the updater is its victim again.
     assert [(e.failure, e.sqlstate, e.attempt) for e in events] == [
         (Failure.DEADLOCK_DETECTED, "40P01", attempt) for attempt in range(1, len(events) + 1)
     ]
