@@ -20,10 +20,11 @@ from django.db.models.expressions import BaseExpression
 from lockkit import events, signals
 from lockkit._engine import outcome
 from lockkit.aio import awaitable
+from lockkit.backends.sql.rows import instances
 from lockkit.claims import inputs, runner
 from lockkit.claims.sql import claims_sql_for
-from lockkit.claims.sql.base import CLAIM_COLUMNS
-from lockkit.claims.value import Claim, Claimed, instances
+from lockkit.claims.sql.base import CLAIM_COLUMNS, fetched_column
+from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import ConnectionLost
 from lockkit.scopes.options import FROM_SETTINGS
 from lockkit.scopes.stack import current_scope
@@ -278,7 +279,7 @@ def claim_next(
     if resolved:  # read back by primary key: the claiming statement's own columns were lost with its reply
         by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
         return [Claimed(by_pk[c.pk], c) for c in claims]  # in the order the claims were found in
-    loaded = instances(model, alias, fields, rows)
+    loaded = instances(model, alias, rows, fields, [fetched_column(index) for index in range(len(fields))])
     return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
 
 

@@ -5,19 +5,12 @@ Also ``stale_reason``: why a claim no longer holds its row, in words for ``Stale
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from django.conf import settings
-from django.db import connections
-from django.db.models import Field
-
-from lockkit._engine.message import Row
 from lockkit.claims.mixin import Claimable
-from lockkit.claims.sql.base import fetched_column
 
 M = TypeVar("M", bound=Claimable)
 
@@ -90,38 +83,6 @@ class Claimed(NamedTuple, Generic[M]):
     claim: Claim
 
 
-def instances(
-    model: type[Claimable], alias: str, fields: Sequence[Field[Any, Any]], rows: Sequence[Row]
-) -> list[Claimable]:
-    """Build one instance per row, converting each value as a queryset would (``from_db_value``, backend).
-
-    The converters are those Django's compiler applies to a column (``connection.ops.get_db_converters`` and
-    the field's own), then ``Model.from_db`` builds the instance, so it is as if loaded by a ``QuerySet``
-    (``_state.db`` is ``alias``, ``_state.adding`` is ``False``). See
-    https://docs.djangoproject.com/en/stable/ref/models/instances/#customizing-model-loading.
-    """
-    connection = connections[alias]
-    # USE_TZ too: MySQL's converters of date-times are chosen by it when they are listed (``override_settings``).
-    key = (model, tuple(fields), settings.USE_TZ)
-    per_connection = _CONVERTERS.get(connection)
-    if per_connection is None:
-        per_connection = _CONVERTERS.setdefault(connection, {})
-    kept = per_connection.get(key)
-    if kept is None:
-        kept = per_connection[key] = _converters(connection, model, fields)
-    converters, names = kept
-    built: list[Claimable] = []
-    for row in rows:
-        values = []
-        for name, column, functions in converters:
-            value = row[name]
-            for convert in functions:
-                value = convert(value, column, connection)
-            values.append(value)
-        built.append(model.from_db(alias, names, values))
-    return built
-
-
 def stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str | None:
     """Say what happened to ``claim``'s row, or return ``None`` when the row still carries the claim, live.
 
@@ -154,21 +115,3 @@ def stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str 
 
 
 __all__ = ["Claim", "Claimed"]
-
-
-#: ``instances()``' converters and attribute names, per connection (its own ``ops``) and (model, fields, USE_TZ).
-_CONVERTERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[Any], list[str]]]]
-_CONVERTERS = weakref.WeakKeyDictionary()
-
-
-def _converters(
-    connection: Any, model: type[Claimable], fields: Sequence[Field[Any, Any]]
-) -> tuple[list[Any], list[str]]:
-    """Each field's name in a claiming statement, column and converters (as a queryset's); the attribute names."""
-    table = model._meta.db_table
-    converters = []
-    for index, field in enumerate(fields):
-        column = field.get_col(table)
-        functions = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
-        converters.append((fetched_column(index), column, functions))
-    return converters, [field.attname for field in fields]

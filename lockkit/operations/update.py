@@ -107,8 +107,6 @@ def locked_update(
     options = ScopeOptions.build(using=alias, lock_timeout=lock_timeout, nowait=nowait)
     policy = setting_for(retry)
     bound = queryset if queryset._db == alias else queryset.using(alias)  # type: ignore[attr-defined]
-    # The whole row is read (change() must not load a deferred field: that would be a query), on every path.
-    bound = bound.defer(None)
     connection = connections[alias]
     if (
         in_transaction(connection)
@@ -268,8 +266,9 @@ def _update_statement(
     except FieldError as exc:
         raise ValueError(f"change: {exc}") from None
     query.add_q(models.Q(pk=pk))
-    sql, params = query.get_compiler(alias).as_sql()
-    quote = connections[alias].ops.quote_name
+    connection = connections[alias]
+    sql, params = query.get_compiler(connection=connection).as_sql()
+    quote = connection.ops.quote_name
     columns = ", ".join(quote(str(field.column)) for field in model._meta.concrete_fields)
     return f"{sql} RETURNING {columns}", params
 
@@ -291,10 +290,11 @@ def _locking_select(queryset: models.QuerySet[M], alias: str, nowait: bool) -> t
     assert base is not None
     if relations.is_qualified(model, alias):
         base = relations.alias_base_table(query)
-    compiler = query.get_compiler(alias)
+    connection = connections[alias]
+    compiler = query.get_compiler(connection=connection)
     sql, params = compiler.as_sql()
     of = (relations.quote_as_from_clause(compiler, base),)
-    return f"{sql} {connections[alias].ops.for_update_sql(nowait=nowait, of=of)}", params
+    return f"{sql} {connection.ops.for_update_sql(nowait=nowait, of=of)}", params
 
 
 def _one(queryset: models.QuerySet[M], rows: list[M]) -> M:
@@ -322,6 +322,9 @@ def _in_scope(
 ) -> M:
     """The same operation in a locked scope: a locking ``get()``, ``change()``, ``QuerySet.update()``."""
     model = queryset.model
+    # The whole row is read (change() must not load a deferred field: that would be a query), as the locking
+    # SELECT of the two-message path reads it (values_list() of every concrete column).
+    queryset = queryset.defer(None)
 
     def work() -> M:
         scope = current_scope()
