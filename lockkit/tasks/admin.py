@@ -6,13 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_permission_codename
 from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.tasks.base import TaskResultStatus
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
 from lockkit.tasks import results
 from lockkit.tasks.backend import DatabaseBackend
@@ -49,7 +51,7 @@ class QueuedTaskAdmin(_ModelAdmin):
     list_filter = ("status", "queue_name", "backend_name")
     search_fields = ("id", "task_path", "claimed_by", "retry_of")
     ordering = ("-enqueued_at",)
-    actions = ("retry",)
+    actions = ("retry", "delete_selected")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """Tasks are enqueued by code, never added by hand."""
@@ -64,6 +66,35 @@ class QueuedTaskAdmin(_ModelAdmin):
         if obj is not None and obj.status == TaskResultStatus.RUNNING:
             return False
         return super().has_delete_permission(request, obj)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Django's delete page; for a ``RUNNING`` task, a message and its page instead of "403 Forbidden"."""
+        obj = self.get_object(request, object_id)
+        if (
+            obj is not None
+            and obj.status == TaskResultStatus.RUNNING
+            and self.has_view_permission(request, obj)
+        ):
+            self.message_user(request, _running_message(1), messages.WARNING)
+            url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk])
+            return HttpResponseRedirect(url)
+        return super().delete_view(request, object_id, extra_context)
+
+    @admin.action(description="Delete selected tasks (not running ones)", permissions=["delete"])
+    def delete_selected(
+        self, request: HttpRequest, queryset: QuerySet[QueuedTask]
+    ) -> TemplateResponse | None:
+        """Django's "delete selected", with the ``RUNNING`` tasks left out (and said so) instead of a 403."""
+        running = queryset.filter(status=TaskResultStatus.RUNNING).count()
+        if running:
+            self.message_user(request, _running_message(running), messages.WARNING)
+            queryset = queryset.exclude(status=TaskResultStatus.RUNNING)
+            if not queryset.exists():
+                return None
+        response: TemplateResponse | None = django_delete_selected(self, request, queryset)
+        return response
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """Whether the user may run tasks again: Django's change permission on tasks (view is not enough)."""
@@ -120,6 +151,13 @@ class QueuedTaskAdmin(_ModelAdmin):
         if refused:
             self.message_user(request, f"Not run again: {'; '.join(refused)}", messages.ERROR)
         return None
+
+
+def _running_message(count: int) -> str:
+    return (
+        f"{count} running task(s) not deleted: the worker that runs a task owns its row until the task ends "
+        "(delete it once it has finished)."
+    )
 
 
 def _enqueue_again(row: QueuedTask) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,8 +87,10 @@ def parse(alias: str, options: object) -> TaskOptions:
         raise ImproperlyConfigured(f"{where} must be a dict, not {type(options).__name__}")
     unknown = sorted(str(name) for name in options if name not in DEFAULTS)
     if unknown:
+        close = {name: difflib.get_close_matches(name, DEFAULTS, n=1) for name in unknown}
+        hints = "".join(f" ({name!r}: did you mean {found[0]!r}?)" for name, found in close.items() if found)
         raise ImproperlyConfigured(
-            f"{where} has unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(DEFAULTS)}"
+            f"{where} has unknown option(s) {', '.join(map(repr, unknown))}{hints}; known: {', '.join(DEFAULTS)}"
         )
     values = {**DEFAULTS, **options}
     try:

@@ -183,9 +183,21 @@ def test_a_running_task_cannot_be_deleted_while_a_finished_one_can() -> None:
         QueuedTask.objects.using("default").filter(pk=running.id).update(status=TaskResultStatus.RUNNING)
         deleter = _staff("deleter", "view_queuedtask", "delete_queuedtask")
         data = {"action": "delete_selected", ACTION_CHECKBOX_NAME: [running.id], "post": "yes"}
-        # Django's "delete selected" refuses (403, "permission denied") and deletes nothing.
-        assert deleter.post(CHANGELIST, data).status_code == 403
+        # "Delete selected" leaves the running task and says why (not a bare 403).
+        response = deleter.post(CHANGELIST, data, follow=True)
+        assert response.status_code == 200
+        assert "1 running task(s) not deleted" in response.content.decode()
         assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
-        data[ACTION_CHECKBOX_NAME] = [finished.id]
+        # Its own delete page sends the user back to the task with the same message; nothing is deleted.
+        response = deleter.post(f"{CHANGELIST}{running.id}/delete/", {"post": "yes"})
+        assert (response.status_code, response["Location"]) == (302, f"{CHANGELIST}{running.id}/change/")
+        assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
+        # A selection of both: the finished one is deleted (after Django's own confirmation), the running one kept.
+        data[ACTION_CHECKBOX_NAME] = [finished.id, running.id]
         assert deleter.post(CHANGELIST, data).status_code == 302
         assert not QueuedTask.objects.using("default").filter(pk=finished.id).exists()
+        assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
+        # Without the delete permission there is no delete action at all, running task or not.
+        viewer = _staff("viewer", "view_queuedtask")
+        assert viewer.post(CHANGELIST, data).status_code in (200, 302)
+        assert QueuedTask.objects.using("default").filter(pk=running.id).exists()

@@ -118,7 +118,10 @@ def test_arguments_refused_before_sql(
         ({"poll_interval": -1}, "poll_interval must be a positive number"),
         ({"notify": "yes"}, "notify must be True or False"),
         ({"database": ""}, "database must be a database alias"),
-        ({"leese": 30}, r"unknown option\(s\) 'leese'; known: database, lease"),
+        (
+            {"leese": 30},
+            r"unknown option\(s\) 'leese' \('leese': did you mean 'lease'\?\); known: database, lease",
+        ),
         (
             {"database": "nowhere"},
             r"database must be an alias of settings.DATABASES \('default', .*got 'nowhere'",
