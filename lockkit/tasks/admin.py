@@ -75,7 +75,7 @@ class QueuedTaskAdmin(_ModelAdmin):
         if (
             obj is not None
             and obj.status == TaskResultStatus.RUNNING
-            and self.has_view_permission(request, obj)
+            and super().has_delete_permission(request)  # others get Django's own answer (403)
         ):
             self.message_user(request, _running_message(1), messages.WARNING)
             url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk])
@@ -95,6 +95,22 @@ class QueuedTaskAdmin(_ModelAdmin):
                 return None
         response: TemplateResponse | None = django_delete_selected(self, request, queryset)
         return response
+
+    def delete_model(self, request: HttpRequest, obj: QueuedTask) -> None:
+        """Delete the task unless it is ``RUNNING`` by now (checked by the ``DELETE`` itself), and say so if it was."""
+        self.delete_queryset(request, self.model._default_manager.using(obj._state.db).filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> None:
+        """Delete the tasks that are not ``RUNNING`` when the ``DELETE`` runs; warn about any that started since."""
+        selected = queryset.count()
+        _, by_model = queryset.exclude(status=TaskResultStatus.RUNNING).delete()
+        deleted = by_model.get(self.model._meta.label, 0)
+        if deleted < selected:
+            self.message_user(
+                request,
+                f"{selected - deleted} task(s) started running after they were selected and were not deleted.",
+                messages.WARNING,
+            )
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """Whether the user may run tasks again: Django's change permission on tasks (view is not enough)."""

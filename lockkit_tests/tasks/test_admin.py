@@ -6,6 +6,7 @@ Through Django's test client with real users: one who may only view tasks, one w
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 import pytest
 from django.apps import apps
@@ -201,3 +202,27 @@ def test_a_running_task_cannot_be_deleted_while_a_finished_one_can() -> None:
         viewer = _staff("viewer", "view_queuedtask")
         assert viewer.post(CHANGELIST, data).status_code in (200, 302)
         assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
+
+
+@pytest.mark.parametrize("alias", vendor_aliases())
+def test_a_task_that_starts_running_after_it_was_selected_is_not_deleted(alias: str) -> None:
+    """The DELETE itself leaves a RUNNING row: a task claimed between the confirmation page and the confirming
+    request (or between a delete page and its form) is kept, and the admin says so."""
+    with backend_on(alias):
+        started, waiting = jobs.noop_task.enqueue(), jobs.noop_task.enqueue()
+        selected = QueuedTask.objects.using(alias).filter(pk__in=[started.id, waiting.id])
+        # The worker claims one of them after the admin loaded the selection.
+        QueuedTask.objects.using(alias).filter(pk=started.id).update(status=TaskResultStatus.RUNNING)
+        model_admin = RecordingAdmin(QueuedTask, AdminSite())
+        model_admin.messages = []
+        request = RequestFactory().post("/")
+        model_admin.delete_queryset(request, selected)
+        assert list(QueuedTask.objects.using(alias).values_list("pk", flat=True)) == [UUID(started.id)]
+        assert model_admin.messages == [
+            "1 task(s) started running after they were selected and were not deleted."
+        ]
+        # The single-object page: the instance was loaded before its worker claimed it.
+        loaded = QueuedTask.objects.using(alias).get(pk=started.id)
+        model_admin.delete_model(request, loaded)
+        assert QueuedTask.objects.using(alias).filter(pk=started.id).exists()
+        assert len(model_admin.messages) == 2
