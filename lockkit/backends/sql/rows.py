@@ -12,7 +12,9 @@ from django.db import connections, models
 M = TypeVar("M", bound=models.Model)
 
 #: The converters and attribute names, per connection (its own ``ops``) and (model, fields, USE_TZ): the same for
-#: every row a statement of that shape returns, so they are looked up once per connection.
+#: every row a statement of that shape returns, so they are looked up once per connection. A converter that is a
+#: method of the connection's ``ops`` is kept as its function and called with the ``ops`` of the moment: a bound
+#: method would hold the connection (``ops.connection``) and keep the weak key, and its session, alive for good.
 _CONVERTERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[Any], list[str]]]]
 _CONVERTERS = weakref.WeakKeyDictionary()
 
@@ -50,13 +52,16 @@ def instances(
         kept = per_connection[key] = _converters(connection, model, chosen)
     converters, names = kept
     where = range(len(chosen)) if keys is None else keys
+    ops = connection.ops
     built: list[M] = []
     for row in rows:
         values = []
         for index, (column, functions) in zip(where, converters, strict=True):
             value = row[index]
-            for convert in functions:
-                value = convert(value, column, connection)
+            for convert, of_ops in functions:
+                value = (
+                    convert(ops, value, column, connection) if of_ops else convert(value, column, connection)
+                )
             values.append(value)
         built.append(model.from_db(alias, names, values))
     return built
@@ -65,11 +70,15 @@ def instances(
 def _converters(
     connection: Any, model: type[models.Model], fields: Sequence[models.Field[Any, Any]]
 ) -> tuple[list[Any], list[str]]:
-    """Each field's column and converters (as a queryset's); the attribute names."""
+    """Each field's column and converters (as a queryset's, each with whether it is an ``ops`` method); the names."""
     table = model._meta.db_table
+    ops = connection.ops
     converters = []
     for field in fields:
         column = field.get_col(table)
-        functions = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+        functions = [
+            (convert.__func__, True) if getattr(convert, "__self__", None) is ops else (convert, False)
+            for convert in [*ops.get_db_converters(column), *column.get_db_converters(connection)]
+        ]
         converters.append((column, functions))
     return converters, [field.attname for field in fields]
