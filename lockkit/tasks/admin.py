@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_permission_codename
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.tasks.base import TaskResultStatus
@@ -70,47 +70,57 @@ class QueuedTaskAdmin(_ModelAdmin):
     def delete_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Django's delete page; for a ``RUNNING`` task, a message and its page instead of "403 Forbidden"."""
-        obj = self.get_object(request, object_id)
-        if (
-            obj is not None
-            and obj.status == TaskResultStatus.RUNNING
-            and super().has_delete_permission(request)  # others get Django's own answer (403)
-        ):
-            self.message_user(request, _running_message(1), messages.WARNING)
-            url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk])
-            return HttpResponseRedirect(url)
-        return super().delete_view(request, object_id, extra_context)
+        """Django's delete page, with the task's row locked from the confirming request's read to its commit.
+
+        For a ``RUNNING`` task, users who may delete and view tasks get a message on the task's page instead of
+        "403 Forbidden". Locked, the row is passed by a worker's claim (``SKIP LOCKED``) until the delete
+        commits, so what Django checks, logs and reports is what it deletes.
+        """
+        using = router.db_for_write(self.model)
+        with transaction.atomic(using=using):
+            obj = self.get_object(request, object_id)
+            if obj is not None and request.method == "POST":
+                obj = self.model._default_manager.using(using).select_for_update().filter(pk=obj.pk).first()
+            if (
+                obj is not None
+                and obj.status == TaskResultStatus.RUNNING
+                and super().has_delete_permission(request)
+                and self.has_view_permission(request, obj)
+            ):
+                self.message_user(request, _running_message(1), messages.WARNING)
+                url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk])
+                return HttpResponseRedirect(url)
+            return super().delete_view(request, object_id, extra_context)
 
     @admin.action(description="Delete selected tasks (not running ones)", permissions=["delete"])
     def delete_selected(
         self, request: HttpRequest, queryset: QuerySet[QueuedTask]
     ) -> TemplateResponse | None:
-        """Django's "delete selected", with the ``RUNNING`` tasks left out (and said so) instead of a 403."""
+        """Django's "delete selected" for the tasks that are not ``RUNNING`` (the others left, and said so).
+
+        The confirming request locks the rows it deletes, from its read to its commit: a worker's claim
+        (``SKIP LOCKED``) passes them by, so what Django checks, logs and reports is what it deletes.
+        """
         running = queryset.filter(status=TaskResultStatus.RUNNING).count()
         if running:
             self.message_user(request, _running_message(running), messages.WARNING)
-            queryset = queryset.exclude(status=TaskResultStatus.RUNNING)
-            if not queryset.exists():
+        queryset = queryset.exclude(status=TaskResultStatus.RUNNING)
+        if not request.POST.get("post"):  # the confirmation page: nothing is deleted by this request
+            return django_delete_selected(self, request, queryset) if queryset.exists() else None
+        with transaction.atomic(using=queryset.db):
+            selected = queryset.count()
+            pks = list(queryset.select_for_update().values_list("pk", flat=True))
+            if len(pks) < selected:
+                self.message_user(
+                    request,
+                    f"{selected - len(pks)} task(s) started running after they were selected: not deleted.",
+                    messages.WARNING,
+                )
+            if not pks:
                 return None
-        response: TemplateResponse | None = django_delete_selected(self, request, queryset)
-        return response
-
-    def delete_model(self, request: HttpRequest, obj: QueuedTask) -> None:
-        """Delete the task unless it is ``RUNNING`` by now (checked by the ``DELETE`` itself), and say so if it was."""
-        self.delete_queryset(request, self.model._default_manager.using(obj._state.db).filter(pk=obj.pk))
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> None:
-        """Delete the tasks that are not ``RUNNING`` when the ``DELETE`` runs; warn about any that started since."""
-        selected = queryset.count()
-        _, by_model = queryset.exclude(status=TaskResultStatus.RUNNING).delete()
-        deleted = by_model.get(self.model._meta.label, 0)
-        if deleted < selected:
-            self.message_user(
-                request,
-                f"{selected - deleted} task(s) started running after they were selected and were not deleted.",
-                messages.WARNING,
-            )
+            locked = self.model._default_manager.using(queryset.db).filter(pk__in=pks)
+            response: TemplateResponse | None = django_delete_selected(self, request, locked)
+            return response
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """Whether the user may run tasks again: Django's change permission on tasks (view is not enough)."""

@@ -5,20 +5,24 @@ Through Django's test client with real users: one who may only view tasks, one w
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
-from uuid import UUID
 
 import pytest
 from django.apps import apps
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.sites import AdminSite
 from django.contrib.auth.models import Permission, User
+from django.db import connections
 from django.db.migrations.autodetector import MigrationAutodetector
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.state import ProjectState
+from django.db.models.signals import pre_delete
 from django.tasks import TaskResultStatus
 from django.test import Client, RequestFactory
 
+from lockkit.claims import claim_next
 from lockkit.tasks.admin import QueuedTaskAdmin
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.tasks import jobs
@@ -204,25 +208,62 @@ def test_a_running_task_cannot_be_deleted_while_a_finished_one_can() -> None:
         assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
 
 
-@pytest.mark.parametrize("alias", vendor_aliases())
-def test_a_task_that_starts_running_after_it_was_selected_is_not_deleted(alias: str) -> None:
-    """The DELETE itself leaves a RUNNING row: a task claimed between the confirmation page and the confirming
-    request (or between a delete page and its form) is kept, and the admin says so."""
-    with backend_on(alias):
-        started, waiting = jobs.noop_task.enqueue(), jobs.noop_task.enqueue()
-        selected = QueuedTask.objects.using(alias).filter(pk__in=[started.id, waiting.id])
-        # The worker claims one of them after the admin loaded the selection.
-        QueuedTask.objects.using(alias).filter(pk=started.id).update(status=TaskResultStatus.RUNNING)
-        model_admin = RecordingAdmin(QueuedTask, AdminSite())
-        model_admin.messages = []
-        request = RequestFactory().post("/")
-        model_admin.delete_queryset(request, selected)
-        assert list(QueuedTask.objects.using(alias).values_list("pk", flat=True)) == [UUID(started.id)]
-        assert model_admin.messages == [
-            "1 task(s) started running after they were selected and were not deleted."
-        ]
-        # The single-object page: the instance was loaded before its worker claimed it.
-        loaded = QueuedTask.objects.using(alias).get(pk=started.id)
-        model_admin.delete_model(request, loaded)
-        assert QueuedTask.objects.using(alias).filter(pk=started.id).exists()
-        assert len(model_admin.messages) == 2
+def _worker_claims_during_delete(claimed: list[Any]) -> Callable[..., None]:
+    """A ``pre_delete`` receiver: between Django's read of the rows and its ``DELETE``, a worker (another
+    connection, in a thread) claims every ready task it can, as the tasks worker does (``SKIP LOCKED``)."""
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        def claim() -> None:
+            try:
+                ready = QueuedTask.objects.using("default").filter(status=TaskResultStatus.READY)
+                claimed.extend(claim_next(ready, worker="w", lease=30, limit=10, set={"status": "RUNNING"}))
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=claim)
+        thread.start()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+    return receiver
+
+
+@on_postgresql
+@pytest.mark.parametrize("page", ["delete selected", "delete page"])
+def test_a_worker_cannot_claim_a_task_the_admin_is_deleting(page: str) -> None:
+    """The confirming request locks the rows from its read to its commit: a worker claiming meanwhile passes them
+    by, so the task Django checked, logged and reported is the task deleted, never one started since (before, a
+    task claimed between the read and the ``DELETE`` was deleted under its running worker: a review helper)."""
+    with backend_on("default"):
+        task = jobs.noop_task.enqueue()
+        deleter = _staff("deleter", "view_queuedtask", "delete_queuedtask")
+        claimed: list[Any] = []
+        receiver = _worker_claims_during_delete(claimed)
+        pre_delete.connect(receiver, sender=QueuedTask, weak=False)
+        try:
+            if page == "delete selected":
+                data = {"action": "delete_selected", ACTION_CHECKBOX_NAME: [task.id], "post": "yes"}
+                response = deleter.post(CHANGELIST, data, follow=True)
+                assert "Successfully deleted 1 " in response.content.decode()
+            else:
+                response = deleter.post(f"{CHANGELIST}{task.id}/delete/", {"post": "yes"})
+                assert response.status_code == 302  # Django's answer to a delete done
+        finally:
+            pre_delete.disconnect(receiver, sender=QueuedTask)
+        assert claimed == []
+        assert not QueuedTask.objects.using("default").filter(pk=task.id).exists()
+
+
+@on_postgresql
+def test_a_running_tasks_delete_page_redirects_only_users_who_may_see_it() -> None:
+    with backend_on("default"):
+        running = jobs.noop_task.enqueue()
+        QueuedTask.objects.using("default").filter(pk=running.id).update(status=TaskResultStatus.RUNNING)
+        page = f"{CHANGELIST}{running.id}/delete/"
+        # Delete without view: Django's own answer, not a redirect to a page the user cannot open.
+        assert _staff("deleter", "delete_queuedtask").get(page).status_code == 403
+        assert _staff("viewer", "view_queuedtask").get(page).status_code == 403
+        response = _staff("both", "view_queuedtask", "delete_queuedtask").get(page, follow=True)
+        assert response.redirect_chain == [(f"{CHANGELIST}{running.id}/change/", 302)]
+        assert "1 running task(s) not deleted" in response.content.decode()
+        assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
