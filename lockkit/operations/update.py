@@ -66,7 +66,8 @@ def locked_update(
 
     Args:
         queryset: A ``QuerySet`` matching exactly one row of a model without multi-table parents (the filter
-            picks the row; no slicing, ``distinct()``, annotations or combinations).
+            picks the row; no slicing, ``distinct()``, annotations, combinations, ``select_related()`` or
+            ``prefetch_related()``).
         change: Called with the locked row (a model instance); returns ``{field name: value}`` to write (plain
             values, not expressions: the write happens after the decision). It must not run queries (refused
             with ``QueryInChange``). An exception it raises rolls back and propagates, never retried. It must
@@ -89,9 +90,9 @@ def locked_update(
         TypeError: ``queryset`` is not a ``QuerySet``, ``change`` is not callable, an option has the wrong type;
             ``change`` returned something that is not a mapping, or an expression. The options are checked before
             any SQL; a bad return value rolls back.
-        ValueError: a sliced, distinct, annotated, combined or ``values()`` queryset, a multi-table-inheritance
-            model, a bad duration (before any SQL); ``change`` returned an unknown field, the primary key or a field
-            ``update()`` cannot set (rolled back).
+        ValueError: a sliced, distinct, annotated, combined, ``select_related()``/``prefetch_related()`` or
+            ``values()`` queryset, a multi-table-inheritance model, a bad duration (before any SQL); ``change``
+            returned an unknown field, the primary key or a field ``update()`` cannot set (rolled back).
         Model.DoesNotExist, Model.MultipleObjectsReturned: the queryset matched no row or several (rolled back).
         lockkit.errors.QueryInChange: ``change`` ran a statement on the alias (refused before it was sent).
         lockkit.errors.AliasMismatch: the queryset is bound (``.using()``) to another alias than ``using``.
@@ -178,6 +179,13 @@ def _checked(queryset: object, change: object, using: object) -> str:
     if query.select_for_update:
         raise ValueError(
             "queryset: locked_update locks the row itself; pass the queryset without select_for_update()"
+        )
+    if query.select_related or queryset._prefetch_related_lookups:  # type: ignore[attr-defined]
+        # The two-message path reads the model's own columns only: a related row read in change() would be a
+        # query there (QueryInChange) and not elsewhere. One answer on every path, before any SQL.
+        raise ValueError(
+            "queryset: locked_update reads and locks the model's own row; drop select_related()/"
+            "prefetch_related() (change() decides from the row's own fields; read related rows before the call)"
         )
     if queryset._iterable_class is not ModelIterable:
         raise ValueError(

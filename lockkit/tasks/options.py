@@ -85,12 +85,14 @@ def parse(alias: str, options: object) -> TaskOptions:
     where = f'TASKS["{alias}"]["OPTIONS"]'
     if not isinstance(options, Mapping):
         raise ImproperlyConfigured(f"{where} must be a dict, not {type(options).__name__}")
-    unknown = sorted(str(name) for name in options if name not in DEFAULTS)
+    unknown = [name for name in options if name not in DEFAULTS]
     if unknown:
-        close = {name: difflib.get_close_matches(name, DEFAULTS, n=1) for name in unknown}
-        hints = "".join(f" ({name!r}: did you mean {found[0]!r}?)" for name, found in close.items() if found)
+        named = sorted(_shown(name) for name in unknown)
+        hints = "".join(
+            f" ({_shown(name)}: did you mean {hint!r}?)" for name in unknown if (hint := _closest(name))
+        )
         raise ImproperlyConfigured(
-            f"{where} has unknown option(s) {', '.join(map(repr, unknown))}{hints}; known: {', '.join(DEFAULTS)}"
+            f"{where} has unknown option(s) {', '.join(named)}{hints}; known: {', '.join(DEFAULTS)}"
         )
     values = {**DEFAULTS, **options}
     try:
@@ -140,3 +142,17 @@ def _id_function(where: str, value: object) -> Callable[[], Any] | None:
     if not callable(found):
         raise TypeError(f"id_function {value!r} is a {type(found).__name__}, not a callable")
     return found  # type: ignore[no-any-return]
+
+
+def _shown(name: object) -> str:
+    """An unknown option's name as the error shows it: its ``repr``, cut short."""
+    text = repr(name)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _closest(name: object) -> str | None:
+    """The known option an unknown name most likely meant (``LEASE``, ``leese``: ``lease``), if any."""
+    if not isinstance(name, str) or len(name) > 60:
+        return None
+    found = difflib.get_close_matches(name.lower(), DEFAULTS, n=1)
+    return found[0] if found else None

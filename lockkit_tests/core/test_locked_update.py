@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
-from lockkit_tests.models import Stock, StockProxy
+from lockkit_tests.models import Item, Stock, StockProxy
 from lockkit_tests.support.vendors import vendor_params
 
 JOIN = 30.0
@@ -299,6 +299,27 @@ def test_values_querysets_are_refused_before_any_sql(alias: str) -> None:
             with pytest.raises(ValueError, match=r"values\(\)"):
                 lockkit.locked_update(queryset, _reserve(1))  # type: ignore[type-var]
     assert len(queries) == 0
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@pytest.mark.parametrize("inside", [False, True], ids=["outside", "in-atomic"])
+def test_related_loading_is_refused_before_any_sql_on_every_path(alias: str, inside: bool) -> None:
+    """``select_related()``/``prefetch_related()`` are refused alike everywhere (a review helper: on PostgreSQL's
+    two-message path a related row read in ``change()`` was a query, ``QueryInChange``; in ``atomic()`` it worked)."""
+    Item.objects.using(alias).create(name="a", value=1)
+    with contextlib.ExitStack() as stack:
+        if inside:
+            stack.enter_context(transaction.atomic(using=alias))
+        with CaptureQueriesContext(connections[alias]) as queries:
+            for queryset in (
+                Item.objects.using(alias).filter(name="a").select_related("owner"),
+                Item.objects.using(alias).filter(name="a").select_related(),
+                Item.objects.using(alias).filter(name="a").prefetch_related("owner"),
+            ):
+                with pytest.raises(ValueError, match=r"select_related\(\)/prefetch_related\(\)"):
+                    lockkit.locked_update(queryset, lambda row: {"value": row.value + 1})
+        assert len(queries) == 0
+    assert Item.objects.using(alias).get(name="a").value == 1
 
 
 @pytest.mark.parametrize("alias", VENDORS)

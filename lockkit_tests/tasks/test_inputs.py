@@ -122,6 +122,9 @@ def test_arguments_refused_before_sql(
             {"leese": 30},
             r"unknown option\(s\) 'leese' \('leese': did you mean 'lease'\?\); known: database, lease",
         ),
+        ({"LEASE": 30}, r"unknown option\(s\) 'LEASE' \('LEASE': did you mean 'lease'\?\); known"),
+        ({("lease",): 30}, r"unknown option\(s\) \('lease',\); known"),
+        ({"x" * 200_000: 30}, r"unknown option\(s\) 'x{56}\.\.\.; known"),
         (
             {"database": "nowhere"},
             r"database must be an alias of settings.DATABASES \('default', .*got 'nowhere'",
