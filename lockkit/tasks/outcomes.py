@@ -101,7 +101,9 @@ class Outcomes:
         }
         if self._write(release, claim, values, row):
             tally.count(self.stats, row, "retried", alias=self.alias)
-            logger.warning("task %s: attempt %d failed; retrying in %gs", row.id, attempt, wait)
+            logger.warning(
+                "task %s: attempt %d failed with %s; retrying in %gs", row.id, attempt, _summary(errors), wait
+            )
 
     def finish(
         self,
@@ -370,6 +372,15 @@ class _NotRecorded(Exception):
 def worker_log(workers: list[str]) -> str:
     """The ``worker_log`` column's text for ``workers`` (one name per line)."""
     return "".join(name + WORKER_SEPARATOR for name in workers)
+
+
+def _summary(errors: list[dict[str, Any]]) -> str:
+    """The last error as a log line shows it: the traceback's last line (``ValueError: bad input``), cut short."""
+    if not errors:
+        return "no recorded error"
+    last = str(errors[-1].get("traceback") or "").rstrip().rsplit("\n", 1)[-1]
+    text = last or str(errors[-1].get("exception_class_path", "an error"))
+    return text if len(text) <= 300 else f"{text[:297]}..."
 
 
 def error_entry(failure: BaseException, attempt: int) -> dict[str, Any]:

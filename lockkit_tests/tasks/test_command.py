@@ -13,6 +13,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections
 from django.tasks import TaskResultStatus
 from django.test import override_settings
 
@@ -130,3 +131,28 @@ def test_queue_name_takes_db_workers_comma_list_and_star(alias: str) -> None:
         call_command("lockkit_worker", "--batch", "--queue-name", "*", stdout=StringIO(), stderr=err)
         assert status_of(other) == TaskResultStatus.SUCCESSFUL
         assert "queues default, queue-1;" in err.getvalue()
+
+
+@pytest.mark.timeout(60)  # before the fix the command retried for ever
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_database_not_migrated_stops_the_worker_at_start_naming_migrate(alias: str) -> None:
+    """A missing task table is a setup error, not an outage to ride out: before, the worker (``--burst`` too) retried
+    "relation does not exist" for ever and never said to migrate (a new user's trial)."""
+    table = QueuedTask._meta.db_table
+    with backend_on(alias):
+        with connections[alias].schema_editor() as editor:
+            editor.alter_db_table(QueuedTask, table, f"{table}_away")
+        try:
+            with pytest.raises(CommandError) as raised:
+                call_command("lockkit_worker", "--burst", stdout=StringIO(), stderr=StringIO())
+        finally:
+            with connections[alias].schema_editor() as editor:
+                editor.alter_db_table(QueuedTask, f"{table}_away", table)
+        assert str(raised.value) == (
+            f"the table(s) {table} of lockkit.tasks do not exist on database {alias!r}: "
+            f"run `manage.py migrate --database {alias}` first"
+        )
+        # Migrated again, the same command runs what is ready.
+        waiting = jobs.calculate_meaning_of_life.enqueue()
+        call_command("lockkit_worker", "--burst", stdout=StringIO(), stderr=StringIO())
+        assert status_of(waiting) == TaskResultStatus.SUCCESSFUL

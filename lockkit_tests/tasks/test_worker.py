@@ -7,6 +7,7 @@ its own threads and connections), against PostgreSQL, MariaDB and SQLite.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from datetime import timedelta
@@ -180,6 +181,20 @@ def test_failures_retry_with_backoff_up_to_max_attempts(alias: str) -> None:
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.return_value == 2
         assert result.attempts == 2
+
+
+def test_a_retried_attempt_logs_its_error(alias: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The retry's log line names the exception and its message (a new user's trial: it said only "failed")."""
+    with backend_on(alias, max_attempts=2, retry_backoff=60) as backend:
+        result = jobs.fail_until.enqueue(succeed_on=5)
+        with caplog.at_level(logging.WARNING, logger="lockkit.tasks"):
+            run_worker(backend)
+        lines = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+        result.refresh()
+        (error,) = result.errors
+        last_line = error.traceback.rstrip().splitlines()[-1]
+        assert lines == [f"task {result.id}: attempt 1 failed with {last_line}; retrying in 60s"]
+        assert "attempt 1 fails" in last_line
 
 
 def test_last_failure_is_final(alias: str) -> None:

@@ -7,10 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTaskBackend
 
 from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.models import QueuedTask
+from lockkit.tasks.periodic.models import PeriodicSchedule
 from lockkit.tasks.worker import Worker
 
 #: The allowed range of each numeric option: (lowest, highest, whether a fraction is allowed). See docs/tasks.md.
@@ -129,7 +132,8 @@ class Command(BaseCommand):
         """Run the worker until stopped.
 
         Raises:
-            CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (a numeric option
+            CommandError: an unknown backend, a backend that is not lockkit's, a task table that does not exist
+                (``migrate`` not run), or a bad option (a numeric option
                 out of its ``BOUNDS``, ``--batch`` with a number, ``--exclude-queues`` with named queues or
                 leaving none) before any SQL and before any thread starts; or a runner that could not go on (its claims
                 were given back).
@@ -169,6 +173,12 @@ class Command(BaseCommand):
         except (TypeError, ValueError) as error:
             name = "--queue/--queue-name: " if str(error).startswith("queues ") else ""
             raise CommandError(f"{name}{error}") from error
+        missing = _missing_tables(worker.alias, periodic=bool(worker.schedules))
+        if missing:
+            raise CommandError(
+                f"the table(s) {', '.join(missing)} of lockkit.tasks do not exist on database {worker.alias!r}: "
+                f"run `manage.py migrate --database {worker.alias}` first"
+            )
         if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
             self.stderr.write(
                 f"lockkit_worker {worker.worker_id}: queues {', '.join(worker.queues)}; concurrency "
@@ -192,6 +202,22 @@ class Command(BaseCommand):
                 f"worker {worker.worker_id}: {stats.succeeded} succeeded, {stats.failed} failed, "
                 f"{stats.retried} retried, {stats.lost} lost, {stats.given_back} given back"
             )
+
+
+def _missing_tables(alias: str, *, periodic: bool) -> list[str]:
+    """The worker's tables that do not exist on ``alias`` (not migrated); none when the server cannot say now.
+
+    A server that is down at start is ridden out by the worker's own retries, as later outages are; a table that is
+    missing is not a passing fault, and the worker would retry it for ever.
+    """
+    wanted = [QueuedTask._meta.db_table] + ([PeriodicSchedule._meta.db_table] if periodic else [])
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            present = {name.lower() for name in connection.introspection.table_names(cursor)}
+    except DatabaseError:
+        return []
+    return [table for table in wanted if table.lower() not in present]
 
 
 def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[str], Any]) -> list[str]:
