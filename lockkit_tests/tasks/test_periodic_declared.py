@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.tasks import task
+from django.test import override_settings
 
 from lockkit.tasks import periodic_task
 from lockkit.tasks.models import PeriodicSchedule, QueuedTask
@@ -154,10 +155,13 @@ def test_arguments_the_task_cannot_take_fail_the_check_and_the_worker(
         "t": {"task": "lockkit_tests.tasks.jobs.calculate_meaning_of_life", "cron": "* * * * *", **schedule}
     }
     with backend_on("default", periodic=periodic) as backend:
-        errors = [m.msg for m in backend.check() if m.id == "lockkit.tasks.E002"]
+        found = [m for m in backend.check() if m.id == "lockkit.tasks.E002"]
+        errors = [m.msg for m in found]
         assert len(errors) == 1
         assert "cannot be called with the schedule's" in errors[0]
         assert named in errors[0]
+        # The hint is about the arguments (a new user's trial: it said to name a Task by its path).
+        assert found[0].hint == "Give the schedule the args and kwargs the task's function takes."
         with pytest.raises(ImproperlyConfigured, match="cannot be called"):
             Worker(backend, queues=["default"])
     assert not PeriodicSchedule.objects.exists()
@@ -171,3 +175,24 @@ def test_a_task_module_that_does_not_import_is_named_by_the_check() -> None:
     assert errors[0].startswith(
         'TASKS["default"]["OPTIONS"]["task_modules"]: cannot import \'lockkit_tests.tasks.no_such_module\''
     )
+
+
+def test_a_declaration_under_a_test_backend_warns_and_leaves_the_task_usable() -> None:
+    """A project's tests swap TASKS for Django's ImmediateBackend: the module of a ``@periodic_task`` still imports
+    (before: ``ValueError`` at import, so none of its tasks could be tested), with a ``RuntimeWarning``."""
+    immediate = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    try:
+        with override_settings(TASKS=immediate):
+            with pytest.warns(
+                RuntimeWarning, match=r"backend 'default' \(ImmediateBackend\) is not a lockkit"
+            ):
+                doubled = periodic_task("*/5 * * * *", name="under-a-test")(task()(_doubled))
+            assert doubled.enqueue(21).return_value == 42
+            assert "under-a-test" not in declared._declared.get("default", {})
+            assert [text for text in declared._ignored if "'under-a-test'" in text]  # for the check's W002
+    finally:  # this process's later checks are not about this test's declaration
+        declared._ignored[:] = [text for text in declared._ignored if "'under-a-test'" not in text]
+
+
+def _doubled(value: int) -> int:
+    return value * 2

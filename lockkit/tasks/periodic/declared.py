@@ -7,12 +7,14 @@ the modules of the backend's ``task_modules`` option, then fires the declared sc
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.tasks import task_backends
 from django.tasks.base import Task
 from django.utils.module_loading import autodiscover_modules
 
@@ -26,6 +28,8 @@ T = TypeVar("T", bound="Task[..., Any]")
 
 #: The declared schedules, by backend alias, then by name, in the order their modules were imported.
 _declared: dict[str, dict[str, schedules.Schedule]] = {}
+#: The declarations on a task of a backend that is not lockkit's (not declared; reported by ``check``).
+_ignored: list[str] = []
 
 
 def periodic_task(
@@ -63,8 +67,13 @@ def periodic_task(
             it).
         ValueError: (from the decorator) a bad argument: a cron expression that does not parse or never fires,
             a ``missed`` other than ``"once"``/``"skip"``, a ``grace`` that is not a positive number of seconds,
-            arguments that are not JSON; the task's backend is not a lockkit.tasks ``DatabaseBackend`` (no lockkit
-            worker would fire it); or another schedule of the task's backend was declared with the same name. cronsim (the ``periodic`` extra) not installed raises it too.
+            arguments that are not JSON; or another schedule of the task's backend was declared with the same
+            name. cronsim (the ``periodic`` extra) not installed raises it too.
+
+    Warns:
+        RuntimeWarning: the task's backend is not a lockkit.tasks ``DatabaseBackend`` (a test's
+            ``ImmediateBackend``, say): nothing is declared, the task is returned unchanged, and ``manage.py check``
+            reports it (``lockkit.tasks.W002``).
     """
     if not isinstance(cron, str):
         what = f"the Task {cron.module_path}" if isinstance(cron, Task) else f"{type(cron).__name__} {cron!r}"
@@ -88,11 +97,17 @@ def periodic_task(
         runner = task.get_backend()
         # A lockkit.tasks DatabaseBackend (its class is not imported here: the backend imports this module).
         if not isinstance(getattr(runner, "settings", None), options.TaskOptions):
-            raise ValueError(
-                f"@periodic_task on {task.module_path}: its backend {task.backend!r} is a "
-                f"{type(runner).__name__}, not a lockkit.tasks DatabaseBackend: no lockkit worker would fire "
-                f"schedule {key!r}"
+            # Not refused: a project's tests commonly swap TASKS for Django's ImmediateBackend or DummyBackend,
+            # and the module must still import. Said at once, and by `manage.py check` (lockkit.tasks.W002).
+            ignored = (
+                f"@periodic_task on {task.module_path}: its backend {task.backend!r} "
+                f"({type(runner).__name__}) is not a lockkit.tasks DatabaseBackend, so schedule {key!r} is not "
+                f"declared and never fires"
             )
+            if ignored not in _ignored:
+                _ignored.append(ignored)
+            warnings.warn(ignored, RuntimeWarning, stacklevel=2)
+            return task
         spec = {
             "task": task.module_path,
             "cron": cron,
@@ -177,11 +192,30 @@ def check(backend: DatabaseBackend) -> list[checks.CheckMessage]:
         try:
             schedules.resolve(schedule, backend)
         except ImproperlyConfigured as error:
-            found.append(
-                checks.Error(
-                    str(error),
-                    hint="Name a Task (a function decorated with @task) of this backend by its dotted path.",
-                    id="lockkit.tasks.E002",
-                )
-            )
+            found.append(checks.Error(str(error), hint=_hint(str(error)), id="lockkit.tasks.E002"))
+    found += [  # once, by the first lockkit.tasks backend of TASKS
+        checks.Warning(
+            text,
+            hint="Declare it on a task of a lockkit.tasks backend (@task(backend=...)), or leave it: under a test's "
+            "ImmediateBackend or DummyBackend nothing fires schedules anyway.",
+            id="lockkit.tasks.W002",
+        )
+        for text in _ignored
+        if backend.alias == _first_lockkit_alias()
+    ]
     return found
+
+
+def _first_lockkit_alias() -> str | None:
+    """The first alias of ``TASKS`` whose backend is a lockkit.tasks ``DatabaseBackend``."""
+    for alias in task_backends:  # TaskBackendHandler iterates over the aliases
+        if isinstance(getattr(task_backends[alias], "settings", None), options.TaskOptions):
+            return str(alias)
+    return None
+
+
+def _hint(error: str) -> str:
+    """What to do about a schedule whose task cannot be resolved, by what ``schedules.resolve`` said."""
+    if "cannot be called with" in error:
+        return "Give the schedule the args and kwargs the task's function takes."
+    return "Name a Task (a function decorated with @task) of this backend by its dotted path."
