@@ -33,10 +33,14 @@ def stop_on_signals(worker_id: str, stop: Callable[[], None], stopping: threadin
 
     def on_signal(number: int, frame: FrameType | None) -> None:
         if stopping.is_set():
-            logger.warning("worker %s: second signal %d: stopping at once", worker_id, number)
+            logger.warning("worker %s: second %s: stopping at once", worker_id, _name(number))
             os._exit(1)
-        logger.info(
-            "worker %s: signal %d: finishing running tasks, giving back the others", worker_id, number
+        # WARNING, as Celery's "Warm shutdown": shown on stderr even where the project configures no logging.
+        logger.warning(
+            "worker %s: %s: stopping: finishing the running task(s), giving back the claimed ones not started "
+            "(a second signal stops at once)",
+            worker_id,
+            _name(number),
         )
         stop()
 
@@ -46,6 +50,13 @@ def stop_on_signals(worker_id: str, stop: Callable[[], None], stopping: threadin
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def block_stop_signals() -> set[int] | None:

@@ -41,7 +41,9 @@ def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_n
         running = jobs.slow.enqueue(prefix, 60.0)
         waiting = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
         args = ("--concurrency", "1", "--claim-batch", "4", "--worker-id", "graceful")
-        with worker_process(alias, *args, options=opts) as worker:
+        # No logging configured, as in a project that configures none: the stop is said on stderr all the same.
+        quiet = {"LOCKKIT_TASKS_TEST_NO_LOGGING": "1"}
+        with worker_process(alias, *args, options=opts, env=quiet) as worker:
             wait_for(lambda: Path(prefix + ".started").exists(), what="the slow task to start")
             assert QueuedTask.objects.using(alias).filter(status="RUNNING").count() == 4  # all four claimed
             worker.signal(signal.SIGTERM)
@@ -53,8 +55,9 @@ def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_n
             assert worker.process.poll() is None
             assert not Path(prefix + ".done").exists()
             worker.signal(signal.SIGKILL)  # the grace period is over
-            code, _ = worker.wait()
+            code, output = worker.wait()
         assert code == -signal.SIGKILL
+        assert "worker graceful: SIGTERM: stopping: finishing the running task(s)" in output, output
         for result in waiting:
             row = QueuedTask.objects.using(alias).get(pk=result.id)
             assert (row.attempts, row.worker_ids, row.lease_expires_at) == (0, [], None)
