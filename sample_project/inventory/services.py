@@ -1,7 +1,7 @@
 """Reserving stock with lockkit: lock the row that decides, decide in Python, write, commit; retried as a whole.
 
 ``reserve_stock`` is ``lockkit.locked_update``: on PostgreSQL two round trips (the locking ``SELECT``, then
-``UPDATE ...; COMMIT``), the fastest correct form when Python decides. ``reserve_order`` locks several rows in
+``UPDATE ...; COMMIT``), the correct form with the fewest round trips when Python decides. ``reserve_order`` locks several rows in
 primary-key order in a locked operation and records a ``Reservation`` row per line in the same transaction, so
 concurrent orders with overlapping SKUs queue behind each other instead of deadlocking. docs/usage.md ("Which form
 for which job") and docs/sample_project.md compare them with hand-written code and ``guarded_update``.
