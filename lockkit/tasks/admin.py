@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.tasks.base import TaskResultStatus
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from lockkit.tasks import results
 from lockkit.tasks.backend import DatabaseBackend
@@ -129,8 +130,29 @@ class QueuedTaskAdmin(_ModelAdmin):
         return bool(user.has_perm(f"{self.opts.app_label}.{codename}"))
 
     def get_readonly_fields(self, request: HttpRequest, obj: QueuedTask | None = None) -> Any:
-        """Every field."""
-        return [f.name for f in self.model._meta.fields]
+        """Every field; ``errors`` shown as one traceback per attempt (``errors_by_attempt``)."""
+        return ["errors_by_attempt" if f.name == "errors" else f.name for f in self.model._meta.fields]
+
+    @admin.display(description="Errors")
+    def errors_by_attempt(self, obj: QueuedTask) -> str:
+        """Each failed attempt's number, exception class and traceback, as text (not the stored JSON)."""
+        errors = obj.errors
+        if not errors:
+            return "-"
+        if not isinstance(errors, list) or not all(isinstance(error, dict) for error in errors):
+            return format_html("<pre>{}</pre>", repr(errors))  # a row lockkit did not write: shown as it is
+        return format_html_join(
+            "",
+            "<p><strong>Attempt {}</strong>: {}</p><pre>{}</pre>",
+            (
+                (
+                    error.get("attempt", "?"),
+                    error.get("exception_class_path", "?"),
+                    error.get("traceback", ""),
+                )
+                for error in errors
+            ),
+        )
 
     @admin.action(description="Retry the selected finished tasks", permissions=["retry"])
     def retry(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> TemplateResponse | None:

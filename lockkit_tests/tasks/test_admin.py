@@ -267,3 +267,24 @@ def test_a_running_tasks_delete_page_redirects_only_users_who_may_see_it() -> No
         assert response.redirect_chain == [(f"{CHANGELIST}{running.id}/change/", 302)]
         assert "1 running task(s) not deleted" in response.content.decode()
         assert QueuedTask.objects.using("default").filter(pk=running.id).exists()
+
+
+@on_postgresql
+def test_a_tasks_errors_show_as_a_traceback_per_attempt() -> None:
+    """Not the stored JSON with its escaped newlines (a new user's trial)."""
+    with backend_on("default", max_attempts=1) as backend:
+        failed = jobs.failing_task_value_error.enqueue()
+        run_worker(backend)
+        viewer = _staff("viewer", "view_queuedtask")
+        page = viewer.get(f"{CHANGELIST}{failed.id}/change/").content.decode()
+        assert (
+            "<strong>Attempt 1</strong>: builtins.ValueError</p><pre>Traceback (most recent call last):\n"
+            in page
+        )
+        assert "ValueError: This task failed due to ValueError\n</pre>" in page
+        assert '\\n  File \\"' not in page  # the JSON's escapes are gone
+        # A row lockkit did not write (errors not a list of records) is shown as it is, not a server error.
+        QueuedTask.objects.filter(pk=failed.id).update(errors={"<b>x</b>": 1})
+        response = viewer.get(f"{CHANGELIST}{failed.id}/change/")
+        assert response.status_code == 200
+        assert "<pre>{&#x27;&lt;b&gt;x&lt;/b&gt;&#x27;: 1}</pre>" in response.content.decode()
