@@ -5,7 +5,6 @@ Through Django's test client with real users: one who may only view tasks, one w
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from django.test import Client, RequestFactory
 from lockkit.claims import claim_next
 from lockkit.tasks.admin import QueuedTaskAdmin
 from lockkit.tasks.models import QueuedTask
+from lockkit_tests.support.util import run_threads
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, vendor_aliases
 
@@ -213,17 +213,14 @@ def _worker_claims_during_delete(claimed: list[Any]) -> Callable[..., None]:
     connection, in a thread) claims every ready task it can, as the tasks worker does (``SKIP LOCKED``)."""
 
     def receiver(sender: Any, **kwargs: Any) -> None:
-        def claim() -> None:
+        def claim(_: int) -> None:
             try:
                 ready = QueuedTask.objects.using("default").filter(status=TaskResultStatus.READY)
                 claimed.extend(claim_next(ready, worker="w", lease=30, limit=10, set={"status": "RUNNING"}))
             finally:
                 connections.close_all()
 
-        thread = threading.Thread(target=claim)
-        thread.start()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
+        run_threads(claim, 1, timeout=30)
 
     return receiver
 
