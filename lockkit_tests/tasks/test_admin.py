@@ -49,7 +49,10 @@ def test_admin_is_read_only() -> None:
     request = RequestFactory().get("/")
     assert not model_admin.has_add_permission(request)
     assert not model_admin.has_change_permission(request)
-    assert set(model_admin.get_readonly_fields(request)) == {f.name for f in QueuedTask._meta.fields}
+    # Every field, errors shown by attempt (a traceback each).
+    assert set(model_admin.get_readonly_fields(request)) == {
+        "errors_by_attempt" if f.name == "errors" else f.name for f in QueuedTask._meta.fields
+    }
     assert model_admin.list_filter == ("status", "queue_name", "backend_name")
 
 
