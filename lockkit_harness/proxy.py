@@ -95,6 +95,7 @@ class FaultProxy:
         self.connections = 0
         self._armed: deque[Action] = deque()
         self._arm_filter: Callable[[int | None], bool] | None = None
+        self._arm_statement: bytes | None = None  # armed on statements starting so (upper case), not COMMITs
         self._links: set[_Link] = set()
         self._held: list[_Link] = []
         self._loop = asyncio.new_event_loop()
@@ -164,17 +165,30 @@ class FaultProxy:
 
     # -- control (from any thread) -----------------------------------------------------------------------------
 
-    def arm(self, action: Action, count: int = 1, *, backend_pid: int | None = None) -> None:
-        """Act on the next ``count`` COMMITs (of the connection to ``backend_pid`` only, when given)."""
+    def arm(
+        self,
+        action: Action,
+        count: int = 1,
+        *,
+        backend_pid: int | None = None,
+        statement: bytes | None = None,
+    ) -> None:
+        """Act on the next ``count`` COMMITs (of the connection to ``backend_pid`` only, when given).
+
+        With ``statement`` (``b"INSERT"``), act instead on the next messages whose text starts with it (any case):
+        a statement run alone in autocommit commits with its reply, as a ``COMMIT`` does.
+        """
         with self._lock:
             self._armed.extend([action] * count)
             self._arm_filter = None if backend_pid is None else (lambda pid: pid == backend_pid)
+            self._arm_statement = None if statement is None else statement.upper()
 
     def disarm(self) -> None:
         """Forget COMMITs armed but not yet seen."""
         with self._lock:
             self._armed.clear()
             self._arm_filter = None
+            self._arm_statement = None
 
     @property
     def armed(self) -> int:
@@ -365,6 +379,7 @@ class FaultProxy:
         return messages, buffer
 
     def _is_commit(self, message: bytes) -> bool:
+        """Whether ``message`` is one an armed action acts on: a ``COMMIT``, or the armed ``statement``."""
         if self.protocol == "mysql":
             if len(message) < 5 or message[4] != _MYSQL_COM_QUERY:
                 return False
@@ -378,6 +393,10 @@ class FaultProxy:
             text = body[name_end + 1 : body.find(b"\x00", name_end + 1)]
         else:
             return False
+        with self._lock:
+            statement = self._arm_statement
+        if statement is not None:
+            return text.lstrip().upper().startswith(statement)
         # The last statement of the message: lockkit's claims send ``BEGIN; ...; <statement>; COMMIT`` as one.
         last = text.strip().rstrip(b";").rsplit(b";", 1)[-1]
         return last.strip().upper() in (b"COMMIT", b"COMMIT WORK", b"END")

@@ -416,7 +416,8 @@ class Sessions:
     def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
         """Whether server session ``pid`` is gone or idle (its transaction over), asked on ``connection``.
 
-        For resolving a claims call whose reply was lost. Generic: ``False`` (it cannot be known).
+        For resolving a message or statement whose reply was lost (claims, an enqueue). Generic: ``False`` (it
+        cannot be known).
         """
         return False
 

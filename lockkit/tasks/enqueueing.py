@@ -5,6 +5,12 @@ data-modifying CTE, always run to completion; ``pg_notify`` in the outer ``SELEC
 notifications of one transaction into one, so a transaction of many enqueues wakes the workers once. See
 https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-MODIFYING and
 https://www.postgresql.org/docs/current/sql-notify.html.
+
+Outside any transaction the insert commits at once (autocommit), retried through lockkit's one retry path
+(``call_with_retry``, ``settings.LOCKKIT["RETRY"]``): a server that refuses connections is tried again (nothing was
+sent); a reply lost after the statement went is decided from the rows once the server session that had it ended
+(the engine's ``outcome.await_session_end``; the task's id is known before it is sent): written (done), not written
+(sent again, same id), or ``CommitOutcomeUnknown``. Inside a transaction its errors are the caller's transaction's.
 """
 
 from __future__ import annotations
@@ -12,9 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
-from lockkit._engine import commits, cursors
+from lockkit._engine import commits, cursors, outcome
+from lockkit._engine.liveness import discard_after_loss
+from lockkit.backends import backend_for
+from lockkit.errorcodes.translate import translating
+from lockkit.errors import ConnectionLost, Failure
+from lockkit.retries import call_with_retry, from_settings, reconnect_budget
 from lockkit.scopes.stack import innermost_scope
 from lockkit.tasks.notify import CHANNEL
 
@@ -36,13 +47,18 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
     Raises:
         django.db.transaction.TransactionManagementError: transactions are open on several other aliases and
             none of them is a lockkit scope's: which one the task belongs to is unknown.
+        lockkit.ConnectionLost: committing at once, the connection was refused or lost and the row certainly
+            not written, on every attempt ``settings.LOCKKIT["RETRY"]`` allows.
+        lockkit.CommitOutcomeUnknown: committing at once, the reply was lost and whether the row was written
+            could not be found out.
     """
     connection = connections[alias]
 
     def insert() -> None:
-        _insert(row, connection, notify)
-        if not connection.in_atomic_block:
-            commits.committed(alias)
+        if connection.in_atomic_block:
+            _insert(row, connection, notify)
+        else:
+            _insert_at_once(row, alias, notify)
         then()
 
     if connection.in_atomic_block:
@@ -68,7 +84,68 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
         )
 
 
+#: What an enqueue committing at once retries: a connection refused or lost before the row was written.
+_RETRIED = frozenset({Failure.CONNECTION_LOST})
+_OPERATION = "lockkit.tasks.enqueue"
+
+
+def _insert_at_once(row: Any, alias: str, notify: str | None) -> None:
+    """Insert ``row`` outside any transaction on ``alias``, committed at once; a lost reply decided from the rows."""
+    connection = connections[alias]
+    setting = from_settings(retry_on=_RETRIED)
+    within = reconnect_budget(setting)
+
+    def attempt(number: int) -> None:
+        with translating(alias, nowait=False, attempts=number):
+            connection.ensure_connection()  # refused: nothing was sent (retried)
+        session = backend_for(connection).sessions.local_session_id(connection)
+        try:
+            with translating(alias, nowait=False, attempts=number):
+                _insert(row, connection, notify)
+        except ConnectionLost as lost:
+            discard_after_loss(alias)
+            _decide(row, alias, session, lost, within)
+        commits.committed(alias)
+
+    if setting is None:
+        attempt(1)
+    else:
+        call_with_retry(setting, attempt, alias=alias, operation=_OPERATION)
+
+
+def _decide(row: Any, alias: str, pid: int | None, lost: ConnectionLost, within: float) -> None:
+    """The reply to the insert of ``row`` was lost: return if it was written, raise ``lost`` if it certainly was not.
+
+    With ``pid`` (the server session the insert went on) that session is first waited out (it has committed or
+    rolled back, or is gone), so a row not found then cannot appear later. Without it (a backend that reads no
+    session id), a row not found says nothing for certain.
+
+    Raises:
+        lockkit.ConnectionLost: ``lost``: the row was not written (retried, with the same id).
+        lockkit.CommitOutcomeUnknown: the session could not be waited out, or the row could not be read.
+    """
+    if pid is not None:
+        outcome.await_session_end(alias, pid, lost, within=within)
+    try:
+        with translating(alias, nowait=False):
+            written = type(row)._base_manager.using(alias).filter(pk=row.pk).exists()
+    except DatabaseError:
+        raise outcome.unknown(alias, lost, what="the INSERT of a task") from lost
+    if written:
+        return
+    if pid is None:
+        raise outcome.unknown(alias, lost, what="the INSERT of a task") from lost
+    raise lost
+
+
 def _insert(row: Any, connection: Any, notify: str | None) -> None:
+    sql, params = _statement_of(row, connection, notify)
+    with cursors.kept(connection) as cursor:
+        cursor.execute(sql, params)
+
+
+def _statement_of(row: Any, connection: Any, notify: str | None) -> tuple[str, list[Any]]:
+    """The insert of ``row`` (with PostgreSQL's ``NOTIFY`` for ``notify``) and its values."""
     postgresql = connection.vendor == "postgresql"
     # Only the columns with a value: a column left out is NULL (no task column has a database default), and the
     # driver quotes fewer parameters (most of an enqueue's time in the client).
@@ -80,8 +157,7 @@ def _insert(row: Any, connection: Any, notify: str | None) -> None:
             fields.append(field)
             values.append(field.get_db_prep_save(value, connection))
     sql = _statement(connection, type(row), tuple(fields), postgresql and notify is not None)
-    with cursors.kept(connection) as cursor:
-        cursor.execute(sql, [*values, CHANNEL, notify] if postgresql and notify is not None else values)
+    return sql, [*values, CHANNEL, notify] if postgresql and notify is not None else values
 
 
 def _statement(connection: Any, model: Any, fields: tuple[Any, ...], notify: bool) -> str:

@@ -147,9 +147,20 @@ class WorkerProcess:
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             self.kill()
             raise AssertionError(f"worker {self.pid} did not exit in {timeout}s:\n{self.log()}") from None
         return self.process.returncode, self.log()
+
+    def dump_stacks(self) -> None:
+        """Have the worker write every thread's stack to its log (``faulthandler`` on ``SIGUSR1``), if it runs."""
+        if self.process.poll() is not None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while "most recent call first" not in self.log() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -3,15 +3,21 @@
 ``LOCKKIT_TASKS_TEST_DATABASES`` (JSON ``{alias: {setting: value}}``) points each alias at the database the parent
 uses (its test database's ``NAME``; a throwaway cluster's ``HOST``/``PORT``);
 ``LOCKKIT_TASKS_TEST_TASKS`` (JSON) replaces ``TASKS``; ``LOCKKIT_TASKS_TEST_NO_LOGGING`` leaves ``LOGGING`` unset.
+``SIGUSR1`` writes every thread's stack to the worker's log (``faulthandler``).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 
 from lockkit_tests.settings import *  # noqa: F403 (the suite's settings, adjusted below)
 from lockkit_tests.settings import DATABASES
+
+# A worker that does not exit in time is asked for every thread's stack before it is killed (WorkerProcess.wait).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 for _alias, _overrides in json.loads(os.environ.get("LOCKKIT_TASKS_TEST_DATABASES", "{}")).items():
     DATABASES[_alias] = {**DATABASES[_alias], **_overrides, "TEST": {}}
