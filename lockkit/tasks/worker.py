@@ -59,6 +59,8 @@ class Worker:
         lease: The claim's lease in seconds (default the backend's ``lease`` option).
         burst: Exit once no task is ready and none is running.
         max_tasks: Exit once this many tasks were claimed and ended (``None``: no limit); it never claims more.
+        poll_interval: Seconds an idle worker waits before looking for ready tasks again (default the backend's
+            ``poll_interval`` option); on PostgreSQL a ``NOTIFY`` wakes it sooner.
         worker_id: The worker's name (default ``<host>-<pid>-<random>``).
 
     Raises:
@@ -79,6 +81,7 @@ class Worker:
         lease: float | None = None,
         burst: bool = False,
         max_tasks: int | None = None,
+        poll_interval: float | None = None,
         worker_id: str | None = None,
     ) -> None:
         """Check the arguments (nothing runs until ``run()``)."""
@@ -97,6 +100,9 @@ class Worker:
         if self.lease < 1:
             raise ValueError(f"lease must be at least 1 second, got {lease!r}")
         self.burst = burst
+        self.poll_interval = (
+            self.settings.poll_interval if poll_interval is None else duration(poll_interval, "poll_interval")
+        )
         self.max_tasks = None if max_tasks is None else _positive(max_tasks, "max_tasks")
         self._claimed = 0  # tasks claimed so far (max_tasks)
         self.worker_id = default_worker_id() if worker_id is None else worker_id
@@ -275,7 +281,7 @@ class Worker:
                     failures += 1
                     logger.warning("worker %s: claiming failed, retrying: %s", self.worker_id, failure)
                     connections[self.alias].close()
-                    self._wake.wait(min(self.settings.poll_interval, 0.1 * 2**failures))
+                    self._wake.wait(min(self.poll_interval, 0.1 * 2**failures))
                     self._wake.clear()
                     continue
             for item in claimed:
@@ -286,7 +292,7 @@ class Worker:
                 continue
             if self.burst and idle == self.concurrency:
                 return  # nothing ready, nothing running, nothing waiting
-            self._wake.wait(self.settings.poll_interval)
+            self._wake.wait(self.poll_interval)
             self._wake.clear()
 
     def _claim(self, limit: int) -> list[Claimed[Any]]:

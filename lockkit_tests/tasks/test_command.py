@@ -8,6 +8,8 @@ and the startup line on stderr.
 from __future__ import annotations
 
 import re
+import signal
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -16,6 +18,7 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.tasks import TaskResultStatus
 from django.test import override_settings
+from django.utils import timezone
 
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.tasks import jobs
@@ -26,6 +29,7 @@ from lockkit_tests.tasks.helpers import (
     status_of,
     tasks_setting,
     vendor_aliases,
+    wait_for,
     worker_process,
 )
 
@@ -80,8 +84,8 @@ def test_startup_line_on_stderr_without_logging(alias: str) -> None:
             code, output = worker.wait(timeout=30)
         assert code == 0, output
         assert (
-            "lockkit_worker announced: queues default; concurrency 2; claim batch 2; lease 5s; backend 'default' "
-            "on database 'default'" in output
+            "lockkit_worker announced: queues default; concurrency 2; claim batch 2; lease 5s; idle poll 0.1s; "
+            "backend 'default' on database 'default'" in output
         )
         assert (
             "of backend 'default' on database" not in output
@@ -106,6 +110,9 @@ def test_startup_line_on_stderr_without_logging(alias: str) -> None:
         (["--queue-name", ",,"], {}, "--queue-name: no queue named in ',,' ('*' for all)"),
         (["--max-tasks", "0"], {}, "--max-tasks must be a whole number from 1 to"),
         (["--claim-batch", "1001"], {}, "--claim-batch must be a whole number from 1 to 1000, got '1001'"),
+        (["--interval", "0"], {}, "--interval must be a number from 0.01 to 86400, got '0'"),
+        (["--interval", "nan"], {}, "--interval must be a number from 0.01 to 86400, got 'nan'"),
+        (["--reload"], {}, "lockkit_worker has no --reload"),
     ],
 )
 def test_options_refused_before_sql(
@@ -116,6 +123,28 @@ def test_options_refused_before_sql(
         with pytest.raises(CommandError, match=re.escape(message)):
             call_command("lockkit_worker", *argv, stdout=StringIO(), stderr=StringIO(), **kwargs)
         assert [row.status for row in rows(alias)] == [TaskResultStatus.READY]
+
+
+@pytest.mark.parametrize("alias", [MARIADB])
+def test_interval_sets_the_idle_poll_and_db_workers_no_op_options_are_accepted(alias: str) -> None:
+    """A task that becomes due while the worker is idle is found by its next poll: every ``--interval``.
+
+    On MariaDB nothing else wakes an idle worker (no ``NOTIFY``), and with the backend's ``poll_interval`` of 60 s
+    the task would wait past the test's 30 s.
+    """
+    with backend_on(alias, poll_interval=60):
+        due = timezone.now() + timedelta(seconds=2)
+        result = jobs.calculate_meaning_of_life.using(run_after=due).enqueue()
+        args = ("--interval", "0.05", "--no-startup-delay", "--no-reload", "--worker-id", "polling")
+        with worker_process(alias, *args, options={"poll_interval": 60}) as worker:
+            wait_for(
+                lambda: status_of(result) == TaskResultStatus.SUCCESSFUL, what="the task to run", timeout=30
+            )
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait(timeout=30)
+        assert code == 0, output
+        assert "idle poll 0.05s" in output
+        assert "worker polling: 1 succeeded" in output
 
 
 @pytest.mark.parametrize("alias", [POSTGRESQL])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ BOUNDS: dict[str, tuple[int, int, bool]] = {
     "claim-batch": (1, 1000, False),
     "lease": (1, 86400, True),
     "max-tasks": (1, 2**31 - 1, False),
+    "interval": (0.01, 86400, True),
 }
 
 
@@ -60,9 +62,10 @@ class Command(BaseCommand):
     """``manage.py lockkit_worker``: claim, run and record the tasks of a ``lockkit.tasks.DatabaseBackend``.
 
     ``[--backend B] [--queue Q ...] [--queue-name Q,R|*] [--exclude-queues Q,R ...] [--burst | --batch]
-    [--max-tasks N] [--concurrency N] [--claim-batch N] [--lease S] [--worker-id NAME]``; the options it shares
-    with django-tasks' ``db_worker`` (``--backend``, ``--queue-name``, ``--batch``, ``--max-tasks``,
-    ``--worker-id``) mean what they mean there. ``SIGTERM`` or ``SIGINT`` (Ctrl-C): the claimed tasks not started
+    [--max-tasks N] [--concurrency N] [--claim-batch N] [--lease S] [--interval S] [--worker-id NAME]``; the
+    options it shares with django-tasks' ``db_worker`` (``--backend``, ``--queue-name``, ``--batch``,
+    ``--max-tasks``, ``--interval``, ``--worker-id``) mean what they mean there; its ``--no-startup-delay`` and
+    ``--no-reload`` are accepted and change nothing, its ``--reload`` is refused. ``SIGTERM`` or ``SIGINT`` (Ctrl-C): the claimed tasks not started
     are given back at once, the running tasks finish, and the command exits 0. A second signal stops at once
     (exit 1); the tasks it was running are taken again by another worker when their lease ends. See docs/tasks.md.
     """
@@ -126,18 +129,43 @@ class Command(BaseCommand):
             default=None,
             help="Seconds a claim lasts (1 to 86400; default: OPTIONS['lease']).",
         )
+        parser.add_argument(
+            "--interval",
+            default=None,
+            help="Seconds an idle worker waits before looking for ready tasks again (0.01 to 86400; default: "
+            "OPTIONS['poll_interval']), as db_worker's --interval. On PostgreSQL a NOTIFY wakes it sooner.",
+        )
         parser.add_argument("--worker-id", default=None, help="The worker's name (default: host-pid-random).")
+        # db_worker's options that have no meaning here, so that its unit files run unchanged where they can.
+        parser.add_argument(
+            "--no-startup-delay",
+            action="store_true",
+            help="Accepted for db_worker's unit files: lockkit_worker has no random delay at start.",
+        )
+        parser.add_argument(
+            "--reload",
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help="--no-reload is accepted for db_worker's unit files; --reload (restart on code changes) is not "
+            "offered: restart the worker when you deploy.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the worker until stopped.
 
         Raises:
             CommandError: an unknown backend, a backend that is not lockkit's, a task table that does not exist
-                (``migrate`` not run), or a bad option (a numeric option
+                (``migrate`` not run), ``--reload``, or a bad option (a numeric option
                 out of its ``BOUNDS``, ``--batch`` with a number, ``--exclude-queues`` with named queues or
                 leaving none) before any SQL and before any thread starts; or a runner that could not go on (its claims
                 were given back).
         """
+        if options["reload"]:
+            raise CommandError(
+                "lockkit_worker has no --reload: a restart in the middle of a task would leave its claim until "
+                "the lease ends. Restart the worker when the code changes (systemd, your process manager or a "
+                "file watcher sending SIGTERM: the running tasks finish first)"
+            )
         if not isinstance(options["batch"], bool):
             raise CommandError(
                 f"--batch N is now --claim-batch N (tasks claimed per statement): write --claim-batch "
@@ -168,6 +196,7 @@ class Command(BaseCommand):
                 lease=numbers["lease"],
                 burst=options["burst"] or options["batch"],
                 max_tasks=None if numbers["max-tasks"] is None else int(numbers["max-tasks"]),
+                poll_interval=numbers["interval"],
                 worker_id=options["worker_id"],
             )
         except (TypeError, ValueError) as error:
@@ -182,7 +211,8 @@ class Command(BaseCommand):
         if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
             self.stderr.write(
                 f"lockkit_worker {worker.worker_id}: queues {', '.join(worker.queues)}; concurrency "
-                f"{worker.concurrency}; claim batch {worker.batch}; lease {worker.lease:g}s; backend "
+                f"{worker.concurrency}; claim batch {worker.batch}; lease {worker.lease:g}s; idle poll "
+                f"{worker.poll_interval:g}s; backend "
                 f"{backend.alias!r} on database {worker.alias!r}"
                 + ("; until none is ready" if worker.burst else "")
                 + (f"; at most {worker.max_tasks} tasks" if worker.max_tasks else "")
