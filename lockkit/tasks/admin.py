@@ -53,6 +53,8 @@ class QueuedTaskAdmin(_ModelAdmin):
     search_fields = ("id", "task_path", "claimed_by", "retry_of")
     ordering = ("-enqueued_at",)
     actions = ("retry", "delete_selected")
+    # Shown as errors_by_attempt (a read-only field in its place), not also as the stored JSON in the form.
+    exclude = ("errors",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """Tasks are enqueued by code, never added by hand."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, cast
 
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.signals import setting_changed
-from django.db import DEFAULT_DB_ALIAS, router
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, router
 from django.db.models import CharField
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult, TaskResultStatus
@@ -18,6 +19,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from lockkit._engine.liveness import discard_if_dead
+from lockkit.errorcodes.table import code_of
 from lockkit.tasks import arguments, enqueueing, options, results
 from lockkit.tasks.periodic import declared
 
@@ -123,7 +125,17 @@ class DatabaseBackend(BaseTaskBackend):
         discard_if_dead(alias)
         result = cast("TaskResult[_P, _R]", results.result_of(row, task))
         notify = task.queue_name if self.settings.notify else None
-        enqueueing.write(row, alias, notify, lambda: task_enqueued.send(type(self), task_result=result))
+        try:
+            enqueueing.write(row, alias, notify, lambda: task_enqueued.send(type(self), task_result=result))
+        except DatabaseError as error:
+            if _no_table(error):
+                from lockkit.tasks.models import QueuedTask
+
+                error.add_note(
+                    f"lockkit.tasks: the task table {QueuedTask._meta.db_table} does not exist on database "
+                    f"{alias!r}: run `manage.py migrate --database {alias}`"
+                )
+            raise
         return result
 
     def validate_task(self, task: Task[..., Any]) -> None:
@@ -135,8 +147,17 @@ class DatabaseBackend(BaseTaskBackend):
             django.tasks.exceptions.InvalidTask: the task is not valid for this backend, is another backend's
                 (its result could not be read back through ``task.get_result()`` or ``refresh()``), or its
                 module is in no installed app nor in ``OPTIONS["task_modules"]``, or its queue name is longer
-                than the task table's column (32 characters).
+                than the task table's column (32 characters), or its ``run_after`` is not an aware
+                ``datetime`` (a ``timedelta`` included: the message shows the delay's form).
         """
+        run_after: object = task.run_after
+        if run_after is not None and not isinstance(run_after, datetime):
+            hint = (
+                ": for a delay, use task.using(run_after=timezone.now() + timedelta(...))"
+                if isinstance(run_after, timedelta)
+                else ""
+            )
+            raise InvalidTask(f"run_after must be an aware datetime, not {type(run_after).__name__}{hint}")
         super().validate_task(task)
         results.check_task_path(task.module_path, self.settings.task_modules)
         longest = _column_length("queue_name")
@@ -289,6 +310,15 @@ def _require_app(alias: str) -> None:
             f'TASKS["{alias}"] is a lockkit.tasks backend but "lockkit.tasks" is not in INSTALLED_APPS: add it '
             f"and run migrate (the task table is its)"
         )
+
+
+#: The codes of "no such table": PostgreSQL's SQLSTATE, MariaDB/MySQL's error number.
+_NO_TABLE_CODES = frozenset({"42P01", "1146"})
+
+
+def _no_table(error: DatabaseError) -> bool:
+    """Whether ``error`` says a table does not exist (SQLite's error carries no code: its message says so)."""
+    return code_of(error) in _NO_TABLE_CODES or str(error).startswith("no such table:")
 
 
 def _column_length(field: str) -> int:

@@ -32,6 +32,9 @@ from lockkit.tasks.options import TaskOptions
 
 logger = logging.getLogger("lockkit.tasks.worker")
 
+#: A success not written yet: (its values' key, row, claim, values, task).
+_Done = tuple[str, QueuedTask, Claim, dict[str, Any], "Task[..., Any] | None"]
+
 
 @dataclass
 class Stats:
@@ -68,7 +71,10 @@ class Outcomes:
         self.batch = batch
         self.stats = stats
         self._now = claims_sql_for(QueuedTask, alias).now()
-        self._local = threading.local()
+        # Successes not written yet (any thread's), all with the same values; when the oldest of them ended.
+        self._done: list[_Done] = []
+        self._done_since = 0.0
+        self._done_lock = threading.Lock()
         # Claims this worker ended (pk -> (claim, when)), until a later beat shows the database agrees.
         self._ended: dict[Any, tuple[Claim, float]] = {}
         self._ended_lock = threading.Lock()
@@ -131,14 +137,22 @@ class Outcomes:
             self.hold(row, claim, values, task)  # written with the next claim (handover.py)
             return
         if self.batch > 1 and status == TaskResultStatus.SUCCESSFUL and not errors and not extra:
-            # Successes with the same values are completed together: one statement (one commit) per batch.
-            done = self._done()
+            # Successes with the same values are completed together: one statement (one commit) per batch, at
+            # the latest ``flush(older_than=...)`` after the first of them ended (the worker's flushing thread).
             key = json.dumps([value, "errors" in values], sort_keys=True)
-            if done and done[0][0] != key:
-                self.flush()
-            done.append((key, row, claim, values, task))
-            if len(done) >= self.batch:
-                self.flush()
+            ready: list[list[_Done]] = []
+            with self._done_lock:
+                if self._done and self._done[0][0] != key:
+                    ready.append(self._done)
+                    self._done = []
+                if not self._done:
+                    self._done_since = time.monotonic()
+                self._done.append((key, row, claim, values, task))
+                if len(self._done) >= self.batch:
+                    ready.append(self._done)
+                    self._done = []
+            for items in ready:
+                self._complete_together(items)
             return
         self.write(row, claim, values, task)
 
@@ -185,25 +199,22 @@ class Outcomes:
         attempt = len(row.worker_ids)
         self.fail(row, claim, [*errors, error_entry(failure, attempt)], attempt, task)
 
-    def _done(self) -> list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]]:
-        """This thread's successes not written yet."""
-        done: list[tuple[str, QueuedTask, Claim, dict[str, Any], Task[..., Any] | None]] | None
-        done = getattr(self._local, "done", None)
-        if done is None:
-            done = self._local.done = []
-        return done
+    def flush(self, older_than: float = 0.0) -> None:
+        """Complete the buffered successes (any thread's) in one fenced statement (all or none).
 
-    def flush(self) -> None:
-        """Complete this thread's buffered successes in one fenced statement (all or none).
+        Args:
+            older_than: Only when the first of them ended at least this many seconds ago (0: now).
 
         When one of them was taken by another worker meanwhile (``StaleClaim``: nothing was written), each is
         completed on its own, so only the stale ones are dropped.
         """
-        done = self._done()
-        if not done:
-            return
-        items = list(done)
-        done.clear()
+        with self._done_lock:
+            if not self._done or time.monotonic() - self._done_since < older_than:
+                return
+            items, self._done = self._done, []
+        self._complete_together(items)
+
+    def _complete_together(self, items: list[_Done]) -> None:
         values = items[0][3]
         claims = [item[2] for item in items]
         refusable = values["return_value"] is not None  # the same value for all of them

@@ -42,6 +42,9 @@ logger = logging.getLogger("lockkit.tasks.worker")
 #: The longest a worker name may be (the claim column's length less room for nothing else).
 WORKER_ID_MAX_LENGTH = 255
 
+#: Seconds a success completed in a batch may wait for the batch to fill: then it is written anyway.
+SUCCESS_WRITTEN_AFTER = 0.1
+
 
 def default_worker_id() -> str:
     """``<host>-<pid>-<random>``: unique per process, readable in ``worker_ids`` and the admin."""
@@ -188,6 +191,14 @@ class Worker:
         # On stop(), the claimed tasks not started go back at once, not when the running ones end: a SIGKILL
         # after a grace period charges them nothing.
         giver = threading.Thread(target=self._give_back_on_stop, name="lockkit-tasks-give-back", daemon=True)
+        # Successes completed in batches are written SUCCESS_WRITTEN_AFTER after they ended at the latest, even
+        # while the thread that ran them runs the next task: finished, a task does not stay RUNNING (and does not
+        # run again after a SIGKILL) for as long as the next one takes.
+        flushers = (
+            [threading.Thread(target=self._flush_aged, name="lockkit-tasks-flush", daemon=True)]
+            if self.batch > 1
+            else []
+        )
         logger.info(
             "worker %s: queues %s of backend %r on database %r (concurrency %d, batch %d, lease %gs)",
             self.worker_id, ", ".join(self.queues), self.backend.alias, self.alias, self.concurrency,
@@ -205,7 +216,7 @@ class Worker:
                 beat = heartbeat_every(mine, worker=self.worker_id, lease=self.lease).__enter__()
                 self._beat = beat
                 self._attempts = Attempts(self.outcomes, beat)
-                for thread in [*runners, giver]:
+                for thread in [*runners, giver, *flushers]:
                     thread.start()
                 if wakeup is not None:
                     wakeup.start()
@@ -220,9 +231,10 @@ class Worker:
                 self._loop()
             finally:
                 self.stopping.set()
-                for thread in [*runners, giver]:
+                for thread in [*runners, giver, *flushers]:
                     thread.join(timeout=None)
                 try:
+                    self.outcomes.flush()
                     if self._handover is not None:
                         self._handover.flush()
                     self._give_back()
@@ -371,6 +383,16 @@ class Worker:
                 self._cannot_go_on(failure)
             finally:
                 connections.close_all()
+
+    def _flush_aged(self) -> None:
+        """Until stopped, write the successes waiting for their batch once the first waited SUCCESS_WRITTEN_AFTER."""
+        try:
+            while not self.stopping.wait(SUCCESS_WRITTEN_AFTER / 2):
+                self.outcomes.flush(older_than=SUCCESS_WRITTEN_AFTER)
+        except BaseException as failure:
+            self._cannot_go_on(failure)
+        finally:
+            connections.close_all()
 
     def _give_back_on_stop(self) -> None:
         """Wait for ``stop()`` (or the end of ``run()``), then give back the claimed tasks not started."""

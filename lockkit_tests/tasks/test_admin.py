@@ -283,6 +283,9 @@ def test_a_tasks_errors_show_as_a_traceback_per_attempt() -> None:
         )
         assert "ValueError: This task failed due to ValueError\n</pre>" in page
         assert '\\n  File \\"' not in page  # the JSON's escapes are gone
+        assert "&quot;traceback&quot;" not in page  # nor the stored JSON itself, shown as a field of its own
+        assert 'class="form-row field-errors"' not in page
+        assert page.count("field-errors_by_attempt") == 1
         # A row lockkit did not write (errors not a list of records) is shown as it is, not a server error.
         QueuedTask.objects.filter(pk=failed.id).update(errors={"<b>x</b>": 1})
         response = viewer.get(f"{CHANGELIST}{failed.id}/change/")

@@ -15,7 +15,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.tasks import TaskResultStatus
 from django.test import override_settings
 from django.utils import timezone
@@ -174,6 +174,13 @@ def test_a_database_not_migrated_stops_the_worker_at_start_naming_migrate(alias:
         try:
             with pytest.raises(CommandError) as raised:
                 call_command("lockkit_worker", "--burst", stdout=StringIO(), stderr=StringIO())
+            # enqueue() raises the database's own error, with a note naming the command to run.
+            with pytest.raises(DatabaseError) as enqueued:
+                jobs.calculate_meaning_of_life.enqueue()
+            assert enqueued.value.__notes__ == [
+                f"lockkit.tasks: the task table {table} does not exist on database {alias!r}: "
+                f"run `manage.py migrate --database {alias}`"
+            ]
         finally:
             with connections[alias].schema_editor() as editor:
                 editor.alter_db_table(QueuedTask, f"{table}_away", table)

@@ -6,7 +6,8 @@ shows that the refusal comes before SQL. Ported in part from django-tasks' ``tes
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -43,6 +44,25 @@ def test_priority_range_refused_before_sql(priority: Any) -> None:
 def test_run_after_must_be_aware() -> None:
     with backend_on("default"), pytest.raises(InvalidTask, match="run_after must be an aware datetime"):
         jobs.noop_task.using(run_after=datetime.now()).enqueue()
+
+
+@pytest.mark.parametrize(
+    ("run_after", "message"),
+    [
+        (
+            timedelta(seconds=3),
+            "not timedelta: for a delay, use task.using(run_after=timezone.now() + timedelta(...))",
+        ),
+        ("2030-01-01T00:00:00Z", "not str"),
+        (1893456000, "not int"),
+    ],
+)
+def test_run_after_that_is_not_a_datetime_is_invalid_task_naming_its_type(
+    run_after: Any, message: str
+) -> None:
+    """Not Django's ``AttributeError: 'datetime.timedelta' object has no attribute 'utcoffset'`` (a new user's)."""
+    with backend_on("default"), pytest.raises(InvalidTask, match=re.escape(message)):
+        jobs.noop_task.using(run_after=run_after).enqueue()
 
 
 def test_validate_on_enqueue() -> None:

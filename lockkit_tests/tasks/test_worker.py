@@ -232,7 +232,9 @@ def test_stale_worker_never_overwrites_a_newer_result(alias: str) -> None:
 
 def test_command_options_checked(alias: str) -> None:
     with override_settings(TASKS=tasks_setting(alias)):
-        with pytest.raises(CommandError, match=r"--backend: .*'missing'"):
+        with pytest.raises(
+            CommandError, match=r"--backend 'missing' is not an alias of settings.TASKS \('default'\)"
+        ):
             call_command("lockkit_worker", "--backend", "missing", "--burst")
         with pytest.raises(CommandError, match="queues must name queues of backend 'default'"):
             call_command("lockkit_worker", "--queue", "nope", "--burst")

@@ -8,12 +8,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
-from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from django.tasks.base import TaskResultStatus
-from django.tasks.exceptions import InvalidTaskBackend
 from django.utils import timezone
 
-from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
 
 #: The finished statuses, the only ones pruned.
@@ -107,12 +106,7 @@ class Command(BaseCommand):
         batch = _count("batch-size", options["batch_size"], MAX_BATCH)
         limit = None if options["max_rows"] is None else _count("max-rows", options["max_rows"], None)
         statuses = set(options["status"] or FINISHED)
-        try:
-            backend = task_backends[options["backend"]]
-        except InvalidTaskBackend as error:
-            raise CommandError(f"--backend: {error}") from error
-        if not isinstance(backend, DatabaseBackend):
-            raise CommandError(f"--backend {options['backend']!r} is not a lockkit.tasks.DatabaseBackend")
+        backend = lockkit_backend(options["backend"])
         now = timezone.now()
         ages = {
             TaskResultStatus.SUCCESSFUL: now - timedelta(days=min_age),

@@ -9,16 +9,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
-from django.tasks import task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 
 from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.periodic.models import PeriodicSchedule
 from lockkit.tasks.worker import Worker
 
 #: The allowed range of each numeric option: (lowest, highest, whether a fraction is allowed). See docs/tasks.md.
-BOUNDS: dict[str, tuple[int, int, bool]] = {
+BOUNDS: dict[str, tuple[float, float, bool]] = {
     "concurrency": (1, 256, False),
     "claim-batch": (1, 1000, False),
     "lease": (1, 86400, True),
@@ -177,15 +176,7 @@ class Command(BaseCommand):
             else bounded(name, options[name.replace("-", "_")])
             for name in BOUNDS
         }
-        try:
-            backend = task_backends[options["backend"]]
-        except InvalidTaskBackend as error:
-            raise CommandError(f"--backend: {error}") from error
-        if not isinstance(backend, DatabaseBackend):
-            raise CommandError(
-                f"--backend {options['backend']!r} is {type(backend).__module__}.{type(backend).__qualname__}, "
-                f"not lockkit.tasks.DatabaseBackend"
-            )
+        backend = lockkit_backend(options["backend"])
         queues = _queues(backend, options, self.stderr.write)
         try:
             worker = Worker(
