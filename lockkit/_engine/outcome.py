@@ -83,7 +83,14 @@ def committed_unread(alias: str, lost: ConnectionLost, xid: int | None) -> Commi
     )
 
 
-def await_session_end(alias: str, pid: int | None, lost: ConnectionLost, *, within: float) -> None:
+def await_session_end(
+    alias: str,
+    pid: int | None,
+    lost: ConnectionLost,
+    *,
+    within: float,
+    what: str = "a message carrying its COMMIT",
+) -> None:
     """Wait until server session ``pid`` (which a lost message went on) has ended its transaction, or is gone.
 
     Asked on a fresh connection (reconnecting through a restart) for up to ``within`` seconds, so that the rows read
@@ -91,19 +98,27 @@ def await_session_end(alias: str, pid: int | None, lost: ConnectionLost, *, with
     that no longer exists (terminated, or another server after a failover) writes nothing more.
 
     Raises:
-        CommitOutcomeUnknown: the session was still in its transaction, or the server unreachable, when time ran out.
+        CommitOutcomeUnknown: the session was still in its transaction, or the server unreachable, when time ran
+            out; at once when no session can be named (``pid`` is ``None``, or it is a pooler's id, not a server
+            session's: ``session_ended`` says ``None``). ``what`` names what was in flight.
     """
     deadline = time.monotonic() + within
     pause = _PAUSE
     while True:
         connection = connections[alias]
+        if pid is None:
+            raise unknown(alias, lost, what=what) from lost
         try:
-            if pid is not None and backend_for(connection).sessions.session_ended(connection, pid):
-                return
+            ended = backend_for(connection).sessions.session_ended(connection, pid)
         except DatabaseError:
             discard_after_loss(alias)  # unreachable for now (a restart): ask again on a fresh connection
+            ended = False
+        if ended is None:
+            raise unknown(alias, lost, what=what) from lost
+        if ended:
+            return
         if time.monotonic() + pause > deadline:
-            raise unknown(alias, lost, what="a message carrying its COMMIT") from lost
+            raise unknown(alias, lost, what=what) from lost
         time.sleep(pause)
         pause = min(pause * 2, _PAUSE_MAX)
 

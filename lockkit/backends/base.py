@@ -413,13 +413,15 @@ class Sessions:
         """
         raise NotSupportedError(f"sessions cannot be inspected on {connection.vendor} ({connection.alias!r})")
 
-    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
+    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool | None:
         """Whether server session ``pid`` is gone or idle (its transaction over), asked on ``connection``.
 
-        For resolving a message or statement whose reply was lost (claims, an enqueue). Generic: ``False`` (it
-        cannot be known).
+        For resolving a message or statement whose reply was lost (claims, an enqueue); ``pid`` is the id
+        ``local_session_id()`` read from the driver. ``None`` when it cannot be known: the server session
+        ``connection`` reaches is not the one its driver names (a connection pooler in between, which hands out
+        ids of its own), or the backend cannot say. Generic: ``None``.
         """
-        return False
+        return None
 
     def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
         """The statement timeout a new session starts with, in seconds (role, database, options); ``None``: none."""

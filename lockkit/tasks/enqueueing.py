@@ -15,16 +15,17 @@ sent); a reply lost after the statement went is decided from the rows once the s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, Error, connections, transaction
 
 from lockkit._engine import commits, cursors, outcome
 from lockkit._engine.liveness import discard_after_loss
 from lockkit.backends import backend_for
 from lockkit.errorcodes.translate import translating
-from lockkit.errors import ConnectionLost, Failure
+from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure
 from lockkit.retries import call_with_retry, from_settings, reconnect_budget
 from lockkit.scopes.stack import innermost_scope
 from lockkit.tasks.notify import CHANNEL
@@ -87,6 +88,7 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
 #: What an enqueue committing at once retries: a connection refused or lost before the row was written.
 _RETRIED = frozenset({Failure.CONNECTION_LOST})
 _OPERATION = "lockkit.tasks.enqueue"
+_WHAT = "the INSERT of a task"
 
 
 def _insert_at_once(row: Any, alias: str, notify: str | None) -> None:
@@ -95,16 +97,27 @@ def _insert_at_once(row: Any, alias: str, notify: str | None) -> None:
     setting = from_settings(retry_on=_RETRIED)
     within = reconnect_budget(setting)
 
+    sql, params = _statement_of(row, connection, notify)
+    sessions = backend_for(connection).sessions
+
     def attempt(number: int) -> None:
-        with translating(alias, nowait=False, attempts=number):
-            connection.ensure_connection()  # refused: nothing was sent (retried)
-        session = backend_for(connection).sessions.local_session_id(connection)
+        session: list[int | None] = []  # the server session the statement was handed to, once it was
         try:
-            with translating(alias, nowait=False, attempts=number):
-                _insert(row, connection, notify)
+            with translating(alias, nowait=False, attempts=number), cursors.kept(connection) as cursor:
+                # Read once connected: a health check (CONN_HEALTH_CHECKS) may have replaced the connection.
+                session.append(sessions.local_session_id(connection))
+                cursor.execute(sql, params)
         except ConnectionLost as lost:
             discard_after_loss(alias)
-            _decide(row, alias, session, lost, within)
+            if not session:
+                raise  # refused, or lost while connecting: nothing was sent (retried)
+            _decide(row, alias, session[0], lost, within)
+        except Error:
+            raise
+        except BaseException as interrupt:  # not the database's (Ctrl-C, a signal handler's exception)
+            if session:
+                _note_interrupted(row, alias, session[0], interrupt, within)
+            raise
         commits.committed(alias)
 
     if setting is None:
@@ -116,26 +129,54 @@ def _insert_at_once(row: Any, alias: str, notify: str | None) -> None:
 def _decide(row: Any, alias: str, pid: int | None, lost: ConnectionLost, within: float) -> None:
     """The reply to the insert of ``row`` was lost: return if it was written, raise ``lost`` if it certainly was not.
 
-    With ``pid`` (the server session the insert went on) that session is first waited out (it has committed or
-    rolled back, or is gone), so a row not found then cannot appear later. Without it (a backend that reads no
-    session id), a row not found says nothing for certain.
+    The row is looked up by its id and what only this enqueue wrote (``enqueued_at``, ``task_path``). Not found,
+    the server session the insert went on (``pid``) is waited out (it has committed or rolled back, or is gone),
+    reconnecting for up to ``within`` seconds, and the row looked up again: not found then, it cannot appear later.
+    A session that cannot be named (no ``pid``, or a pooler's id) leaves a row not found undecided.
 
     Raises:
-        lockkit.ConnectionLost: ``lost``: the row was not written (retried, with the same id).
+        lockkit.ConnectionLost: ``lost``: the row was not written (retried, with the same id; another row with
+            that id, a custom ``id_function``'s repeat, is not this one: sent again, the database refuses it).
         lockkit.CommitOutcomeUnknown: the session could not be waited out, or the row could not be read.
     """
-    if pid is not None:
-        outcome.await_session_end(alias, pid, lost, within=within)
+    found = (
+        type(row)
+        ._base_manager.using(alias)
+        .filter(pk=row.pk, enqueued_at=row.enqueued_at, task_path=row.task_path)
+    )
+    with contextlib.suppress(DatabaseError):  # unreachable for now: waited out below
+        if found.exists():
+            return
+    # Not (yet) there: certain only once the session that had it has ended; then read again (it may have
+    # committed meanwhile).
+    outcome.await_session_end(alias, pid, lost, within=within, what=_WHAT)
     try:
-        with translating(alias, nowait=False):
-            written = type(row)._base_manager.using(alias).filter(pk=row.pk).exists()
+        written = found.exists()
     except DatabaseError:
-        raise outcome.unknown(alias, lost, what="the INSERT of a task") from lost
-    if written:
-        return
-    if pid is None:
-        raise outcome.unknown(alias, lost, what="the INSERT of a task") from lost
-    raise lost
+        discard_after_loss(alias)
+        raise outcome.unknown(alias, lost, what=_WHAT) from lost
+    if not written:
+        raise lost
+
+
+def _note_interrupted(row: Any, alias: str, pid: int | None, interrupt: BaseException, within: float) -> None:
+    """Say on ``interrupt`` whether the task it interrupted was enqueued (decided as a lost reply's outcome)."""
+    with contextlib.suppress(Error):
+        connections[alias].close()  # its driver may be mid-reply
+    lost = ConnectionLost(
+        f"{type(interrupt).__name__} interrupted the INSERT of a task on {alias!r}", alias=alias
+    )
+    try:
+        _decide(row, alias, pid, lost, within)
+    except CommitOutcomeUnknown:
+        interrupt.add_note(
+            f"lockkit: whether task {row.pk} was enqueued on {alias!r} is unknown: look it up before enqueueing "
+            "it again"
+        )
+    except (ConnectionLost, Error):
+        interrupt.add_note(f"lockkit: task {row.pk} was not enqueued")
+    else:
+        interrupt.add_note(f"lockkit: task {row.pk} was enqueued on {alias!r} before this was raised")
 
 
 def _insert(row: Any, connection: Any, notify: str | None) -> None:

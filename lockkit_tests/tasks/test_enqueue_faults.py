@@ -9,20 +9,28 @@ task's row exists exactly once (or the error says it does not), and the next enq
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connections
+from django.db import IntegrityError, OperationalError, connections
 from django.tasks.signals import task_enqueued
 
 from lockkit import CommitOutcomeUnknown, ConnectionLost, Failure, ReadOnlyDatabase, RetryEvent
+from lockkit.backends import backend_for
 from lockkit.tasks.models import QueuedTask
 from lockkit_harness.cluster import TempCluster, missing_binaries
 from lockkit_harness.proxy import FaultProxy
-from lockkit_tests.support.faultkit import create_tables, ended_at_first_statement, extra_alias, proxied
+from lockkit_tests.support.faultkit import (
+    behind_pgbouncer,
+    create_tables,
+    ended_at_first_statement,
+    extra_alias,
+    proxied,
+)
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import APPS, backend_on
@@ -247,3 +255,153 @@ def test_a_read_only_server_is_read_only_database_and_nothing_is_written() -> No
         assert info.value.sqlstate == "25006"
         assert _ids("default") == []
         connections["proxied"].close()
+
+
+BOUNCED = pytest.mark.django_db(
+    transaction=True, databases=["default", "bouncer", "proxied"], available_apps=APPS
+)
+
+
+@pytest.fixture
+def through_pgbouncer() -> Iterator[tuple[str, FaultProxy]]:
+    """A ``FaultProxy`` in front of a PgBouncer (transaction mode) in front of the default database."""
+    with behind_pgbouncer("default", {}) as bouncer, proxied(bouncer, "proxied") as (alias, proxy):
+        yield alias, proxy
+        connections[alias].close()
+        connections[bouncer].close()
+
+
+@BOUNCED
+def test_behind_a_pooler_a_row_not_found_is_unknown_at_once_not_sent_again(
+    through_pgbouncer: tuple[str, FaultProxy], enqueued: list[Any], settings: Any
+) -> None:
+    """The driver's session id is PgBouncer's, not a server session's: lockkit cannot wait that session out.
+
+    Found by a hostile review: the insert was taken for lost and sent again while the first still ran, which
+    raised ``IntegrityError`` for a row that was written.
+    """
+    alias, proxy = through_pgbouncer
+    events: list[RetryEvent] = []
+    settings.LOCKKIT = {"RETRY": {"before_retry": events.append, "reconnect_within": 30}}
+    with backend_on(alias):
+        first = jobs.noop_task.enqueue()
+        proxy.arm("abort", statement=INSERT["postgresql"])
+        started = time.monotonic()
+        with pytest.raises(CommitOutcomeUnknown) as info:
+            jobs.calculate_meaning_of_life.enqueue()
+        assert time.monotonic() - started < 15  # said at once, not after reconnect_within (30 s)
+        assert "the INSERT of a task" in str(info.value)
+        assert events == []  # not sent again
+        assert _ids("default") == [first.id]  # (here it never arrived: the error did not claim otherwise)
+        assert [r.id for r in enqueued] == [first.id]
+        proxy.arm("deliver", statement=INSERT["postgresql"])
+        written = jobs.calculate_meaning_of_life.enqueue()  # written, its reply cut: found, so done
+        assert proxy.cuts["deliver"] == 1
+        assert _ids("default") == [first.id, written.id]
+        assert [r.id for r in enqueued] == [first.id, written.id]
+
+
+FIXED_ID = "3a0f3f0e-8f5d-4d43-9a55-0a4c3c7d1e01"
+
+
+def test_a_repeated_id_whose_reply_was_cut_is_refused_not_reported_as_written(
+    proxy_to: tuple[str, str, FaultProxy], enqueued: list[Any], settings: Any
+) -> None:
+    """A custom ``id_function`` that repeats an id: the row with that id is another enqueue's, not this one's."""
+    database, alias, proxy = proxy_to
+    with backend_on(alias, id_function=lambda: FIXED_ID):
+        first = jobs.noop_task.enqueue("FIRST")
+        proxy.arm("deliver", statement=INSERT[connections[alias].vendor])  # the server refuses it; reply cut
+        with pytest.raises(IntegrityError):
+            jobs.noop_task.enqueue("SECOND")
+        assert proxy.cuts["deliver"] == 1
+        (row,) = QueuedTask.objects.using(database).all()
+        assert (str(row.pk), row.args_kwargs["args"]) == (first.id, ["FIRST"])
+        assert [r.id for r in enqueued] == [first.id]  # no task_enqueued for a task that was not enqueued
+
+
+class Interrupted(BaseException):
+    """Raised by the test's signal handler, as a time limit's handler would."""
+
+
+SLOW_INSERT = {
+    "postgresql": (
+        [
+            "CREATE FUNCTION lockkit_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.args_kwargs->'kwargs' ? 'slow' THEN PERFORM pg_sleep(2); END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER lockkit_test_slow BEFORE INSERT ON lockkit_tasks_queuedtask FOR EACH ROW "
+            "EXECUTE FUNCTION lockkit_test_slow()",
+        ],
+        ["DROP TRIGGER lockkit_test_slow ON lockkit_tasks_queuedtask", "DROP FUNCTION lockkit_test_slow()"],
+        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'PgSleep'",
+    ),
+    "mysql": (
+        [
+            "CREATE TRIGGER lockkit_test_slow BEFORE INSERT ON lockkit_tasks_queuedtask FOR EACH ROW BEGIN "
+            "IF JSON_EXTRACT(NEW.args_kwargs, '$.kwargs.slow') IS NOT NULL THEN SET @slept = SLEEP(2); END IF; "
+            "END"
+        ],
+        ["DROP TRIGGER lockkit_test_slow"],
+        "SELECT 1 FROM information_schema.processlist WHERE id = %s AND state = 'User sleep'",
+    ),
+}
+
+
+@pytest.mark.parametrize("alias", _vendors())
+def test_an_exception_raised_mid_insert_says_whether_the_task_was_enqueued(
+    alias: str, enqueued: list[Any]
+) -> None:
+    """A signal handler's exception while the insert runs (seen running from another connection)."""
+    create, drop, running = SLOW_INSERT[connections[alias].vendor]
+    with connections[alias].cursor() as cursor:
+        for statement in create:
+            cursor.execute(statement)
+    previous = signal.signal(signal.SIGUSR1, _raise_interrupted)
+    try:
+        with backend_on(alias):
+            jobs.noop_task.enqueue()  # connected: the session to watch
+            session = backend_for(connections[alias]).sessions.local_session_id(connections[alias])
+            main = threading.get_ident()
+            watcher = threading.Thread(target=_signal_when, args=(alias, running, session, main))
+            watcher.start()
+            try:
+                with pytest.raises(Interrupted) as info:
+                    jobs.noop_task.enqueue(slow=True)
+            finally:
+                watcher.join(30)
+            assert not watcher.is_alive()
+            (note,) = info.value.__notes__
+            written = QueuedTask.objects.using(alias).filter(args_kwargs__kwargs__slow=True).exists()
+            assert note.endswith(
+                "was enqueued on " + repr(alias) + " before this was raised"
+                if written
+                else "was not enqueued"
+            ), note
+            assert len(enqueued) == 1  # the call did not return: no task_enqueued
+            after = jobs.noop_task.enqueue()  # the next enqueue in the process works
+            assert after.id in _ids(alias)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        with connections[alias].cursor() as cursor:
+            for statement in drop:
+                cursor.execute(statement)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted("time limit")
+
+
+def _signal_when(alias: str, running: str, session: int, main: int) -> None:
+    """Send SIGUSR1 to the main thread once ``session`` is seen sleeping in the insert's trigger."""
+    watcher = connections.create_connection(alias)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with watcher.cursor() as cursor:
+                cursor.execute(running, [session])
+                if cursor.fetchone():
+                    signal.pthread_kill(main, signal.SIGUSR1)
+                    return
+            time.sleep(0.01)
+    finally:
+        watcher.close()

@@ -252,9 +252,12 @@ class MySQLSessions(Sessions):
         """``information_schema.processlist``: the database session ``pid`` is connected to."""
         return mysql_locks.session_database(connection, pid)
 
-    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
-        """No session ``pid`` in ``information_schema.processlist``, or one sleeping with no InnoDB transaction."""
-        return mysql_locks.session_ended(connection, pid)
+    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool | None:
+        """No session ``pid`` in ``information_schema.processlist``, or one sleeping with no InnoDB transaction.
+
+        ``None`` when this connection's ``CONNECTION_ID()`` is not the id its driver reports (a proxy between).
+        """
+        return mysql_locks.session_ended(connection, pid, self.local_session_id(connection))
 
     def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
         """``max_statement_time`` (MariaDB, seconds) / ``max_execution_time`` (MySQL, milliseconds), 0 = none."""

@@ -237,21 +237,26 @@ def session_database(connection: BaseDatabaseWrapper, pid: int) -> tuple[str | N
     return str(row[0]), bool(row[1]), bool(row[2])
 
 
-def session_ended(connection: BaseDatabaseWrapper, pid: int) -> bool:
+def session_ended(connection: BaseDatabaseWrapper, pid: int, own: int | None) -> bool | None:
     """Whether session ``pid`` is gone, or idle (``Sleep``) with no transaction open (``information_schema``).
 
-    The sessions of the connection's own user are always listed; another user's need the ``PROCESS`` privilege.
-    See https://mariadb.com/kb/en/information-schema-processlist-table/ and
+    ``None`` when this connection's ``CONNECTION_ID()`` is not ``own`` (the id its driver reports): a proxy
+    between, whose ids name no server session. The sessions of the connection's own user are always listed;
+    another user's need the ``PROCESS`` privilege. See
+    https://mariadb.com/kb/en/information-schema-processlist-table/ and
     https://mariadb.com/kb/en/information-schema-innodb_trx-table/.
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT (SELECT command FROM information_schema.processlist WHERE id = %s), "
+            "SELECT CONNECTION_ID(), (SELECT command FROM information_schema.processlist WHERE id = %s), "
             "EXISTS (SELECT 1 FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = %s)",
             [pid, pid],
         )
         row = cursor.fetchone()
-    return row is None or row[0] is None or (row[0] == "Sleep" and not row[1])
+    assert row is not None
+    if row[0] != own:
+        return None
+    return row[1] is None or (row[1] == "Sleep" and not row[2])
 
 
 # Threads of the server itself, not of a client: replication (the primary's dump threads, a replica's I/O and SQL

@@ -392,12 +392,21 @@ class PostgreSQLSessions(Sessions):
         """``pg_stat_activity``: the database session ``pid`` is connected to."""
         return postgresql_locks.session_database(connection, pid)
 
-    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool:
-        """``pg_stat_activity``: no session ``pid`` on this server, or one that is idle (no transaction open)."""
+    def session_ended(self, connection: BaseDatabaseWrapper, pid: int) -> bool | None:
+        """``pg_stat_activity``: no session ``pid`` on this server, or one that is idle (no transaction open).
+
+        ``None`` when this connection's ``pg_backend_pid()`` is not the pid its driver was given: a pooler
+        (PgBouncer gives clients keys of its own), so ``pid`` names no server session.
+        """
         with connection.cursor() as cursor:
-            cursor.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", [pid])
+            cursor.execute(
+                "SELECT pg_backend_pid(), (SELECT state FROM pg_stat_activity WHERE pid = %s)", [pid]
+            )
             row = cursor.fetchone()
-        return row is None or row[0] == "idle"
+        assert row is not None
+        if row[0] != self.local_session_id(connection):
+            return None
+        return row[1] is None or row[1] == "idle"
 
     def server_statement_timeout(self, connection: BaseDatabaseWrapper) -> float | None:
         """``statement_timeout`` as the session has it outside any scope (``pg_settings``, milliseconds)."""
