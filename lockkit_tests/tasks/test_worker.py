@@ -338,3 +338,14 @@ def test_worker_arguments_checked(alias: str) -> None:
             options: dict[str, Any] = {"queues": ["default"], **kwargs}
             with pytest.raises(error):
                 Worker(backend, **options)
+        # poll_interval (new): refused naming it, before any thread or SQL.
+        bad: list[tuple[Any, type[Exception]]] = [
+            (0, ValueError),
+            (-1, ValueError),
+            (float("nan"), ValueError),
+            ("1", TypeError),
+        ]
+        for value, error in bad:
+            with pytest.raises(error, match="poll_interval"):
+                Worker(backend, queues=["default"], poll_interval=value)
+        assert Worker(backend, queues=["default"], poll_interval=0.25).poll_interval == 0.25
