@@ -21,9 +21,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from django.db import DatabaseError
+
 from lockkit import cancellation
+from lockkit._engine import prepared
 from lockkit.backends import TimeoutToken, backend_for
 from lockkit.backends.postgresql.opening import opening_select
+from lockkit.errorcodes.table import code_of
 
 #: A row of a statement's result, keyed by column name.
 Row = dict[str, Any]
@@ -83,12 +87,11 @@ class OneMessage:
         raw = driver.connection
         self.pid = raw.info.backend_pid
         carried = _CARRIED.get() if commit else None
+        statements = [(sql, params)]
         if carried is not None:  # the carried statement first, in the same transaction
-            sql, params = f"{carried.sql}; {sql}", [*carried.params, *params]
+            statements.insert(0, (carried.sql, carried.params))
             carried.sends += 1
-        self._send(
-            cursor, f"{self._prefix}{sql}; COMMIT" if commit else f"{self._prefix}{sql}", params, commit
-        )
+        self._send(cursor, statements, commit, self._prefix, idle=True)
         driver.nextset()  # past BEGIN's result
         if self._skip == 2:
             if self._columns:
@@ -112,15 +115,32 @@ class OneMessage:
             lockkit.cancellation.CallCancelled: an awaiting caller was cancelled before it was sent.
             django.db.DatabaseError: ``sql`` failed (the server skipped the ``COMMIT``); rolled back.
         """
-        self._send(cursor, f"{sql}; COMMIT", params, True)
+        self._send(cursor, [(sql, params)], True, "", idle=False)
         return read_rows(cursor.cursor)
 
     def roll_back(self, cursor: Any) -> None:
         """End the open transaction without committing (the decision between two messages was not to write)."""
         _roll_back(cursor.cursor.connection)
 
-    def _send(self, cursor: Any, text: str, params: Any, commit: bool) -> None:
+    def _send(
+        self,
+        cursor: Any,
+        statements: list[tuple[str, Any]],
+        commit: bool,
+        prefix: str,
+        *,
+        idle: bool,
+    ) -> None:
+        """Send ``prefix``, ``statements`` and ``COMMIT`` (with ``commit``) as one message; roll back on error.
+
+        A statement the session has prepared (``prepared``) goes as its ``EXECUTE``; a message refused because
+        the session no longer has it went nowhere (rolled back) and is sent once more as text.
+        """
         raw = cursor.cursor.connection
+        params = [value for _, values in statements for value in values]
+        suffix = "; COMMIT" if commit else ""
+        texts = prepared.forms(cursor, statements, idle=idle)
+        text = prefix + "; ".join(texts) + suffix
         if commit:
             waiting = cancellation.current()
             if waiting is not None and not waiting.begin_commit():  # the message carries the COMMIT
@@ -132,6 +152,17 @@ class OneMessage:
             self.sent = True
         try:
             cursor.execute(text, params)
+        except DatabaseError as error:
+            _roll_back(raw)
+            # Sent again only a message that opened its own transaction: ``finish()``'s ran in one now rolled back.
+            plain = texts == [sql for sql, _ in statements]
+            if plain or not prefix or not prepared.refused(cursor, code_of(error)):
+                raise
+            try:  # refused before it did anything: once more as text
+                cursor.execute(prefix + "; ".join(sql for sql, _ in statements) + suffix, params)
+            except BaseException:
+                _roll_back(raw)
+                raise
         except BaseException:
             _roll_back(raw)
             raise

@@ -21,6 +21,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 from django.tasks.base import TaskResultStatus
 
+from lockkit._engine import prepared
 from lockkit.claims import Claimed, heartbeat_every, release
 from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import StaleClaim
@@ -308,20 +309,20 @@ class Worker:
             self._wake.clear()
 
     def _claim(self, limit: int) -> list[Claimed[Any]]:
-        if self._handover is not None:
-            return self._handover.claim(
-                queryset=self._candidates, worker=self.worker_id, lease=self.lease, limit=limit,
-                set=self._claim_set, order_by=self._order, expired=True,
-            )  # fmt: skip
-        found = claim_ready(
-            self._candidates,
-            worker=self.worker_id,
-            lease=self.lease,
-            limit=limit,
-            values=self._claim_set,
-            order_by=self._order,
-        )
-        return found
+        with prepared.preparing():  # the same statements every time: parsed and planned once per session
+            if self._handover is not None:
+                return self._handover.claim(
+                    queryset=self._candidates, worker=self.worker_id, lease=self.lease, limit=limit,
+                    set=self._claim_set, order_by=self._order, expired=True,
+                )  # fmt: skip
+            return claim_ready(
+                self._candidates,
+                worker=self.worker_id,
+                lease=self.lease,
+                limit=limit,
+                values=self._claim_set,
+                order_by=self._order,
+            )
 
     def _busy_count(self) -> int:
         with self._busy_lock:
