@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -49,3 +50,17 @@ def _no_broken_connection_outlives_its_test() -> Iterator[None]:
         raw = connection.connection
         if raw is not None and (getattr(raw, "broken", False) or getattr(raw, "closed", False)):
             connection.close()
+
+
+@pytest.fixture
+def ctrl_c_live() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` during the test, as in a terminal.
+
+    A shell starts a background job (``cmd &``) with SIGINT ignored, and Python then keeps it ignored: a test that
+    sends itself SIGINT would see nothing happen (a new user's trial ran the suite so: 7 failures).
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

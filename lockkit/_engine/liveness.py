@@ -51,7 +51,15 @@ def discard_if_dead(alias: str) -> None:
     """
     connection = connections[alias]
     driver = connection.connection
-    if driver is None or not _outside_transaction(connection):
+    if driver is None or connection.in_atomic_block:
+        return
+    if not connection.autocommit:
+        # Autocommit off outside any atomic(): a transaction someone else began, or an atomic() whose end could
+        # not turn autocommit back on over a dead connection (Django's exit raised). Closed only when dead, as
+        # Django's close_if_unusable_or_obsolete() would: its transaction is gone with it. Left as it is, the
+        # next atomic() would take it for the caller's own transaction and never reconnect.
+        if connection.errors_occurred and backend_for(connection).tx.connection_unusable(connection):
+            _close(alias)
         return
     if (
         psycopg is not None
@@ -120,8 +128,12 @@ _FAREWELL_READS = 4
 
 
 def discard_after_loss(alias: str) -> None:
-    """Close the alias's connection after lockkit classified a ``ConnectionLost`` on it (outside transactions)."""
-    if _outside_transaction(connections[alias]):
+    """Close the alias's connection after lockkit classified a ``ConnectionLost`` on it (outside ``atomic()``).
+
+    Also when autocommit is still off: an ``atomic()`` whose exit could not turn it back on over the dead
+    connection leaves it so, and any transaction on that connection is gone with it.
+    """
+    if not connections[alias].in_atomic_block:
         _close(alias)
 
 

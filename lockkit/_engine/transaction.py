@@ -71,11 +71,18 @@ class ScopeTransaction:
         attempt: int,
         resolve_within: float | None = None,
     ) -> None:
-        """Prepare the transaction (no SQL yet); ``nested`` is decided now, from the connection."""
+        """Prepare the transaction; ``nested`` is decided now, from the connection.
+
+        No SQL, but a ping of a connection left with autocommit off on which Django recorded an error.
+        """
         # Django's wrapper for the alias in this thread: the same object for the thread's life (the driver
         # connection inside it is what changes when Django reconnects).
         self._connection = connection = connections[alias]
         self.alias = alias
+        if not connection.in_atomic_block and not connection.autocommit:
+            # A dead connection whose autocommit an atomic() exit could not turn back on is no transaction of the
+            # caller's: discarded here, the scope is outermost on a new connection (``discard_if_dead``).
+            discard_if_dead(alias)
         self.nested = in_transaction(connection)
         self.committed = False
         self.doomed: BaseException | None = None

@@ -237,6 +237,8 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
             raise ValueError(f"change returned {name!r}, which is not a concrete field of {meta.object_name}")
         if field.primary_key:
             raise ValueError(f"change returned the primary key {name!r}; the locked row keeps its key")
+        if getattr(field, "generated", False):  # GeneratedField (Django 5.0+): the database computes it
+            raise ValueError(f"change returned {name!r}, a GeneratedField: the database computes it")
         if isinstance(value, Combinable) or hasattr(value, "resolve_expression"):
             raise TypeError(
                 f"change returned an expression for {name!r}; return the value to write (the row is locked)"

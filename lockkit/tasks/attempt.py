@@ -47,6 +47,8 @@ class Attempts:
                 logger.warning(
                     "worker %s: lost the claim on task %s before starting it", self.outcomes.worker_id, row.id
                 )
+                # Or a beat could not confirm it: then it is still held, and renewed, so it goes back (fenced).
+                self.outcomes.give_back(row, claim, attempted=False)
                 return
             self._run_task(row, claim)
         finally:

@@ -252,6 +252,11 @@ class Outcomes:
             tally.count(self.stats, row, "succeeded", alias=self.alias)
         else:
             tally.count(self.stats, row, "failed", alias=self.alias)
+            # ERROR: on stderr even where the project configures no logging (as a retry's WARNING is).
+            logger.error(
+                "task %s (%s): FAILED after %d attempt(s), the last with %s", row.id, row.task_path,
+                len(row.worker_ids), _summary(errors),
+            )  # fmt: skip
         self.stats.ids.append(str(row.pk))
         if task is not None and task_finished.receivers:
             # The row as written (finished_at by this process's clock, within a round trip of the database's).
@@ -352,6 +357,28 @@ class Outcomes:
                 )  # fmt: skip
             if not self._give_back_one(claim):
                 self._remember_ended(claim, unwritten=unwritten)
+
+    def give_back(self, row: QueuedTask, claim: Claim, *, attempted: bool) -> None:
+        """Give the task back (``READY``), fenced by ``claim``'s token; not ``attempted``: the attempt is uncounted.
+
+        A claim already ended (its outcome recorded) or taken by another worker is left alone. When the database
+        fails, a claim never started is remembered as unwritten: a later beat still renewing it gives it back
+        (``release_forgotten``), so it is never left renewed with no runner.
+        """
+        values: dict[str, Any] = {"status": TaskResultStatus.READY}
+        if not attempted:
+            values["worker_log"] = worker_log(row.worker_ids[:-1])
+        try:
+            release(claim, set=values, attempted=attempted)
+        except StaleClaim:
+            return
+        except DatabaseError as failure:
+            logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
+            if not attempted:
+                self._remember_ended(claim, unwritten=True)
+            return
+        if not attempted:
+            self.stats.given_back += 1
 
     def give_back_unwritten(self) -> None:
         """Give back, when the worker stops, the tasks whose outcome it could not write (a beat did not yet)."""

@@ -12,6 +12,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from secrets import token_hex
 from typing import Any
@@ -22,16 +23,15 @@ from django.db.models.functions import Concat
 from django.tasks.base import TaskResultStatus
 
 from lockkit._engine import prepared
-from lockkit.claims import Claimed, heartbeat_every, release
+from lockkit.claims import Claim, Claimed, heartbeat_every
 from lockkit.claims.sql import claims_sql_for
-from lockkit.errors import StaleClaim
 from lockkit.tasks.attempt import Attempts
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.handover import Handover
 from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
-from lockkit.tasks.outcomes import Outcomes, Stats, worker_log
+from lockkit.tasks.outcomes import Outcomes, Stats
 from lockkit.tasks.periodic.firing import Periodic
 from lockkit.tasks.stopping import block_stop_signals, restore_signals, stop_on_signals
 from lockkit.validation import duration
@@ -109,6 +109,11 @@ class Worker:
         )
         self.max_tasks = None if max_tasks is None else _positive(max_tasks, "max_tasks")
         self._claimed = 0  # tasks claimed so far (max_tasks)
+        # The claims this worker made, {pk: (token, time.monotonic() when made)}: what a beat renewed beyond them
+        # was claimed by a message whose reply was lost, and no runner holds it (``_give_back_orphans``).
+        self._made: dict[Any, tuple[int, float]] = {}
+        self._orphans_checked_by: float | None = None
+        self._claim_failed_at: float | None = None  # a claim raised since: it may have claimed all the same
         self.worker_id = default_worker_id() if worker_id is None else worker_id
         if (
             not self.worker_id
@@ -278,6 +283,7 @@ class Worker:
         while not self.stopping.is_set():
             self._periodic.fire_due()
             self.outcomes.release_forgotten(beat)
+            self._give_back_orphans(beat)
             idle = self.concurrency - self._busy_count() - self._pending.qsize()
             left = None if self.max_tasks is None else self.max_tasks - self._claimed
             if left == 0 and idle == self.concurrency:
@@ -289,9 +295,13 @@ class Worker:
                         max(self.batch, idle) if left is None else min(max(self.batch, idle), left)
                     )
                     self._claimed += len(claimed)
+                    made_at = time.monotonic()
+                    for _, made in claimed:
+                        self._made[QueuedTask._meta.pk.to_python(made.pk)] = (made.token, made_at)
                     failures = 0
                 except DatabaseError as failure:
                     failures += 1
+                    self._claim_failed_at = time.monotonic()
                     logger.warning("worker %s: claiming failed, retrying: %s", self.worker_id, failure)
                     connections[self.alias].close()
                     self._wake.wait(min(self.poll_interval, 0.1 * 2**failures))
@@ -307,6 +317,60 @@ class Worker:
                 return  # nothing ready, nothing running, nothing waiting
             self._wake.wait(self.poll_interval)
             self._wake.clear()
+
+    def _give_back_orphans(self, beat: heartbeat_every) -> None:
+        """Give back the tasks claimed for this worker that no runner holds: a claim whose reply was lost.
+
+        A claiming message whose reply is lost (and that its rows could not decide) raises, yet it may have
+        claimed tasks: the heartbeat renews every claim of this worker, so they would stay ``RUNNING``, renewed,
+        never run. After such a failure, at the first beat a full interval later (on this thread, which makes
+        every claim and records each before the next turn), a claim the beat renewed that this worker did not
+        record is released ``READY``, fenced by the token the beat saw, its attempt uncounted (it never
+        started). Claims ended longer ago than a beat interval are forgotten here.
+        """
+        last = beat.last_beat
+        if last is None or last == self._orphans_checked_by:
+            return
+        self._orphans_checked_by = last
+        held = dict(beat.held)
+        for pk, (_token, made_at) in list(self._made.items()):
+            if pk not in held and last - made_at > beat.interval:
+                del self._made[pk]  # ended (or lost) before that beat: no beat renews it again
+        failed_at = self._claim_failed_at
+        # Only after a claim raised, and from a beat a full interval later (a lost message the server was still
+        # running when it failed has committed by then): another worker given the same --worker-id is never taken
+        # for a lost claim while every claim succeeds.
+        if failed_at is None or last - failed_at <= beat.interval:
+            return
+        orphans = {pk: token for pk, token in held.items() if self._made.get(pk, (None,))[0] != token}
+        if not orphans:
+            if self._claim_failed_at == failed_at:
+                self._claim_failed_at = None
+            return
+        rows = QueuedTask.objects.using(self.alias).filter(pk__in=list(orphans), claimed_by=self.worker_id)
+        try:
+            found = list(rows)
+        except DatabaseError as failure:
+            logger.warning("worker %s: could not read its unrecorded claims: %s", self.worker_id, failure)
+            self._orphans_checked_by = None  # again at the next turn
+            return
+        for row in found:
+            if row.claim_token != orphans.get(row.pk):
+                continue
+            logger.warning(
+                "worker %s: task %s was claimed by a message whose reply was lost; giving it back", self.worker_id,
+                row.pk,
+            )  # fmt: skip
+            claim = Claim.from_row(
+                {
+                    "pk": row.pk, "claim_token": row.claim_token, "claimed_by": row.claimed_by,
+                    "lease_expires_at": row.lease_expires_at, "attempts": row.attempts,
+                },
+                model=QueuedTask, alias=self.alias, lease=self.lease,
+            )  # fmt: skip
+            self._release(Claimed(row, claim), attempted=False)
+        if self._claim_failed_at == failed_at:
+            self._claim_failed_at = None  # settled: what a later failure claims is looked for after it
 
     def _claim(self, limit: int) -> list[Claimed[Any]]:
         with prepared.preparing():  # the same statements every time: parsed and planned once per session
@@ -413,23 +477,8 @@ class Worker:
             self._release(item, attempted=False)
 
     def _release(self, item: Claimed[Any], *, attempted: bool) -> None:
-        """Give ``item``'s task back (``READY``), fenced by its token; not ``attempted``: the attempt is uncounted.
-
-        A claim already ended (its outcome recorded) or taken by another worker is left alone.
-        """
-        row, claim = item
-        values: dict[str, Any] = {"status": TaskResultStatus.READY}
-        if not attempted:
-            values["worker_log"] = worker_log(row.worker_ids[:-1])
-        try:
-            release(claim, set=values, attempted=attempted)
-        except StaleClaim:
-            return
-        except DatabaseError as failure:
-            logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
-            return
-        if not attempted:
-            self.stats.given_back += 1
+        """Give ``item``'s task back (``READY``), fenced by its token (``Outcomes.give_back``)."""
+        self.outcomes.give_back(*item, attempted=attempted)
 
 
 def _stop_beating(beat: heartbeat_every) -> None:

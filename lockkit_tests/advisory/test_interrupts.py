@@ -27,6 +27,7 @@ from lockkit_tests.support.vendors import vendor_params
 
 pytestmark = [
     pytest.mark.contention,
+    pytest.mark.usefixtures("ctrl_c_live"),
     pytest.mark.skipif(
         threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
     ),

@@ -24,6 +24,7 @@ from lockkit_tests.support.faultkit import wait_until_gone
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default"]),
+    pytest.mark.usefixtures("ctrl_c_live"),
     pytest.mark.skipif(
         threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
     ),

@@ -13,6 +13,7 @@ import sys
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.admin.sites import AdminSite
@@ -180,6 +181,11 @@ def test_ticks_missed_while_no_worker_ran_fire_once_or_are_skipped(
     [
         ({"t": {"task": TASK, "cron": "61 * * * *"}}, "periodic['t']['cron']"),
         ({"t": {"task": TASK, "cron": "* * *"}}, "periodic['t']['cron']"),
+        (
+            {"t": {"task": TASK, "cron": "*/90 * * * * *"}},
+            "step",
+        ),  # a hostile review: accepted, once a minute
+        ({"t": {"task": TASK, "cron": "0 */24 * * *"}}, "step"),
         ({"t": {"task": TASK, "cron": "0 0 30 2 *"}}, "periodic['t']['cron']"),
         ({"t": {"task": TASK, "cron": 5}}, "periodic['t']['cron']"),
         ({"t": {"task": TASK, "cron": "* * * * *", "missed": "all"}}, "periodic['t']['missed']"),
@@ -363,3 +369,55 @@ def test_a_task_enqueued_receiver_that_raises_does_not_end_the_worker(
 
         ticks = wait_for(fire, timeout=RETRY_AFTER + 1.5, what="the tick")
     assert_each_tick_once(ticks, 1)
+
+
+def _stepped_through(alias: str, start: datetime, end: datetime, periodic: dict[str, Any]) -> list[datetime]:
+    """Run one worker's ``Periodic`` with its clock stepped 15 s at a time from ``start`` to ``end``."""
+    clock = [start]
+    with (
+        backend_on(alias, periodic=periodic) as backend,
+        mock.patch.object(timezone, "now", side_effect=lambda: clock[0]),
+    ):
+        firing = Periodic(backend, alias)
+        while clock[0] < end:
+            clock[0] += timedelta(seconds=15)
+            firing.fire_due()
+    return fired(alias)
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@override_settings(TIME_ZONE="Europe/Berlin")
+def test_the_repeated_hour_of_an_autumn_dst_change_fires_both_ticks(alias: str) -> None:
+    # 2026-10-25 in Berlin: 02:00 CEST (00:00Z), 02:00 CET (01:00Z), 03:00 CET (02:00Z). Found by a hostile review:
+    # 01:00Z was skipped, its tick comparing equal to 00:00Z's as a wall-clock time in one zone.
+    hourly = {"tick": {"task": TASK, "cron": "0 * * * *"}}
+    ticks = _stepped_through(
+        alias, datetime(2026, 10, 24, 21, 30, tzinfo=UTC), datetime(2026, 10, 25, 4, 30, tzinfo=UTC), hourly
+    )
+    assert [tick.astimezone(UTC).hour for tick in ticks] == [22, 23, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@override_settings(USE_TZ=False, TIME_ZONE="Europe/Berlin")
+def test_without_use_tz_schedules_fire_in_time_zones_wall_clock(alias: str) -> None:
+    # Found by a hostile review: with USE_TZ = False every tick raised ("localtime() cannot be applied to a naive
+    # datetime") and nothing was ever enqueued.
+    ticks = _stepped_through(alias, datetime(2026, 3, 2, 9, 58), datetime(2026, 3, 2, 12, 1), {
+        "tick": {"task": TASK, "cron": "0 * * * *"}
+    })  # fmt: skip
+    assert ticks == [datetime(2026, 3, 2, hour) for hour in (10, 11, 12)]
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_changed_schedule_is_shown_as_it_now_fires(alias: str) -> None:
+    # Found by a hostile review: after a restart with a changed cron the admin showed the old cron and a past next
+    # tick until the next fire (a year away there).
+    now = timezone.now()
+    with backend_on(alias, periodic={"tick": {"task": TASK, "cron": "* * * * * *"}}) as backend:
+        Periodic(backend, alias).fire_due()
+    with backend_on(alias, periodic={"tick": {"task": TASK, "cron": "0 0 1 1 *"}}) as backend:
+        Periodic(backend, alias).fire_due()
+    row = PeriodicSchedule.objects.using(alias).get(name="tick")
+    assert row.cron == "0 0 1 1 *"
+    assert row.next_tick is not None
+    assert row.next_tick > now + timedelta(days=1)  # next New Year's midnight, not a past per-second tick

@@ -197,6 +197,27 @@ def test_a_retried_attempt_logs_its_error(alias: str, caplog: pytest.LogCaptureF
         assert "attempt 1 fails" in last_line
 
 
+def test_a_task_that_fails_for_good_logs_it_at_error(alias: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A new user's trial: the last failure printed nothing (only the retries did), so a running worker hid it."""
+    with backend_on(alias, max_attempts=2, retry_backoff=0.01) as backend:
+        result = jobs.fail_until.enqueue(succeed_on=5)
+        with caplog.at_level(logging.WARNING, logger="lockkit.tasks"):
+            run_worker(backend)
+            QueuedTask.objects.using(alias).update(ready_at=None)
+            run_worker(backend)
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED
+        last_line = result.errors[-1].traceback.rstrip().splitlines()[-1]
+        failed = [r for r in caplog.records if "FAILED after" in r.getMessage()]
+        assert [(r.levelno, r.getMessage()) for r in failed] == [
+            (
+                logging.ERROR,
+                f"task {result.id} (lockkit_tests.tasks.jobs.fail_until): FAILED after 2 attempt(s), the last "
+                f"with {last_line}",
+            )
+        ]
+
+
 def test_last_failure_is_final(alias: str) -> None:
     with backend_on(alias, max_attempts=2, retry_backoff=0.01) as backend:
         result = jobs.fail_until.enqueue(succeed_on=5)

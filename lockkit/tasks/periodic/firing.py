@@ -116,6 +116,13 @@ class Periodic:
                 self._rows[schedule.name] = row
         for schedule in self.schedules:
             self._due[schedule.name] = self._next(schedule) if schedule.name in self._rows else None
+            row = self._rows.get(schedule.name)
+            if row is not None and (row.cron, row.task_path) != (schedule.cron, schedule.task):
+                # The schedule changed since the row was written (a deploy): the admin shows what now fires.
+                rows.filter(pk=row.pk).update(
+                    cron=schedule.cron, task_path=schedule.task, next_tick=self._due[schedule.name]
+                )
+                row.cron, row.task_path = schedule.cron, schedule.task
 
     def _next(self, schedule: Schedule) -> datetime | None:
         row = self._rows[schedule.name]

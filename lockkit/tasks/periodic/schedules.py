@@ -6,7 +6,7 @@ import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -66,11 +66,15 @@ class Schedule:
 def _tick(cron: str, moment: datetime, *, reverse: bool) -> datetime | None:
     from cronsim import CronSim  # the ``periodic`` extra; parse() said so if it is missing
 
+    # Read in TIME_ZONE's wall clock (USE_TZ = False: naive, already in it); an aware tick is returned in UTC, so
+    # ticks compare by instant: the repeated hour of an autumn DST change is two ticks, which compare equal as
+    # wall-clock times in one zone (``fold`` is ignored there).
+    start = timezone.localtime(moment) if timezone.is_aware(moment) else moment
     try:
-        found = next(CronSim(cron, timezone.localtime(moment), reverse=reverse))
+        found = next(CronSim(cron, start, reverse=reverse))
     except StopIteration:
         return None
-    return found.astimezone(timezone.get_default_timezone())
+    return found.astimezone(UTC) if timezone.is_aware(found) else found
 
 
 def parse(value: object) -> tuple[Schedule, ...]:
@@ -128,6 +132,12 @@ def parse(value: object) -> tuple[Schedule, ...]:
                 f"{where}['cron'] is not a cron expression that fires: {cron!r} ({bad or 'never fires'}); five "
                 f"fields (minute hour day month weekday), or six with seconds first"
             ) from bad
+        too_long = _step_past_range(cron)
+        if too_long is not None:
+            raise ValueError(
+                f"{where}['cron'] {cron!r}: the step {too_long} is longer than its field's range, so it fires once "
+                f"per cycle of the next field (*/90 in the seconds field is once a minute): write that instead"
+            )
         if missed not in MISSED:
             raise ValueError(
                 f"{where}['missed'] must be one of {', '.join(map(repr, MISSED))}, got {missed!r}"
@@ -154,6 +164,25 @@ def parse(value: object) -> tuple[Schedule, ...]:
             )
         )
     return tuple(found)
+
+
+#: The number of values of each field, seconds first (a five-field expression has no seconds field).
+_FIELD_SIZES = (60, 60, 24, 31, 12, 7)
+
+
+def _step_past_range(cron: str) -> str | None:
+    """The first ``*/N`` or ``A-B/N`` step longer than its field's range, or ``None``.
+
+    cronsim accepts one (``*/90`` among the seconds is second 0 only); a reader expects what it says.
+    """
+    fields = cron.split()
+    sizes = _FIELD_SIZES if len(fields) == 6 else _FIELD_SIZES[1:]
+    for field, size in zip(fields, sizes, strict=False):
+        for part in field.split(","):
+            _, slash, step = part.partition("/")
+            if slash and step.isdigit() and int(step) >= size:
+                return part
+    return None
 
 
 def _unicode(text: str) -> bool:

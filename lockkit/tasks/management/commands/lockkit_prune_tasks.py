@@ -120,6 +120,8 @@ class Command(BaseCommand):
             due, backend_name=backend.alias, lease_expires_at__isnull=True
         )
         queues = options["queue_name"].split(",")
+        if "" in queues:  # as lockkit_worker: a list that names no queue is a mistake, not "no filter"
+            raise CommandError(f"--queue-name: {options['queue_name']!r} names no queue (use * for all)")
         if "*" not in queues:
             tasks = tasks.filter(queue_name__in=queues)
             unknown = sorted(set(queues) - backend.queues) if backend.queues else []

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from lockkit.errorcodes.translate import translate
+from lockkit.errors import ConnectionLost
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
@@ -69,6 +72,11 @@ class Command(BaseCommand):
     (exit 1); the tasks it was running are taken again by another worker when their lease ends. See docs/tasks.md.
     """
 
+    # The system checks run in handle(), on no database: Django 6.1 checks every alias's fields by default, which
+    # connects (MariaDB's field checks ask the server), so a server down at start stopped the worker with a raw
+    # OperationalError instead of being waited out as any later outage is. ``manage.py check`` still runs them.
+    requires_system_checks: list[str] = []  # noqa: RUF012 - Django's own attribute
+
     help = (
         "Run the tasks of a lockkit.tasks.DatabaseBackend: claim ready tasks (SKIP LOCKED, leases, fencing "
         "tokens), run them, record their results; retry failures with backoff up to max_attempts."
@@ -76,6 +84,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         """The options."""
+        parser.add_argument("--skip-checks", action="store_true", help="Skip system checks.")
         parser.add_argument(
             "--backend", default="default", help="The alias in settings.TASKS (default: default)."
         )
@@ -159,6 +168,8 @@ class Command(BaseCommand):
                 leaving none) before any SQL and before any thread starts; or a runner that could not go on (its claims
                 were given back).
         """
+        if not options.get("skip_checks"):  # called as call_command(): absent unless given
+            self.check(databases=[])
         if options["reload"]:
             raise CommandError(
                 "lockkit_worker has no --reload: a restart in the middle of a task would leave its claim until "
@@ -178,22 +189,27 @@ class Command(BaseCommand):
         }
         backend = lockkit_backend(options["backend"])
         queues = _queues(backend, options, self.stderr.write)
-        try:
-            worker = Worker(
+        burst = bool(options["burst"] or options["batch"])
+
+        def build() -> Worker:
+            return Worker(
                 backend,
                 queues=queues,
                 concurrency=int(numbers["concurrency"] or 1),
                 batch=None if numbers["claim-batch"] is None else int(numbers["claim-batch"]),
                 lease=numbers["lease"],
-                burst=options["burst"] or options["batch"],
+                burst=burst,
                 max_tasks=None if numbers["max-tasks"] is None else int(numbers["max-tasks"]),
                 poll_interval=numbers["interval"],
                 worker_id=options["worker_id"],
             )
+
+        try:
+            worker = _when_reachable(build, backend.database(), burst=burst, write=self.stderr.write)
         except (TypeError, ValueError) as error:
             name = "--queue/--queue-name: " if str(error).startswith("queues ") else ""
             raise CommandError(f"{name}{error}") from error
-        missing = _missing_tables(worker.alias, periodic=bool(worker.schedules))
+        missing = _missing_tables(worker.alias, periodic=bool(worker.schedules), burst=burst)
         if missing:
             raise CommandError(
                 f"the table(s) {', '.join(missing)} of lockkit.tasks do not exist on database {worker.alias!r}: "
@@ -225,18 +241,56 @@ class Command(BaseCommand):
             )
 
 
-def _missing_tables(alias: str, *, periodic: bool) -> list[str]:
+def _when_reachable(
+    build: Callable[[], Worker], alias: str, *, burst: bool, write: Callable[[str], Any]
+) -> Worker:
+    """``build()``, tried again every second while the database cannot be reached (a server down at start).
+
+    Some vendors' workers ask the server at start (MariaDB: its version, for the claims statements). A server that
+    is down is waited out, as any later outage is; with ``--burst``/``--batch`` (a drain from cron or CI) it is
+    a ``CommandError`` at once: the drain did not happen, and its exit status says so.
+
+    Raises:
+        CommandError: with ``burst``, the database could not be reached; any database error that is not a lost
+            connection.
+    """
+    said = False
+    while True:
+        try:
+            return build()
+        except DatabaseError as failure:
+            if not isinstance(translate(failure, alias=alias, nowait=False), ConnectionLost):
+                raise CommandError(f"lockkit_worker cannot start: {failure}") from failure
+            if burst:
+                raise CommandError(
+                    f"lockkit_worker --burst: the database cannot be reached: {failure}"
+                ) from failure
+            if not said:
+                write(f"lockkit_worker: the database cannot be reached, trying again every second: {failure}")
+                said = True
+            time.sleep(1.0)  # a fixed pace between connection attempts, not a synchronisation
+
+
+def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[str]:
     """The worker's tables that do not exist on ``alias`` (not migrated); none when the server cannot say now.
 
-    A server that is down at start is ridden out by the worker's own retries, as later outages are; a table that is
-    missing is not a passing fault, and the worker would retry it for ever.
+    A server that is down at start is ridden out by the worker's own retries, as later outages are (with
+    ``burst``, a drain, it is a ``CommandError``: the drain cannot happen); a table that is missing is not a
+    passing fault, and the worker would retry it for ever.
+
+    Raises:
+        CommandError: with ``burst``, the server could not be asked.
     """
     wanted = [QueuedTask._meta.db_table] + ([PeriodicSchedule._meta.db_table] if periodic else [])
     connection = connections[alias]
     try:
         with connection.cursor() as cursor:
             present = {name.lower() for name in connection.introspection.table_names(cursor)}
-    except DatabaseError:
+    except DatabaseError as failure:
+        if burst:
+            raise CommandError(
+                f"lockkit_worker --burst: the database cannot be reached: {failure}"
+            ) from failure
         return []
     return [table for table in wanted if table.lower() not in present]
 
