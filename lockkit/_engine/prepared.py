@@ -51,6 +51,7 @@ class _Session:
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 _UNPREPARABLE: set[str] = set()
+_MAX_UNPREPARABLE = 256
 _LOCK = threading.Lock()
 
 
@@ -125,7 +126,7 @@ def forms(cursor: Any, statements: Sequence[tuple[str, Sequence[Any]]], *, idle:
 def _prepare(cursor: Any, session: _Session, sql: str) -> str | None:
     text = numbered(sql)
     if text is None:
-        _UNPREPARABLE.add(sql)
+        _unpreparable(sql)
         return None
     if len(session.names) >= MAX_PER_SESSION:
         return None
@@ -139,13 +140,16 @@ def _prepare(cursor: Any, session: _Session, sql: str) -> str | None:
         if raw.closed or raw.broken:
             raise  # the connection is gone: nothing was sent of the message (the caller's to retry)
         if code_of(error) != "42P05":  # 42P05: this session has it already (a pooler's session), as named
-            if (
-                len(_UNPREPARABLE) < 256
-            ):  # a parameter whose type PostgreSQL cannot infer, say: text from now on
-                _UNPREPARABLE.add(sql)
+            _unpreparable(sql)  # a parameter whose type PostgreSQL cannot infer, say: text from now on
             return None
     session.names[sql] = name
     return name
+
+
+def _unpreparable(sql: str) -> None:
+    """Send ``sql`` as text from now on (a bounded record: beyond it, a statement is tried once per session)."""
+    if len(_UNPREPARABLE) < _MAX_UNPREPARABLE:
+        _UNPREPARABLE.add(sql)
 
 
 def refused(cursor: Any, sqlstate: str | None) -> bool:

@@ -19,11 +19,16 @@ from lockkit_tests.models import Job
 from lockkit_tests.support.faultkit import proxied
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "mariadb", "proxied_mariadb"])
 MARIADB = pytest.mark.skipif(not MYSQL_CONFIGURED, reason=MYSQL_SKIP_REASON)
+VENDORS = [
+    pytest.param("default", marks=pytest.mark.django_db(transaction=True, databases=["default"])),
+    pytest.param(
+        "mariadb", marks=[MARIADB, pytest.mark.django_db(transaction=True, databases=["default", "mariadb"])]
+    ),
+]
 
 
-@pytest.mark.parametrize("alias", ["default", pytest.param("mariadb", marks=MARIADB)])
+@pytest.mark.parametrize("alias", VENDORS)
 def test_a_dead_connection_with_autocommit_off_outside_atomic_is_discarded_after_the_loss(alias: str) -> None:
     """The state Django's failed exit leaves, made through its public API: autocommit off, the session dead, an error
     recorded on it. Before, lockkit left such a connection alone as the caller's transaction: the next ``atomic()``
@@ -51,6 +56,7 @@ def test_a_dead_connection_with_autocommit_off_outside_atomic_is_discarded_after
 
 
 @MARIADB
+@pytest.mark.django_db(transaction=True, databases=["default", "mariadb", "proxied_mariadb"])
 def test_a_connection_lost_turning_autocommit_back_on_leaves_the_next_call_working() -> None:
     Job.objects.using("mariadb").create(name="a")
     with proxied("mariadb", "proxied_mariadb") as (alias, proxy):
