@@ -241,10 +241,9 @@ def claim_next(
     statements = claims_sql_for(model, alias)
     values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
     source = candidates
-    claimable = statements.claimable(expired=lapsed)
 
-    def ordered() -> QuerySet[Any]:
-        return inputs.order(order_by, source.using(alias).filter(claimable))
+    def ordered() -> QuerySet[Any]:  # built only where the SELECT is compiled (not kept, or a lost reply)
+        return inputs.order(order_by, source.using(alias).filter(statements.claimable(expired=lapsed)))
 
     # The caller's own queryset object (not one built here from a manager or a model): its SELECT is kept.
     # order_by is validated when the SELECT is compiled, so only a None or a list/tuple order_by is ever a key.

@@ -355,7 +355,7 @@ class Outcomes:
                     "worker %s: the database lost the recorded outcome of task %s (a failover or a crash lost "
                     "the commit); giving it back to run again", self.worker_id, claim.pk,
                 )  # fmt: skip
-            if not self._give_back_one(claim):
+            if not self._given_back(claim):
                 self._remember_ended(claim, unwritten=unwritten)
 
     def give_back(self, row: QueuedTask, claim: Claim, *, attempted: bool) -> None:
@@ -365,37 +365,35 @@ class Outcomes:
         fails, a claim never started is remembered as unwritten: a later beat still renewing it gives it back
         (``release_forgotten``), so it is never left renewed with no runner.
         """
-        values: dict[str, Any] = {"status": TaskResultStatus.READY}
-        if not attempted:
-            values["worker_log"] = worker_log(row.worker_ids[:-1])
-        try:
-            release(claim, set=values, attempted=attempted)
-        except StaleClaim:
-            return
-        except DatabaseError as failure:
-            logger.warning("worker %s: could not give back task %s: %s", self.worker_id, row.id, failure)
-            if not attempted:
-                self._remember_ended(claim, unwritten=True)
-            return
-        if not attempted:
-            self.stats.given_back += 1
+        workers = None if attempted else row.worker_ids[:-1]
+        if not self._given_back(claim, attempted=attempted, workers=workers) and not attempted:
+            self._remember_ended(claim, unwritten=True)
 
     def give_back_unwritten(self) -> None:
         """Give back, when the worker stops, the tasks whose outcome it could not write (a beat did not yet)."""
         with self._ended_lock:
             claims, self._unwritten = list(self._unwritten.values()), {}
         for claim in claims:
-            self._give_back_one(claim)
+            self._given_back(claim)
 
-    def _give_back_one(self, claim: Claim) -> bool:
-        """Release ``claim`` as ``READY`` (fenced); ``False`` when the database failed (try again later)."""
+    def _given_back(self, claim: Claim, *, attempted: bool = True, workers: list[str] | None = None) -> bool:
+        """Release ``claim`` as ``READY`` (fenced); ``False`` when the database failed (try again later).
+
+        Not ``attempted``: the attempt is uncounted and ``worker_log`` is written back to ``workers``.
+        """
+        values: dict[str, Any] = {"status": TaskResultStatus.READY}
+        if workers is not None:
+            values["worker_log"] = worker_log(workers)
         try:
-            release(claim, set={"status": TaskResultStatus.READY})
+            release(claim, set=values, attempted=attempted)
         except StaleClaim as failure:
             logger.warning("worker %s: task %s was taken meanwhile: %s", self.worker_id, claim.pk, failure)
         except DatabaseError as failure:
             logger.warning("worker %s: could not give back task %s: %s", self.worker_id, claim.pk, failure)
             return False
+        else:
+            if not attempted:
+                self.stats.given_back += 1
         return True
 
 

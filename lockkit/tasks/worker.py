@@ -25,6 +25,7 @@ from django.tasks.base import TaskResultStatus
 from lockkit._engine import prepared
 from lockkit.claims import Claim, Claimed, heartbeat_every
 from lockkit.claims.sql import claims_sql_for
+from lockkit.errors import ConnectionLost
 from lockkit.tasks.attempt import Attempts
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.handover import Handover
@@ -39,6 +40,9 @@ from lockkit.validation import duration
 __all__ = ["WORKER_ID_MAX_LENGTH", "Stats", "Worker", "default_worker_id"]
 
 logger = logging.getLogger("lockkit.tasks.worker")
+
+#: Claims failing this many times in a row stop a drain (``burst``); a lost connection stops it at once.
+DRAIN_FAILURES = 3
 
 #: The longest a worker name may be (the claim column's length less room for nothing else).
 WORKER_ID_MAX_LENGTH = 255
@@ -143,6 +147,8 @@ class Worker:
         self._attempts: Attempts | None = None
         #: What stopped a runner that could not go on (``run()`` raises it), else ``None``.
         self.failure: BaseException | None = None
+        #: Why a drain (``burst``) stopped before it ended: its claims kept failing (``run()`` raises it).
+        self.drain_failure: DatabaseError | None = None
         now = claims_sql_for(QueuedTask, self.alias).now()
         # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
         # only its expired claim is taken (counting the attempt); a retry is READY with ready_at ahead.
@@ -186,7 +192,10 @@ class Worker:
             BaseException: what stopped a runner thread that could not go on (anything its attempt did not
                 record: a ``task_finished`` receiver's ``SystemExit``, say), once the other tasks finished and the
                 claims were given back.
-            django.db.DatabaseError: the first heartbeat failed (nothing was claimed).
+            django.db.DatabaseError: the first heartbeat failed (nothing was claimed); with ``burst``, claiming
+                failed for good (``drain_failure``: a lost connection retried for the retry policy's
+                ``reconnect_within``, or ``DRAIN_FAILURES`` other failures in a row), once the tasks not started
+                were given back where the database allowed.
         """
         # One task at a time runs on the main thread: no hand-off between threads (each costs up to the GIL's
         # switch interval, 5 ms); signal handlers still run between the task's bytecodes and only set a flag.
@@ -255,6 +264,8 @@ class Worker:
                 "worker %s: stopped by a runner that could not go on (%s)", self.worker_id, self.stats
             )
             raise self.failure
+        if self.drain_failure is not None:
+            raise self.drain_failure
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
 
@@ -302,6 +313,14 @@ class Worker:
                 except DatabaseError as failure:
                     failures += 1
                     self._claim_failed_at = time.monotonic()
+                    if self.burst and (isinstance(failure, ConnectionLost) or failures >= DRAIN_FAILURES):
+                        # A drain (cron, CI) does not wait an outage out: it stops, and its exit status says so.
+                        # A lost connection was already retried for the policy's reconnect_within in the claim.
+                        logger.error(
+                            "worker %s: claiming failed; the drain stops: %s", self.worker_id, failure
+                        )
+                        self.drain_failure = failure
+                        return
                     logger.warning("worker %s: claiming failed, retrying: %s", self.worker_id, failure)
                     connections[self.alias].close()
                     self._wake.wait(min(self.poll_interval, 0.1 * 2**failures))

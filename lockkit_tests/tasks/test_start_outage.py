@@ -1,14 +1,16 @@
-"""A server down when the worker starts: waited out, or, for a drain (``--burst``), a non-zero exit.
+"""A server down when the worker starts, or lost by a drain: waited out, or, for a drain (``--burst``), exit 1.
 
 Found by a hostile review (MariaDB, Django 6.1): the worker's start asked the server (Django's system checks of
 every alias's fields, then the claims statements' server version) and stopped with a raw ``OperationalError``
 traceback, although docs/tasks.md says a server that is down at start is waited out. And a new user's trial: a
-``--burst`` drain against an unreachable database retried for ever instead of failing.
+``--burst`` drain against an unreachable database retried for ever instead of failing; and a drain that lost
+the server midway (its claims failing) retried for ever too.
 """
 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 from django.tasks import TaskResultStatus
@@ -16,7 +18,7 @@ from django.tasks import TaskResultStatus
 from lockkit_tests.support.faultkit import proxied
 from lockkit_tests.support.vendors import MYSQL_CONFIGURED, MYSQL_SKIP_REASON
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import APPS, backend_on, status_of, wait_for, worker_process
+from lockkit_tests.tasks.helpers import APPS, backend_on, marker, status_of, wait_for, worker_process
 
 pytestmark = [
     pytest.mark.skipif(not MYSQL_CONFIGURED, reason=MYSQL_SKIP_REASON),
@@ -47,3 +49,25 @@ def test_a_server_down_at_start_is_waited_out_and_a_drain_exits_non_zero() -> No
             worker.signal(signal.SIGTERM)
             code, log = worker.wait()
             assert code == 0, log
+
+
+def test_a_drain_that_loses_the_server_midway_exits_non_zero_and_leaves_the_rest_to_run(
+    tmp_path: Path,
+) -> None:
+    started = marker(tmp_path, "first")
+    with backend_on("mariadb"):
+        first = jobs.slow.enqueue(started, 0.5)
+        rest = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+    with proxied("mariadb", "proxied_mariadb") as (alias, proxy):
+        with worker_process(alias, "--burst") as drain:
+            wait_for(lambda: Path(started + ".started").exists(), what="the first task to start")
+            proxy.refuse_new = True  # the server is gone for the rest of the drain
+            proxy.cut_all()
+            code, log = drain.wait(timeout=90)
+        assert code == 1, log
+        assert "--burst: the drain stopped, claiming failed" in log
+        assert "Traceback" not in log
+    with backend_on("mariadb"):
+        # None of the rest was claimed: the next drain runs them (the first one's claim ends with its lease).
+        assert [status_of(result) for result in rest] == [TaskResultStatus.READY] * 3
+        assert status_of(first) == TaskResultStatus.RUNNING

@@ -68,23 +68,41 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         the order asked, that no other session holds: what ``SKIP LOCKED`` promises. The locking statement
         re-checks every condition on the row's latest version, so a row completed or claimed since the plain
         ``SELECT`` is not taken.
+
+        A batch holds no more rows than are still needed while fewer than ``_EXACT_SKIPS`` rows were skipped:
+        every free row it locks is claimed (a row locked and not taken stays locked until this transaction
+        commits, and hides a free job from the other claims meanwhile: an empty poll while a job waits). Past
+        that (many rows ahead held by others: a long transaction of the caller's, say), batches double, so a
+        claim takes a number of statements logarithmic in the rows held ahead; a row it locked beyond those
+        taken is hidden only until it commits. A window of candidates all held by others, or claimed since it
+        was read, is followed by a window twice as large of the candidates not yet tried, read again (under
+        Django's default ``READ COMMITTED`` each plain ``SELECT`` sees the latest commits, so an ``OFFSET`` past
+        the first window could skip free rows, or land past the end, while others claim), until a window is
+        short: the answer is empty only when no candidate was free. A candidate listed twice (a filter across a
+        multi-valued relation) is tried once.
         """
         queryset = candidates if isinstance(candidates, QuerySet) else candidates()
         size = _candidates(limit)
         picked: list[Any] = []
-        for offset in (0, size):  # a second window when the first was all held by other sessions
-            window = self.pick(queryset, limit=size, skip_locked=False, locking=False, offset=offset)
-            start, batch_size = 0, limit
+        tried: list[Any] = []
+        skipped = batch_size = 0
+        while True:
+            unseen = queryset.exclude(pk__in=tried) if tried else queryset
+            listed = self.pick(unseen, limit=size, skip_locked=False, locking=False)
+            window = list(dict.fromkeys(listed))
+            start = 0
             while len(picked) < limit and start < len(window):
+                needed = limit - len(picked)
+                batch_size = needed if skipped < _EXACT_SKIPS else max(needed, 2 * batch_size)
                 batch = window[start : start + batch_size]
                 start += len(batch)
                 locked = set(self.lock_by_pk(queryset, batch))
-                picked += [pk for pk in batch if pk in locked][: limit - len(picked)]
-                # Doubling: a window mostly held by others is crossed in a few statements; a row locked here
-                # beyond those taken stays locked (unclaimed) only until this short transaction commits.
-                batch_size = max(limit - len(picked), 2 * batch_size)
-            if len(picked) == limit or len(window) < size:
+                picked += [pk for pk in batch if pk in locked][:needed]
+                skipped += sum(1 for pk in batch if pk not in locked)
+            if len(picked) == limit or len(listed) < size:
                 break
+            tried += window
+            size = min(2 * size, _MAX_WINDOW)
         if not picked:
             return []
         condition, condition_params = self.claimable_sql(expired=expired)
@@ -98,7 +116,11 @@ class MySQLClaimsSQL(SerialClaimsSQL):
 
         The primary key is forced so InnoDB examines (and locks) the listed rows only: through a secondary index
         (``lease_expires_at IS NULL`` matches every free row) it would lock rows outside the list while it scans,
-        and a concurrent claim would skip them.
+        and a concurrent claim would skip them. A queryset that joins other tables (a filter across a relation)
+        is not locked with its join: MariaDB has no ``FOR UPDATE OF``, so the related rows would be locked too,
+        and a session holding one (another claim in flight, an edit of the parent row) would hide every job
+        joined to it. The listed rows are locked by primary key alone, then the filters are checked on them
+        (locked, their own columns cannot change meanwhile); one that no longer matches is not taken.
         """
         selection = queryset.filter(pk__in=pks).order_by().values_list("pk")
         try:
@@ -106,6 +128,14 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         except EmptyResultSet:
             return []
         table = f" FROM {self.table.name}"
+        if sum(1 for count in selection.query.alias_refcount.values() if count) > 1:  # joined
+            lock = f"SELECT {self.table.pk_of()}{table} FORCE INDEX (PRIMARY) WHERE {self.where_pks(pks)}"
+            rows, _ = self.run(f"{lock} {self.lock_clause(skip_locked=True)}", list(pks))
+            locked = {next(iter(row.values())) for row in rows}
+            if not locked:
+                return []
+            rows, _ = self.run(select, params)  # the filters, on the rows now locked (no locking read)
+            return [pk for pk in (next(iter(row.values())) for row in rows) if pk in locked]
         at = select.find(table)
         if at != -1 and select.find(table, at + 1) == -1:
             end = at + len(table)
@@ -155,10 +185,15 @@ class MySQLClaimsSQL(SerialClaimsSQL):
         return {**row, "lease_expires_at": self.read_datetime(row["lease_expires_at"])}
 
 
+#: Rows skipped (held by others, or no longer claimable) before a claim's locking batches may hold more rows
+#: than it still needs (see ``claim_next``).
+_EXACT_SKIPS = 8
+
+
 def _candidates(limit: int) -> int:
     """How many candidates one window reads: the rows asked for, plus room for the claims of other workers.
 
-    Bounded so that two windows stay within ``LIMIT``'s range (a ``limit`` may be as large as a bigint).
+    Bounded so that it stays within ``LIMIT``'s range (a ``limit`` may be as large as a bigint).
     """
     return min(limit * 4 + 32, _MAX_WINDOW)
 

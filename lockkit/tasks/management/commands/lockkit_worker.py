@@ -228,6 +228,13 @@ class Command(BaseCommand):
         try:
             stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()
         except BaseException as failure:
+            if failure is worker.drain_failure:
+                done = worker.stats
+                raise CommandError(
+                    f"lockkit_worker --burst: the drain stopped, claiming failed: {failure} ({done.succeeded} "
+                    f"succeeded, {done.failed} failed, {done.retried} retried before it; the tasks not run are "
+                    f"left to the next run)"
+                ) from failure
             if worker.failure is not failure:
                 raise
             raise CommandError(
