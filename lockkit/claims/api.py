@@ -231,55 +231,109 @@ def claim_next(
             (row locks are never waited for; table locks, e.g. during a migration, can be); on SQLite, the
             database write lock stayed busy past the lock timeout (try again).
     """
-    candidates = inputs.queryset(queryset)
-    model = inputs.claimable_model(candidates.model, "queryset")
-    name = inputs.worker(worker)
-    seconds = inputs.lease(lease)
     count = inputs.positive_int(limit, "limit")
-    lapsed = flag(expired, "expired")
-    alias = inputs.alias_for(using, candidates)
-    statements = claims_sql_for(model, alias)
-    values = statements.claim_assignments(name, seconds, inputs.assignments(model, set, "set", alias))
-    source = candidates
+    claims = NextClaims(
+        queryset, worker=worker, lease=lease, set=set, order_by=order_by, using=using,
+        lock_timeout=lock_timeout, fetch=fetch, expired=expired,
+    )  # fmt: skip
+    return claims.claim(count)
 
-    def ordered() -> QuerySet[Any]:  # built only where the SELECT is compiled (not kept, or a lost reply)
-        return inputs.order(order_by, source.using(alias).filter(statements.claimable(expired=lapsed)))
 
-    # The caller's own queryset object (not one built here from a manager or a model): its SELECT is kept.
-    # order_by is validated when the SELECT is compiled, so only a None or a list/tuple order_by is ever a key.
-    keyable = order_by is None or isinstance(order_by, list | tuple)
-    reuse = (
-        (queryset, (None if order_by is None else tuple(order_by), lapsed))
-        if source is queryset and keyable
-        else None
-    )
-    fields = model._meta.concrete_fields if flag(fetch, "fetch") else ()
-    # The same (kept) SELECT the claim uses: compiled once per queryset object, not once more per call.
-    if statements.picked_pks(ordered, count, reuse) is None:
-        return []  # no row can match (.none(), pk__in=[]): no transaction either
-    resolved: list[bool] = []
+class NextClaims:
+    """A ``claim_next`` call with its arguments checked once, to be made again and again (``claim(limit)``).
 
-    def work() -> list[Any]:
-        return statements.claim_next(ordered, count, values, fields, reuse=reuse, expired=lapsed)
+    Private: ``lockkit.tasks``' worker claims with the same arguments for its whole life, and checks them once.
+    Built with ``claim_next``'s arguments but ``limit``, which each ``claim()`` takes; it sends nothing.
 
-    def found(message: Any, lost: ConnectionLost) -> list[Any]:
-        resolved.append(True)
-        return _claimed_by_lost_call(model, alias, name, count, message, lost, ordered().query.order_by)
+    Raises:
+        As ``claim_next``, for its arguments (before any SQL).
+    """
 
-    def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
-        # The claims the lost call made; none means it changed nothing, and it is tried once more.
-        return found(message, lost) or runner.in_one_message(alias, lock_timeout, work, found)
+    def __init__(
+        self,
+        queryset: QuerySet[Any],
+        *,
+        worker: str,
+        lease: Duration,
+        set: dict[str, Any] | None = None,
+        order_by: Sequence[str | BaseExpression | F] | None = None,
+        using: str | None = None,
+        lock_timeout: Duration | None = FROM_SETTINGS,
+        fetch: bool = False,
+        expired: bool = False,
+    ) -> None:
+        """Check the arguments (no SQL)."""
+        candidates = inputs.queryset(queryset)
+        self.model = model = inputs.claimable_model(candidates.model, "queryset")
+        self.worker = inputs.worker(worker)
+        self.lease = inputs.lease(lease)
+        self.expired = lapsed = flag(expired, "expired")
+        self.alias = alias = inputs.alias_for(using, candidates)
+        self.lock_timeout = lock_timeout
+        self.statements = statements = claims_sql_for(model, alias)
+        self.values = statements.claim_assignments(
+            self.worker, self.lease, inputs.assignments(model, set, "set", alias)
+        )
+        self.fields = model._meta.concrete_fields if flag(fetch, "fetch") else ()
 
-    rows = runner.in_one_message(alias, lock_timeout, work, resolve)
-    claims = [Claim.from_row(row, model=model, alias=alias, lease=seconds) for row in rows]
-    _made(claims)
-    if not fields:
-        return claims
-    if resolved:  # read back by primary key: the claiming statement's own columns were lost with its reply
-        by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
-        return [Claimed(by_pk[c.pk], c) for c in claims]  # in the order the claims were found in
-    loaded = instances(model, alias, rows, fields, [fetched_column(index) for index in range(len(fields))])
-    return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
+        def ordered() -> QuerySet[Any]:  # built only where the SELECT is compiled (not kept, or a lost reply)
+            return inputs.order(
+                order_by, candidates.using(alias).filter(statements.claimable(expired=lapsed))
+            )
+
+        self.ordered = ordered
+        # The caller's own queryset object (not one built here from a manager or a model): its SELECT is kept.
+        # order_by is validated when the SELECT is compiled, so only a None or a list/tuple order_by is ever a key.
+        keyable = order_by is None or isinstance(order_by, list | tuple)
+        self.reuse = (
+            (queryset, (None if order_by is None else tuple(order_by), lapsed))
+            if candidates is queryset and keyable
+            else None
+        )
+
+    def claim(self, limit: int) -> list[Any]:
+        """Claim up to ``limit`` rows (a positive ``int``), as ``claim_next`` with the arguments given at building.
+
+        Returns:
+            ``Claim`` objects, or ``Claimed`` pairs when built with ``fetch=True``.
+
+        Raises:
+            As ``claim_next``.
+        """
+        model, alias, statements, ordered = self.model, self.alias, self.statements, self.ordered
+        reuse = self.reuse
+        # The same (kept) SELECT the claim uses: compiled once per queryset object, not once more per call.
+        if statements.picked_pks(ordered, limit, reuse) is None:
+            return []  # no row can match (.none(), pk__in=[]): no transaction either
+        resolved: list[bool] = []
+
+        def work() -> list[Any]:
+            return statements.claim_next(
+                ordered, limit, self.values, self.fields, reuse=reuse, expired=self.expired
+            )
+
+        def found(message: Any, lost: ConnectionLost) -> list[Any]:
+            resolved.append(True)
+            ordering = ordered().query.order_by
+            return _claimed_by_lost_call(model, alias, self.worker, limit, message, lost, ordering)
+
+        def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
+            # The claims the lost call made; none means it changed nothing, and it is tried once more.
+            return found(message, lost) or runner.in_one_message(alias, self.lock_timeout, work, found)
+
+        rows = runner.in_one_message(alias, self.lock_timeout, work, resolve)
+        claims = [Claim.from_row(row, model=model, alias=alias, lease=self.lease) for row in rows]
+        _made(claims)
+        fields = self.fields
+        if not fields:
+            return claims
+        if resolved:  # read back by pk: the claiming statement's own columns were lost with its reply
+            by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
+            return [Claimed(by_pk[c.pk], c) for c in claims]  # in the order the claims were found in
+        loaded = instances(
+            model, alias, rows, fields, [fetched_column(index) for index in range(len(fields))]
+        )
+        return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
 
 
 aclaim_next = awaitable(claim_next)

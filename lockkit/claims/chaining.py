@@ -14,7 +14,7 @@ from typing import Any
 from lockkit import events, signals
 from lockkit._engine import message
 from lockkit.claims import inputs
-from lockkit.claims.api import claim_next
+from lockkit.claims.api import NextClaims
 from lockkit.claims.fencing import judged
 from lockkit.claims.sql import claims_sql_for
 from lockkit.claims.value import Claim, Claimed
@@ -39,13 +39,10 @@ class Chained:
     error: LockError | None = None
 
 
-def chains(claim: Claim) -> bool:
-    """Whether ``claim``'s completion can travel with the next claim (its database writes it in one statement)."""
-    return claims_sql_for(claim.model, claim.alias).fences_in_one
-
-
-def complete_then_claim_next(claim: Claim, written: dict[str, Any], /, **claiming: Any) -> Chained:
-    """Complete ``claim`` writing ``written`` (``complete(claim, set=written)``), and ``claim_next(**claiming)``.
+def complete_then_claim_next(
+    claim: Claim, written: dict[str, Any], claims: NextClaims, limit: int = 1
+) -> Chained:
+    """Complete ``claim`` writing ``written`` (``complete(claim, set=written)``), and ``claims.claim(limit)``.
 
     Outside a transaction on PostgreSQL (psycopg 3, client-side binding) both statements are one transaction sent
     as one message: both commit or neither does. A completion whose claim no longer holds its row writes nothing
@@ -56,13 +53,14 @@ def complete_then_claim_next(claim: Claim, written: dict[str, Any], /, **claimin
     Args:
         claim: The claim to complete.
         written: Fields to write with the completion (as ``complete(set=...)``).
-        **claiming: ``claim_next``'s keyword arguments (``queryset`` included), ``fetch`` aside.
+        claims: The next claims (``claim_next``'s arguments, checked once), built with ``fetch=True``.
+        limit: The most rows to claim.
 
     Returns:
         The claims made and what became of the completion.
 
     Raises:
-        TypeError, ValueError: a bad claim, ``set`` or claiming argument (before any SQL).
+        TypeError, ValueError: a bad claim or ``written`` (before any SQL).
         django.db.DatabaseError: as ``claim_next``; the transaction rolled back: neither was written.
     """
     held = inputs.claim(claim)
@@ -71,9 +69,9 @@ def complete_then_claim_next(claim: Claim, written: dict[str, Any], /, **claimin
     (pk,) = pks = inputs.prepared_pks((held,), alias)
     statement = claims_sql_for(model, alias).fenced_one(pk, held.token, held.worker, values)
     if statement is None:
-        return Chained(claim_next(**claiming, fetch=True))
+        return Chained(claims.claim(limit))
     with message.carrying(*statement) as carried:
-        claimed = claim_next(**claiming, fetch=True)
+        claimed = claims.claim(limit)
     if not carried.sends:
         return Chained(claimed)
     lost = None

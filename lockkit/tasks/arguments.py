@@ -46,12 +46,12 @@ def json_value(value: Any, name: str) -> Any:
     try:
         normalized = normalize_json(value)
     except (TypeError, ValueError) as error:
-        raise type(error)(f"{name} must be JSON-serializable: {error}") from error
+        raise type(error)(f"{name} is not JSON serializable: {error}") from error
     try:
         text = json.dumps(normalized, allow_nan=False, ensure_ascii=False)
     except ValueError as error:
         hint = " (NaN or infinity)" if "float" in str(error) else ""  # else an int too long to write
-        raise ValueError(f"{name} must be JSON-serializable: {error}{hint}") from error
+        raise ValueError(f"{name} is not JSON serializable: {error}{hint}") from error
     if "\\u0000" in text:
         raise ValueError(f"{name} must not contain NUL characters (the database's JSON column refuses them)")
     try:

@@ -14,7 +14,8 @@ from typing import Any
 from django.db import DatabaseError
 from django.tasks.base import Task
 
-from lockkit.claims import Claim, Claimed, claim_next
+from lockkit.claims import Claim, Claimed
+from lockkit.claims.api import NextClaims
 from lockkit.claims.chaining import complete_then_claim_next
 from lockkit.errors import ConnectionLost, StaleClaim
 from lockkit.tasks.models import QueuedTask
@@ -45,8 +46,8 @@ class Handover:
         self.flush()  # never two held (one task at a time: there is none)
         self.held = (row, claim, values, task)
 
-    def claim(self, **claiming: Any) -> list[Claimed[Any]]:
-        """``claim_next(**claiming, fetch=True)``, carrying the held success's completion.
+    def claim(self, claims: NextClaims, limit: int) -> list[Claimed[Any]]:
+        """``claims.claim(limit)`` (built with ``fetch=True``), carrying the held success's completion.
 
         Raises:
             django.db.DatabaseError: the claim failed (a refused message is tried once more without the success);
@@ -54,10 +55,10 @@ class Handover:
         """
         held, self.held = self.held, None
         if held is None:
-            return claim_next(**claiming, fetch=True)
+            return claims.claim(limit)
         row, claim, values, task = held
         try:
-            chained = complete_then_claim_next(claim, values, **claiming)
+            chained = complete_then_claim_next(claim, values, claims, limit)
         except ConnectionLost:
             # The connection went (the claim's outcome unknown): the success on its own, as always.
             self.outcomes.write(*held)
@@ -73,7 +74,7 @@ class Handover:
                 refused,
             )
             self.outcomes.write(*held)
-            return claim_next(**claiming, fetch=True)
+            return claims.claim(limit)
         except BaseException:
             self.held = held  # flush() writes it
             raise

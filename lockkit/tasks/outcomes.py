@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from traceback import format_exception
@@ -36,16 +37,20 @@ logger = logging.getLogger("lockkit.tasks.worker")
 _Done = tuple[str, QueuedTask, Claim, dict[str, Any], "Task[..., Any] | None"]
 
 
+#: How many ids of finished tasks ``Stats.ids`` keeps, the latest: a worker running for months holds no more.
+IDS_KEPT = 1000
+
+
 @dataclass
 class Stats:
-    """What a worker did: tasks finished by outcome."""
+    """What a worker did: tasks finished by outcome, and the ids of the latest ``IDS_KEPT`` finished (oldest first)."""
 
     succeeded: int = 0
     failed: int = 0
     retried: int = 0
     lost: int = 0
     given_back: int = 0
-    ids: list[str] = field(default_factory=list, repr=False)
+    ids: deque[str] = field(default_factory=lambda: deque(maxlen=IDS_KEPT), repr=False)
 
 
 class Outcomes:

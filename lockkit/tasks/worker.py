@@ -24,12 +24,12 @@ from django.tasks.base import TaskResultStatus
 
 from lockkit._engine import prepared
 from lockkit.claims import Claim, Claimed, heartbeat_every
+from lockkit.claims.api import NextClaims
 from lockkit.claims.sql import claims_sql_for
 from lockkit.errors import ConnectionLost
 from lockkit.tasks.attempt import Attempts
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.handover import Handover
-from lockkit.tasks.leases import claim_ready
 from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
 from lockkit.tasks.outcomes import Outcomes, Stats
@@ -158,13 +158,22 @@ class Worker:
             backend_name=backend.alias,
             queue_name__in=self.queues,
         )
-        self._claim_set = {
-            "status": TaskResultStatus.RUNNING,
-            "started_at": now,
-            "last_attempted_at": now,
-            "worker_log": Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR)),
-        }
-        self._order = [F("priority").desc(), F("enqueued_at").asc()]
+        # Ready tasks and those whose lease expired, in one statement, the arguments checked once here: the worker
+        # needs no reaper (claim_next(expired=True)).
+        self._claims = NextClaims(
+            self._candidates,
+            worker=self.worker_id,
+            lease=self.lease,
+            set={
+                "status": TaskResultStatus.RUNNING,
+                "started_at": now,
+                "last_attempted_at": now,
+                "worker_log": Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR)),
+            },
+            order_by=[F("priority").desc(), F("enqueued_at").asc()],
+            expired=True,
+            fetch=True,
+        )
         self._periodic = Periodic(backend, self.alias)
         #: The periodic schedules this worker fires (the ``periodic`` option's, then ``@periodic_task``'s).
         self.schedules = self._periodic.schedules
@@ -394,18 +403,8 @@ class Worker:
     def _claim(self, limit: int) -> list[Claimed[Any]]:
         with prepared.preparing():  # the same statements every time: parsed and planned once per session
             if self._handover is not None:
-                return self._handover.claim(
-                    queryset=self._candidates, worker=self.worker_id, lease=self.lease, limit=limit,
-                    set=self._claim_set, order_by=self._order, expired=True,
-                )  # fmt: skip
-            return claim_ready(
-                self._candidates,
-                worker=self.worker_id,
-                lease=self.lease,
-                limit=limit,
-                values=self._claim_set,
-                order_by=self._order,
-            )
+                return self._handover.claim(self._claims, limit)
+            return self._claims.claim(limit)
 
     def _busy_count(self) -> int:
         with self._busy_lock:

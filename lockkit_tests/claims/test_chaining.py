@@ -14,6 +14,7 @@ from django.db.models.expressions import RawSQL
 from django.test.utils import CaptureQueriesContext
 
 from lockkit.claims import StaleClaim, claim_next
+from lockkit.claims.api import NextClaims
 from lockkit.claims.chaining import complete_then_claim_next
 from lockkit_harness.proxy import Action, FaultProxy
 from lockkit_tests.models import Job
@@ -31,7 +32,9 @@ def test_completion_and_next_claim_are_one_message() -> None:
     (first,) = claim_next(_pending(), worker="w", lease=30, set={"state": "running"}, order_by=["name"])
     with CaptureQueriesContext(connection) as queries:
         chained = complete_then_claim_next(
-            first, {"state": "done"}, queryset=_pending(), worker="w", lease=30, order_by=["name"]
+            first,
+            {"state": "done"},
+            NextClaims(_pending(), worker="w", lease=30, order_by=["name"], fetch=True),
         )
     (message,) = [query["sql"] for query in queries.captured_queries]
     assert message.startswith("BEGIN; ")
@@ -56,7 +59,9 @@ def test_stale_completion_is_reported_and_the_claim_proceeds() -> None:
     expire(first.pk)
     (taken,) = claim_next(Job.objects.filter(pk=first.pk), worker="other", lease=30, expired=True)
     chained = complete_then_claim_next(
-        first, {"state": "done"}, queryset=_pending().exclude(pk=first.pk), worker="w", lease=30
+        first,
+        {"state": "done"},
+        NextClaims(_pending().exclude(pk=first.pk), worker="w", lease=30, fetch=True),
     )
     assert not chained.completed
     assert isinstance(chained.error, StaleClaim)
@@ -72,7 +77,9 @@ def test_a_failed_message_writes_neither() -> None:
     (first,) = claim_next(_pending(), worker="w", lease=30, order_by=["name"])
     with pytest.raises(DataError):  # the completion fails in the database: the whole transaction rolls back
         complete_then_claim_next(
-            first, {"result": RawSQL("(1 / 0)::text", [])}, queryset=_pending(), worker="w", lease=30
+            first,
+            {"result": RawSQL("(1 / 0)::text", [])},
+            NextClaims(_pending(), worker="w", lease=30, fetch=True),
         )
     a, b = Job.objects.order_by("name")
     assert a.lease_expires_at is not None
@@ -94,7 +101,9 @@ def test_a_lost_reply_is_decided_from_the_rows(
     pending = Job.objects.using(alias).filter(state="pending")
     (first,) = claim_next(pending, worker="w", lease=30, order_by=["name"])
     proxy.arm(action)  # deliver: the server runs the whole message, COMMIT included; abort: it never arrives
-    chained = complete_then_claim_next(first, {"state": "done"}, queryset=pending, worker="w", lease=30)
+    chained = complete_then_claim_next(
+        first, {"state": "done"}, NextClaims(pending, worker="w", lease=30, fetch=True)
+    )
     assert proxy.cuts[action] == 1
     assert chained.completed
     assert chained.error is None

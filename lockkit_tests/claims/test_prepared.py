@@ -175,6 +175,7 @@ def test_behind_a_pooler_whose_server_session_changed_every_claim_is_made_once(
 
 
 def test_a_worker_completion_and_claim_travel_prepared_in_one_message(jobs: list[Job]) -> None:
+    from lockkit.claims.api import NextClaims
     from lockkit.claims.chaining import complete_then_claim_next
 
     pending = Job.objects.filter(state="pending").order_by("pk")
@@ -182,7 +183,7 @@ def test_a_worker_completion_and_claim_travel_prepared_in_one_message(jobs: list
         ((job, held),) = claim_next(pending, worker="w", lease=30, fetch=True)
         for index in range(1, 4):
             chained = complete_then_claim_next(
-                held, {"state": "done"}, queryset=pending, worker="w", lease=30
+                held, {"state": "done"}, NextClaims(pending, worker="w", lease=30, fetch=True)
             )
             assert chained.completed
             assert chained.error is None

@@ -116,7 +116,7 @@ def test_retry_keeps_the_earlier_run_and_links_the_new_one() -> None:
             "lockkit_tests.tasks.jobs.failing_task_value_error",
             {"args": [], "kwargs": {}},
         )
-        assert run_worker(backend).ids == [str(rerun.pk)]
+        assert list(run_worker(backend).ids) == [str(rerun.pk)]
         rerun.refresh_from_db()
         assert rerun.status == TaskResultStatus.FAILED
         assert len(rerun.worker_ids) == 1
@@ -144,7 +144,7 @@ def test_retrying_a_succeeded_task_asks_for_confirmation_first() -> None:
         assert _retry(changer, done.id, confirm=True).status_code == 302
         assert _snapshot(done.id) == before
         rerun = QueuedTask.objects.using("default").get(retry_of=done.id)
-        assert run_worker(backend).ids == [str(rerun.pk)]
+        assert list(run_worker(backend).ids) == [str(rerun.pk)]
         rerun.refresh_from_db()
         assert (rerun.status, rerun.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
 

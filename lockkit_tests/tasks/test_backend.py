@@ -240,5 +240,5 @@ def test_priority_order_then_fifo(alias: str) -> None:
         lower = jobs.noop_task.using(priority=-2).enqueue()
         stats = run_worker(backend, concurrency=1, batch=1)
         # Higher priority first; equal priorities in enqueue order; tasks whose run_after is ahead wait.
-        assert stats.ids == [old.id, very_old.id, high.id, low.id, lower.id]
+        assert list(stats.ids) == [old.id, very_old.id, high.id, low.id, lower.id]
         assert sum(1 for row in rows(alias) if row.status == TaskResultStatus.READY) == 2

@@ -58,10 +58,46 @@ def test_batch_runs_what_is_ready_then_exits_and_queues_can_be_excluded(alias: s
     with backend_on(alias):
         mine = jobs.calculate_meaning_of_life.enqueue()
         other = jobs.calculate_meaning_of_life.using(queue_name="queue-1").enqueue()
-        with worker_process(alias, "--batch", "--exclude-queues", "queue-1", "--worker-id", "flag") as worker:
+        args = ("--batch", "--queue-name", "*", "--exclude-queues", "queue-1", "--worker-id", "flag")
+        with worker_process(alias, *args) as worker:
             code, output = worker.wait(timeout=30)
         assert code == 0, output
         assert (status_of(mine), status_of(other)) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_no_queue_named_takes_the_default_queue_only_as_db_worker(alias: str) -> None:
+    """A db_worker unit file keeps its meaning: no ``--queue-name`` is the ``"default"`` queue; ``'*'`` is every queue.
+
+    Options passed as strings to ``call_command`` (as db_worker's) are read whole, not letter by letter.
+    """
+    with override_settings(TASKS=tasks_setting(alias)):
+        mine = jobs.noop_task.enqueue()
+        other = jobs.noop_task.using(queue_name="queue-1").enqueue()
+        err = StringIO()
+        call_command("lockkit_worker", "--batch", stdout=StringIO(), stderr=err)
+        assert (status_of(mine), status_of(other)) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+        assert "queues default;" in err.getvalue()
+        assert "not taking queue(s) queue-1 (--queue-name '*' for all)" in err.getvalue()
+        call_command(
+            "lockkit_worker", batch=True, queue_name="*", exclude_queues="queue-1", stdout=StringIO()
+        )
+        assert status_of(other) == TaskResultStatus.READY
+        err = StringIO()
+        call_command("lockkit_worker", batch=True, queues="queue-1", stdout=StringIO(), stderr=err)
+        assert status_of(other) == TaskResultStatus.SUCCESSFUL
+        assert "is not a queue" not in err.getvalue()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_no_queue_named_on_a_backend_without_a_default_queue_is_refused(alias: str) -> None:
+    setting = tasks_setting(alias)
+    setting["default"]["QUEUES"] = ["queue-1"]
+    with override_settings(TASKS=setting):
+        message = "backend 'default' has no queue 'default' (its QUEUES: queue-1): name the queues to take"
+        with pytest.raises(CommandError, match=re.escape(message)):
+            call_command("lockkit_worker", "--batch", stdout=StringIO(), stderr=StringIO())
+        call_command("lockkit_worker", "--batch", "--queue-name", "*", stdout=StringIO(), stderr=StringIO())
 
 
 @pytest.mark.parametrize("alias", [POSTGRESQL])
@@ -103,8 +139,14 @@ def test_startup_line_on_stderr_without_logging(alias: str) -> None:
             {},
             "--exclude-queues can only be used with --queue-name=*",
         ),
-        (["--exclude-queues", "default", "--exclude-queues", "queue-1"], {}, "no queue left"),
-        (["--exclude-queues", "default,queue-1"], {}, "no queue left"),
+        (["--exclude-queues", "queue-1"], {}, "--exclude-queues can only be used with --queue-name=*"),
+        ([], {"queue_name": "*", "exclude_queues": "default,queue-1"}, "no queue left"),
+        (
+            ["--queue-name", "*", "--exclude-queues", "default", "--exclude-queues", "queue-1"],
+            {},
+            "no queue left",
+        ),
+        (["--queue-name", "*", "--exclude-queues", "default,queue-1"], {}, "no queue left"),
         (["--queue-name", "nope"], {}, "--queue/--queue-name: queues must name queues of backend 'default'"),
         (["--queue-name", ""], {}, "--queue-name: no queue named in '' ('*' for all)"),
         (["--queue-name", ",,"], {}, "--queue-name: no queue named in ',,' ('*' for all)"),

@@ -76,7 +76,7 @@ def test_poison_task_fails_after_max_attempts(alias: str) -> None:
         assert result.worker_ids == ["victim-1", "victim-2"]  # the judging claim is not an attempt
         assert [e.exception_class_path for e in result.errors] == ["lockkit.tasks.errors.WorkerLost"] * 2
         assert "by worker 'victim-2' ended without a result" in result.errors[1].traceback
-        assert run_worker(backend).ids == []  # nothing left to run
+        assert list(run_worker(backend).ids) == []  # nothing left to run
 
 
 @pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])

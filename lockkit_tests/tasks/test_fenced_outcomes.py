@@ -53,7 +53,7 @@ def test_a_worker_killed_after_fenced_leaves_a_result_that_says_its_value_is_mis
                 or not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
             )
         )
-        assert run_worker(backend).ids == []  # not run again
+        assert list(run_worker(backend).ids) == []  # not run again
         assert Owner.objects.using(alias).filter(name="paid").count() == 1
 
 

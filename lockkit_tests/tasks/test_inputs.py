@@ -108,13 +108,13 @@ def test_arguments_the_databases_refuse_are_refused_before_sql(
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "message"),
     [
-        ((object(),), {}, TypeError, "args must be JSON-serializable: Unsupported type"),
-        ((), {"when": timezone.now()}, TypeError, "kwargs must be JSON-serializable"),
+        ((object(),), {}, TypeError, "args is not JSON serializable: Unsupported type"),
+        ((), {"when": timezone.now()}, TypeError, "kwargs is not JSON serializable"),
         ((float("nan"),), {}, ValueError, "NaN or infinity"),
         ((float("inf"),), {}, ValueError, "NaN or infinity"),
         (({1: "int key"},), {}, TypeError, "dict keys must be strings"),
         (("nul \x00 char",), {}, ValueError, "NUL characters"),
-        ((b"\xff\xfe",), {}, ValueError, "args must be JSON-serializable: Unsupported value"),
+        ((b"\xff\xfe",), {}, ValueError, "args is not JSON serializable: Unsupported value"),
         (({1, 2},), {}, TypeError, "Unsupported type"),
     ],
 )

@@ -41,7 +41,7 @@ def test_worker_with_locked_rows(alias: str, caplog: pytest.LogCaptureFixture) -
             assert locked.wait(10)
             second = jobs.noop_task.enqueue()
             with caplog.at_level(logging.WARNING, logger="lockkit"):
-                assert run_worker(backend).ids == [second.id]
+                assert list(run_worker(backend).ids) == [second.id]
             assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
         finally:
             release.set()

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from lockkit.claims import claim_next, complete
 from lockkit.errors import StaleClaim
+from lockkit.tasks import outcomes
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.worker import Worker
 from lockkit_tests.tasks import jobs
@@ -68,7 +69,17 @@ def test_batch_processes_all_tasks(alias: str) -> None:
 def test_no_tasks(alias: str) -> None:
     with backend_on(alias) as backend:
         stats = run_worker(backend)
-        assert stats.ids == []
+        assert list(stats.ids) == []
+
+
+def test_a_long_running_worker_keeps_only_the_latest_ids(alias: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Stats.ids`` is bounded (``IDS_KEPT``): a worker that runs for months does not grow with every task."""
+    monkeypatch.setattr(outcomes, "IDS_KEPT", 3)
+    with backend_on(alias) as backend:
+        enqueued = [jobs.noop_task.using(priority=-n).enqueue().id for n in range(5)]  # run in this order
+        stats = run_worker(backend)
+        assert stats.succeeded == 5
+        assert list(stats.ids) == enqueued[2:]
 
 
 def test_doesnt_process_different_queue(alias: str) -> None:
@@ -119,7 +130,7 @@ def test_complex_return_value(alias: str) -> None:
         result.refresh()
         assert result.status == TaskResultStatus.FAILED
         assert result.errors[0].exception_class is TypeError
-        assert "the return value must be JSON-serializable" in result.errors[0].traceback
+        assert "the return value is not JSON serializable" in result.errors[0].traceback
 
 
 def test_system_exit_task_fails_without_stopping_the_worker(alias: str) -> None:
@@ -138,16 +149,16 @@ def test_doesnt_process_different_backend(alias: str) -> None:
     with backend_on(alias) as backend:
         jobs.noop_task.enqueue()
         QueuedTask.objects.using(alias).update(backend_name="other")
-        assert run_worker(backend).ids == []
+        assert list(run_worker(backend).ids) == []
         assert QueuedTask.objects.using(alias).get().status == TaskResultStatus.READY
 
 
 def test_run_after(alias: str) -> None:
     with backend_on(alias) as backend:
         result = jobs.noop_task.using(run_after=timezone.now() + timedelta(hours=10)).enqueue()
-        assert run_worker(backend).ids == []
+        assert list(run_worker(backend).ids) == []
         QueuedTask.objects.using(alias).update(ready_at=timezone.now() - timedelta(seconds=1))
-        assert run_worker(backend).ids == [result.id]
+        assert list(run_worker(backend).ids) == [result.id]
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.task.run_after is not None  # the task's own run_after is kept

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
+from django.tasks import DEFAULT_TASK_QUEUE_NAME
 
 from lockkit.errorcodes.translate import translate
 from lockkit.errors import ConnectionLost
@@ -93,7 +94,7 @@ class Command(BaseCommand):
             action="append",
             dest="queues",
             metavar="QUEUE",
-            help="A queue to take tasks from (repeatable; default: every queue of the backend).",
+            help="A queue to take tasks from (repeatable; default: the 'default' queue, as db_worker).",
         )
         parser.add_argument(
             "--queue-name",
@@ -106,8 +107,8 @@ class Command(BaseCommand):
             action="append",
             dest="excluded",
             metavar="QUEUES",
-            help="Queues not to take tasks from, separated by commas (repeatable); only when taking every queue "
-            "(no --queue, or --queue-name '*'), as db_worker's --exclude-queues.",
+            help="Queues not to take tasks from, separated by commas (repeatable); only with --queue-name '*' "
+            "(every queue), as db_worker's --exclude-queues.",
         )
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once no task is ready and none is running."
@@ -215,6 +216,7 @@ class Command(BaseCommand):
                 f"the table(s) {', '.join(missing)} of lockkit.tasks do not exist on database {worker.alias!r}: "
                 f"run `manage.py migrate --database {worker.alias}` first"
             )
+        others = sorted(set(backend.queues) - set(worker.queues))
         if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
             self.stderr.write(
                 f"lockkit_worker {worker.worker_id}: queues {', '.join(worker.queues)}; concurrency "
@@ -224,6 +226,7 @@ class Command(BaseCommand):
                 + ("; until none is ready" if worker.burst else "")
                 + (f"; at most {worker.max_tasks} tasks" if worker.max_tasks else "")
                 + (f"; {len(worker.schedules)} periodic schedule(s)" if worker.schedules else "")
+                + (f"; not taking queue(s) {', '.join(others)} (--queue-name '*' for all)" if others else "")
             )
         try:
             stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()
@@ -303,26 +306,35 @@ def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[
 
 
 def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[str], Any]) -> list[str]:
-    """The queues to work on: ``--queue``/``--queue-name`` (else all the backend's), less ``--exclude-queues``.
+    """The queues to work on: ``--queue``/``--queue-name`` (else Django's default queue), less ``--exclude-queues``.
 
-    A name excluded that is not a queue of the backend's is reported through ``warn`` (as db_worker, the worker
-    goes on: a typo is visible, not fatal).
+    As db_worker: no queue named means the ``"default"`` queue only (Celery's worker too takes its default queue
+    only), ``--queue-name '*'`` every queue of the backend, and ``--exclude-queues`` only with ``'*'``. A name
+    excluded that is not a queue of the backend's is reported through ``warn`` (the worker goes on: a typo is
+    visible, not fatal). Each option may be a string or a list of them (``call_command``).
 
     Raises:
-        CommandError: a ``--queue-name`` that names no queue (``''``, ``','``), queues excluded from a list of
-            named queues, or no queue left.
+        CommandError: a ``--queue-name`` that names no queue (``''``, ``','``), no queue named on a backend whose
+            ``QUEUES`` lacks ``"default"``, ``--exclude-queues`` without ``--queue-name '*'``, or no queue left.
     """
-    named = list(options["queues"] or [])
-    if options["queue_name"] is not None:
-        listed = [] if options["queue_name"] == "*" else [q for q in options["queue_name"].split(",") if q]
-        if options["queue_name"] != "*" and not listed:
+    named = _listed(options["queues"])
+    every = options["queue_name"] == "*"
+    if options["queue_name"] is not None and not every:
+        listed = [q for q in str(options["queue_name"]).split(",") if q]
+        if not listed:
             raise CommandError(f"--queue-name: no queue named in {options['queue_name']!r} ('*' for all)")
         named += listed
-    everything = not named or options["queue_name"] == "*"
-    queues = sorted(backend.queues) if everything else named
-    excluded = [q for given in options["excluded"] or [] for q in given.split(",") if q]
-    if excluded and not everything:
-        raise CommandError("--exclude-queues can only be used with --queue-name=* (or without --queue)")
+    if not named and not every:
+        if backend.queues and DEFAULT_TASK_QUEUE_NAME not in backend.queues:
+            raise CommandError(
+                f"backend {backend.alias!r} has no queue {DEFAULT_TASK_QUEUE_NAME!r} (its QUEUES: "
+                f"{', '.join(sorted(backend.queues))}): name the queues to take with --queue-name, '*' for all"
+            )
+        named = [DEFAULT_TASK_QUEUE_NAME]
+    queues = sorted(backend.queues) if every else named
+    excluded = [q for given in _listed(options["excluded"]) for q in given.split(",") if q]
+    if excluded and not every:
+        raise CommandError("--exclude-queues can only be used with --queue-name=*")
     for name in excluded:
         if backend.queues and name not in backend.queues:
             warn(f"--exclude-queues: {name!r} is not a queue of backend {backend.alias!r}")
@@ -330,3 +342,10 @@ def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[s
     if excluded and not left:
         raise CommandError(f"--exclude-queues: no queue left of {', '.join(queues)}")
     return left
+
+
+def _listed(value: Any) -> list[str]:
+    """An option given once or repeated: ``None``, a string (``call_command(exclude_queues="a,b")``) or a list."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(item) for item in value]
