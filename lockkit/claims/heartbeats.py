@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -35,6 +36,10 @@ DEFAULT_FRACTION = 1 / 3
 #: A beat older than this many intervals is not trusted by ``heartbeat_every.holds()``: the thread could not beat
 #: (the process was stopped, the database was unreachable or a renewal waited on a lock), so it beats first.
 STALE_AFTER = 1.5
+
+#: How many primary keys ``lost`` keeps, the latest: a block that lasts a worker's life does not grow with every
+#: claim it loses.
+LOST_KEPT = 1000
 
 
 def heartbeat(
@@ -284,7 +289,8 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
         lost (set): The primary keys of the claims lost since the block was entered: held at a beat and, at a
             later beat, not held by the worker any more because another claim took the row or the lease expired
             (reclaimed or not). With a queryset, a claim its worker completed or released while its lease ran, or
-            whose row it deleted, is not lost; nor is a row the worker holds again under a newer claim.
+            whose row it deleted, is not lost; nor is a row the worker holds again under a newer claim. The latest
+            ``LOST_KEPT`` (1,000) are kept.
         last_beat (float | None): ``time.monotonic()`` when the latest successful beat returned; ``None`` before.
         error (BaseException | None): The failure of the latest beat, ``None`` when it succeeded.
         interval (float): Seconds between beats.
@@ -344,6 +350,9 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
                 f"interval must be shorter than the lease ({self.lease:g}s), got {self.interval:g}s"
             )
         self.lost: set[Any] = set()
+        self._lost_latest: deque[Any] = deque(
+            maxlen=LOST_KEPT
+        )  # lost, in the order found (the oldest goes first)
         self.last_beat: float | None = None
         self.error: BaseException | None = None
         self._renew: Callable[[], tuple[dict[Any, int], Any]] = renew
@@ -511,7 +520,9 @@ class heartbeat_every:  # a context manager named like a function, as Django's a
             ends = dict.fromkeys(renewed, end)
         with self._lock:
             self.held = renewed
-            self.lost = self.lost | lost  # a new set: a reader iterating the old one is not disturbed
+            if lost:  # a new set: a reader iterating the old one is not disturbed
+                self._lost_latest.extend(lost)
+                self.lost = set(self._lost_latest)
             self._ends = ends
             if clock is not None:
                 self._clock = clock

@@ -22,6 +22,7 @@ from lockkit.claims import (
     heartbeat,
     heartbeat_every,
     heartbeat_held,
+    heartbeats,
     release,
 )
 from lockkit.errors import LockTimeout
@@ -272,6 +273,28 @@ def test_heartbeat_every_keeps_the_claims_and_tells_which_were_lost(alias: str) 
         assert beat.lost == {claims[1].pk}
     assert beat.error is None
     assert thief.worker == "w2"
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_heartbeat_every_keeps_only_the_latest_lost_claims(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lost`` keeps the latest ``LOST_KEPT``: a heartbeat that lasts a worker's life does not grow for ever."""
+    monkeypatch.setattr(heartbeats, "LOST_KEPT", 2)
+    jobs = Job.objects.using(alias)
+    _jobs(alias, 3)
+    claims = claim_next(jobs, worker="w1", lease=1, limit=3, order_by=["pk"])
+    deadline = db_now(alias) + timedelta(seconds=20)
+    with heartbeat_every(jobs, worker="w1", lease=1, interval=0.2) as beat:
+        assert beat.wait_for_beat(10)
+        for claim in claims:  # taken by another worker one at a time: each is lost at a beat of its own
+            expire(alias, claim.pk)
+            claim_next(jobs.filter(pk=claim.pk), worker="w2", lease=30, expired=True)
+            while claim.pk not in beat.lost:
+                assert db_now(alias) < deadline
+                threading.Event().wait(0.05)
+        assert beat.lost == {claims[1].pk, claims[2].pk}  # the oldest loss was forgotten
+    assert beat.error is None
 
 
 @pytest.mark.django_db(transaction=True)
