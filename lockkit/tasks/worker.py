@@ -47,6 +47,10 @@ DRAIN_FAILURES = 3
 #: The longest a worker name may be (the claim column's length less room for nothing else).
 WORKER_ID_MAX_LENGTH = 255
 
+#: The longest interval between two heartbeats, whatever the lease: what a worker keeps of the claims it ended
+#: since its latest beat (to notice an outcome the database lost) grows with the interval, by tasks per second.
+BEAT_AT_MOST = 10.0
+
 #: Seconds a success completed in a batch may wait for the batch to fill: then it is written anyway.
 SUCCESS_WRITTEN_AFTER = 0.1
 
@@ -236,8 +240,12 @@ class Worker:
         with stop_on_signals(self.worker_id, self.stop, self.stopping):
             masked = block_stop_signals()
             try:
-                # Beats every third of the lease (the default interval).
-                beat = heartbeat_every(mine, worker=self.worker_id, lease=self.lease).__enter__()
+                # Beats every third of the lease, every BEAT_AT_MOST seconds at most: the claims ended since a beat
+                # are kept until the next (Outcomes.release_forgotten), so a long lease would keep a busy worker's.
+                every = min(self.lease / 3, BEAT_AT_MOST)
+                beat = heartbeat_every(
+                    mine, worker=self.worker_id, lease=self.lease, interval=every
+                ).__enter__()
                 self._beat = beat
                 self._attempts = Attempts(self.outcomes, beat)
                 for thread in [*runners, giver, *flushers]:

@@ -82,6 +82,20 @@ def test_a_long_running_worker_keeps_only_the_latest_ids(alias: str, monkeypatch
         assert list(stats.ids) == enqueued[2:]
 
 
+@pytest.mark.parametrize(("lease", "interval"), [(6, 2.0), (60, 10.0)])
+def test_the_heartbeat_renews_every_third_of_the_lease_every_10_s_at_most(
+    alias: str, lease: int, interval: float
+) -> None:
+    """What a worker keeps of the claims it ended lasts until its next beat: a long lease does not stretch it."""
+    with backend_on(alias) as backend:
+        done = jobs.noop_task.enqueue()
+        worker = Worker(backend, queues=sorted(backend.queues), burst=True, lease=lease)
+        assert worker.run().succeeded == 1
+        assert worker._beat is not None
+        assert worker._beat.interval == pytest.approx(interval)
+        assert status_of(done) == TaskResultStatus.SUCCESSFUL
+
+
 def test_doesnt_process_different_queue(alias: str) -> None:
     with backend_on(alias) as backend:
         other = jobs.noop_task.using(queue_name="queue-1").enqueue()
