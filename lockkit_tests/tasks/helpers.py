@@ -198,6 +198,40 @@ def marker(tmp_path: Path, name: str) -> str:
     return str(tmp_path / name)
 
 
+def freeze(worker: WorkerProcess, alias: str, tries: int = 50) -> None:
+    """``SIGSTOP`` ``worker`` while none of its sessions holds a transaction open (observed on the database).
+
+    Stopped between two statements of a transaction (a heartbeat on MariaDB is several), a worker would keep its
+    row locks for as long as it stays stopped, and another worker's ``SKIP LOCKED`` would pass its tasks by.
+    """
+    for _ in range(tries):
+        worker.signal(signal.SIGSTOP)
+        if not _open_transactions(alias):
+            return
+        worker.signal(signal.SIGCONT)
+        wait_for(lambda: not _open_transactions(alias), what="the worker's transaction to end")
+    raise AssertionError(f"worker {worker.pid} was inside a transaction at each of {tries} SIGSTOPs")
+
+
+def _open_transactions(alias: str) -> int:
+    """Transactions open on ``alias``'s database by other sessions than this one's."""
+    connection = connections[alias]
+    if connection.vendor == "mysql":
+        sql = (
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t JOIN information_schema.processlist p "
+            "ON p.ID = t.trx_mysql_thread_id WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID()"
+        )
+    else:
+        sql = (
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> "
+            "pg_backend_pid() AND state LIKE 'idle in transaction%%'"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
 def lease_expired(alias: str) -> bool:
     """Whether every claimed task's lease has run out, by the database clock (as claiming sees it)."""
     from lockkit.claims.sql import claims_sql_for

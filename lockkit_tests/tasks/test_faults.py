@@ -20,6 +20,7 @@ from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import (
     APPS,
     backend_on,
+    freeze,
     lease_expired,
     marker,
     run_worker,
@@ -93,7 +94,7 @@ def test_sigstop_past_the_lease_the_stale_worker_writes_nothing(alias: str, tmp_
         waiting = jobs.fenced_effect.enqueue("waiting-effect")  # claimed with the first, not started
         with worker_process(alias, "--worker-id", "frozen", "--claim-batch", "2", options=opts) as frozen:
             wait_for(lambda: list(tmp_path.glob("s.*.started")), what="the task to start")
-            frozen.signal(signal.SIGSTOP)
+            freeze(frozen, alias)  # not inside a heartbeat's transaction: its row locks would hide the tasks
             wait_for(lambda: lease_expired(alias), what="the frozen worker's lease to expire")
             stats = run_worker(backend, worker_id="thawed-out")
             assert stats.succeeded == 2
