@@ -11,6 +11,7 @@ import re
 import signal
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -87,6 +88,27 @@ def test_no_queue_named_takes_the_default_queue_only_as_db_worker(alias: str) ->
         call_command("lockkit_worker", batch=True, queues="queue-1", stdout=StringIO(), stderr=err)
         assert status_of(other) == TaskResultStatus.SUCCESSFUL
         assert "is not a queue" not in err.getvalue()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("exclude_queues", 5, "--exclude-queues"),
+        ("exclude_queues", ["queue-1", 2], "--exclude-queues"),
+        ("queues", 3, "--queue"),
+        ("queue_name", 7, "--queue-name"),
+    ],
+)
+def test_a_queue_option_of_another_type_from_call_command_is_a_command_error(
+    alias: str, option: str, value: Any, named: str
+) -> None:
+    """``call_command`` passes values as given: a non-string queue option is refused naming it, nothing claimed."""
+    with override_settings(TASKS=tasks_setting(alias)):
+        waiting = jobs.noop_task.enqueue()
+        with pytest.raises(CommandError, match=f"^{re.escape(named)} takes queue names"):
+            call_command("lockkit_worker", "--batch", stdout=StringIO(), stderr=StringIO(), **{option: value})
+        assert status_of(waiting) == TaskResultStatus.READY
 
 
 @pytest.mark.parametrize("alias", [POSTGRESQL])

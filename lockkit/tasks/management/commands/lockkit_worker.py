@@ -317,10 +317,12 @@ def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[s
         CommandError: a ``--queue-name`` that names no queue (``''``, ``','``), no queue named on a backend whose
             ``QUEUES`` lacks ``"default"``, ``--exclude-queues`` without ``--queue-name '*'``, or no queue left.
     """
-    named = _listed(options["queues"])
+    named = _listed(options["queues"], "--queue")
+    if options["queue_name"] is not None and not isinstance(options["queue_name"], str):
+        raise CommandError(f"--queue-name takes queue names (a string), got {options['queue_name']!r}")
     every = options["queue_name"] == "*"
     if options["queue_name"] is not None and not every:
-        listed = [q for q in str(options["queue_name"]).split(",") if q]
+        listed = [q for q in options["queue_name"].split(",") if q]
         if not listed:
             raise CommandError(f"--queue-name: no queue named in {options['queue_name']!r} ('*' for all)")
         named += listed
@@ -332,7 +334,9 @@ def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[s
             )
         named = [DEFAULT_TASK_QUEUE_NAME]
     queues = sorted(backend.queues) if every else named
-    excluded = [q for given in _listed(options["excluded"]) for q in given.split(",") if q]
+    excluded = [
+        q for given in _listed(options["excluded"], "--exclude-queues") for q in given.split(",") if q
+    ]
     if excluded and not every:
         raise CommandError("--exclude-queues can only be used with --queue-name=*")
     for name in excluded:
@@ -344,8 +348,16 @@ def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[s
     return left
 
 
-def _listed(value: Any) -> list[str]:
-    """An option given once or repeated: ``None``, a string (``call_command(exclude_queues="a,b")``) or a list."""
+def _listed(value: Any, option: str) -> list[str]:
+    """An option given once or repeated: ``None``, a string (``call_command(exclude_queues="a,b")``) or a list.
+
+    Raises:
+        CommandError: ``value`` is another type (``call_command(exclude_queues=5)``), or holds a non-string.
+    """
     if value is None:
         return []
-    return [value] if isinstance(value, str) else [str(item) for item in value]
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+        raise CommandError(f"{option} takes queue names (strings), got {value!r}")
+    return list(value)
