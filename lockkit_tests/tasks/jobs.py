@@ -107,6 +107,18 @@ def slow_then_fenced_write(marker: str, seconds: float, alias: str) -> str:
     return f"written by token {claim.token}"
 
 
+@task()
+def fenced_write_then_sleep(marker: str, seconds: float, alias: str) -> str:
+    """Write an effect in ``fenced()``, then sleep inside the block (the first claim only): idle in its transaction."""
+    claim = current_claim()
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=f"idle-{claim.pk}"[:40])
+        Path(f"{marker}.{claim.token}.written").write_text(str(os.getpid()))
+        time.sleep(seconds if claim.attempt == 1 else 0)
+        Path(f"{marker}.{claim.token}.done").write_text(str(os.getpid()))
+    return f"written by token {claim.token}"
+
+
 @task(takes_context=True)
 def hang_on_first_attempt(context: TaskContext[..., Any], marker: str) -> int:
     """Attempt 1 writes ``<marker>.started`` and hangs (to be killed); later attempts return theirs."""

@@ -10,8 +10,10 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.db import OperationalError, transaction
 from django.tasks import TaskResultStatus
 
 from lockkit.tasks.models import QueuedTask
@@ -191,3 +193,55 @@ def test_notify_wakes_an_idle_worker_before_its_poll(alias: str) -> None:
         for result in (first, second):
             result.refresh()
             assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("alias", [MARIADB])
+def test_mariadb_idle_transaction_timeout_frees_a_stalled_workers_rows_and_the_worker_goes_on(
+    alias: str, tmp_path: Path
+) -> None:
+    """docs/tasks.md: ``idle_transaction_timeout`` on the workers' sessions bounds how long a stalled one keeps rows.
+
+    The task sits idle inside its ``fenced()`` transaction (as a frozen worker would, between two statements):
+    the server ends the session, the row is free at once, that attempt fails with its write rolled back, the
+    retry writes it once, and the same worker process goes on to its next task.
+    """
+    prefix = marker(tmp_path, "i")
+    opts = {"lease": 30, "max_attempts": 2, "retry_backoff": 0.1}
+    env = {"LOCKKIT_TEST_MYSQL_INIT_COMMAND": "SET SESSION idle_transaction_timeout = 2"}
+    with backend_on(alias, **opts):
+        result = jobs.fenced_write_then_sleep.enqueue(prefix, 8.0, alias)
+        with worker_process(alias, "--worker-id", "stalled", options=opts, env=env) as worker:
+            wait_for(lambda: list(tmp_path.glob("i.*.written")), what="the task to write in fenced()")
+            # The row lock goes while the task still sleeps: this session can lock the row with NOWAIT.
+            wait_for(
+                lambda: _locked_nowait(alias, result.id),
+                what="the server to end the idle session",
+                timeout=15,
+            )
+            assert not list(tmp_path.glob("i.*.done"))
+            wait_for(
+                lambda: result.refresh() or result.status == TaskResultStatus.SUCCESSFUL, what="the retry"
+            )
+            after = jobs.noop_task.enqueue()
+            wait_for(
+                lambda: after.refresh() or after.status == TaskResultStatus.SUCCESSFUL, what="the next task"
+            )
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        assert result.worker_ids == ["stalled", "stalled"]
+        assert len(result.errors) == 1, result.errors
+        # The first attempt's write rolled back with its session: one effect, the retry's.
+        assert Owner.objects.using(alias).filter(name__startswith="idle-").count() == 1
+        assert after.worker_ids == ["stalled"]
+
+
+def _locked_nowait(alias: str, pk: Any) -> bool:
+    """Whether this session locks the task's row without waiting (``False`` while another session holds it)."""
+    try:
+        with transaction.atomic(using=alias):
+            locked = QueuedTask.objects.using(alias).select_for_update(nowait=True).get(pk=pk)
+    except OperationalError:
+        return False
+    assert locked.status == TaskResultStatus.RUNNING
+    return True
