@@ -26,6 +26,7 @@ from lockkit_tests.tasks.helpers import (
     lease_expired,
     marker,
     run_worker,
+    status_of,
     vendor_aliases,
     wait_for,
     worker_process,
@@ -219,13 +220,9 @@ def test_mariadb_idle_transaction_timeout_frees_a_stalled_workers_rows_and_the_w
                 timeout=15,
             )
             assert not list(tmp_path.glob("i.*.done"))
-            wait_for(
-                lambda: result.refresh() or result.status == TaskResultStatus.SUCCESSFUL, what="the retry"
-            )
+            wait_for(lambda: status_of(result) == TaskResultStatus.SUCCESSFUL, what="the retry")
             after = jobs.noop_task.enqueue()
-            wait_for(
-                lambda: after.refresh() or after.status == TaskResultStatus.SUCCESSFUL, what="the next task"
-            )
+            wait_for(lambda: status_of(after) == TaskResultStatus.SUCCESSFUL, what="the next task")
             worker.signal(signal.SIGTERM)
             code, output = worker.wait()
         assert code == 0, output
