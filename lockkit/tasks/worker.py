@@ -20,6 +20,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
+from django.db.transaction import TransactionManagementError
 from django.tasks.base import TaskResultStatus
 
 from lockkit._engine import prepared
@@ -202,6 +203,8 @@ class Worker:
             What was done.
 
         Raises:
+            django.db.transaction.TransactionManagementError: called inside ``atomic()`` (on any database): a
+                test's ``TestCase`` transaction, say. Nothing was claimed.
             BaseException: what stopped a runner thread that could not go on (anything its attempt did not
                 record: a ``task_finished`` receiver's ``SystemExit``, say), once the other tasks finished and the
                 claims were given back.
@@ -210,6 +213,13 @@ class Worker:
                 ``reconnect_within``, or ``DRAIN_FAILURES`` other failures in a row), once the tasks not started
                 were given back where the database allowed.
         """
+        inside = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block]
+        if inside:
+            raise TransactionManagementError(
+                f"a worker cannot run inside a transaction (atomic() is open on {', '.join(inside)}): its claims and "
+                "outcomes commit on their own, and its tasks open transactions of their own. In a test, use "
+                "django_db(transaction=True) or TransactionTestCase (not TestCase), or Django's ImmediateBackend"
+            )
         # One task at a time runs on the main thread: no hand-off between threads (each costs up to the GIL's
         # switch interval, 5 ms); signal handlers still run between the task's bytecodes and only set a flag.
         runners = [

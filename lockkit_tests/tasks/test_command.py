@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.tasks import TaskResultStatus
 from django.test import override_settings
 from django.utils import timezone
@@ -109,6 +109,25 @@ def test_a_queue_option_of_another_type_from_call_command_is_a_command_error(
         with pytest.raises(CommandError, match=f"^{re.escape(named)} takes queue names"):
             call_command("lockkit_worker", "--batch", stdout=StringIO(), stderr=StringIO(), **{option: value})
         assert status_of(waiting) == TaskResultStatus.READY
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+@pytest.mark.parametrize("inside", ["its database", "default"])
+def test_a_worker_started_inside_atomic_is_refused_before_it_claims(alias: str, inside: str) -> None:
+    """As in a ``TestCase`` (or ``django_db`` without ``transaction=True``): a clear refusal, the task left READY.
+
+    Before, the worker claimed and ran the task inside the test's transaction, then stopped blaming the task
+    (``TransactionLeftOpen``) and reported claims "given back" that it could not give back.
+    """
+    with override_settings(TASKS=tasks_setting(alias)):
+        waiting = jobs.noop_task.enqueue()
+        with transaction.atomic(using=alias if inside == "its database" else inside):
+            with pytest.raises(
+                CommandError, match=r"^a worker cannot run inside a transaction \(atomic\(\) is "
+            ):
+                call_command("lockkit_worker", "--burst", stdout=StringIO(), stderr=StringIO())
+        assert status_of(waiting) == TaskResultStatus.READY
+        assert waiting.worker_ids == []  # never claimed
 
 
 @pytest.mark.parametrize("alias", [POSTGRESQL])

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
+from django.db.transaction import TransactionManagementError
 from django.tasks import DEFAULT_TASK_QUEUE_NAME
 
 from lockkit.errorcodes.translate import translate
@@ -231,6 +232,8 @@ class Command(BaseCommand):
         try:
             stats = worker.run()  # SIGTERM/SIGINT: see Worker.run()
         except BaseException as failure:
+            if isinstance(failure, TransactionManagementError) and failure is not worker.failure:
+                raise CommandError(str(failure)) from failure  # run inside atomic() (a TestCase): nothing ran
             if failure is worker.drain_failure:
                 done = worker.stats
                 raise CommandError(
