@@ -21,13 +21,15 @@ from lockkit.backends import backend_for
 from lockkit.scopes import aliases
 from lockkit.scopes.blocks import locked
 from lockkit.testing.failures import ContentionTimeout, NothingLocked, invisible_rows
-from lockkit.testing.sessions import backend_pid
+from lockkit.testing.sessions import backend_pid, open_session_id
 from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
 
 # Seconds allowed on top of ``timeout`` for the holder to connect before its lock wait starts.
 _CONNECT_MARGIN = 5.0
+# Seconds between two questions to the database, inside a caller's transaction: is the holder waiting for it?
+_OWN_WAIT_POLL = 0.2
 
 
 @dataclass
@@ -149,6 +151,28 @@ def _as_queryset(target: object) -> tuple[models.QuerySet[Any], str | None]:
     )
 
 
+def _waits_for(alias: str, waiter: int, blocker: int) -> bool:
+    """Whether the database reports session ``waiter`` waiting for a lock session ``blocker`` holds."""
+    connection = connections.create_connection(alias)
+    try:
+        sql = backend_for(connection).sessions.contention_sql(connection).blocking_edges
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return any((int(w), int(b)) == (waiter, blocker) for w, b in cursor.fetchall())
+    finally:
+        connection.close()
+
+
+def _cancel(alias: str, session: int) -> None:
+    """Cancel ``session``'s statement (its lock wait): it fails at once instead of at its timeout."""
+    connection = connections.create_connection(alias)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(backend_for(connection).sessions.contention_sql(connection).cancel, [session])
+    finally:
+        connection.close()
+
+
 def _nothing_locked(queryset: models.QuerySet[Any], alias: str) -> NothingLocked:
     return NothingLocked(
         invisible_rows(
@@ -193,7 +217,9 @@ def hold_lock(
         TypeError: ``target`` is not a saved instance, model class or queryset; a flag is not a ``bool``.
         ValueError: ``target`` is unsaved; ``using`` is not a configured alias; ``timeout`` is not positive.
         NothingLocked: the target matched no rows as the holder's session sees them (typically rows written
-            inside the uncommitted transaction of a ``TestCase`` or non-transactional ``django_db`` test).
+            inside the uncommitted transaction of a ``TestCase`` or non-transactional ``django_db`` test), or
+            the caller's own uncommitted transaction holds the rows (MariaDB's lock on a row it inserted): the
+            holder would wait for the caller, which waits for the holder.
         LockNotAvailable: with ``nowait``, another session holds a row.
         LockTimeout: without ``nowait``, another session held a row longer than ``timeout``.
         ContentionTimeout: the rows were not locked, or the session did not close, within ``timeout``; or
@@ -240,11 +266,28 @@ def hold_lock(
             ready.set()
             connections.close_all()
 
+    # Inside a transaction of the caller's (a TestCase's), the caller's own session may hold the rows: a row it
+    # wrote or locked and has not committed. The holder would wait for it until ``timeout``; asked every
+    # _OWN_WAIT_POLL seconds, the database says so at once.
+    caller = connections[alias]
+    own = open_session_id(caller) if caller.in_atomic_block else None
     holder.thread = threading.Thread(target=hold, name=f"lockkit-hold-lock-{alias}", daemon=True)
     holder.thread.start()
     # The database's own lock wait bound (``limit``) fires first; the margin covers connecting.
-    if not ready.wait(limit + _CONNECT_MARGIN):
-        raise ContentionTimeout(f"hold_lock: the rows were not locked on {alias!r} within {limit}s")
+    deadline = time.monotonic() + limit + _CONNECT_MARGIN
+    while not ready.wait(_OWN_WAIT_POLL if own is not None else limit + _CONNECT_MARGIN):
+        if time.monotonic() >= deadline:
+            raise ContentionTimeout(f"hold_lock: the rows were not locked on {alias!r} within {limit}s")
+        if own is not None and holder.pid and _waits_for(alias, holder.pid, own):
+            _cancel(alias, holder.pid)
+            holder.thread.join(limit)
+            raise NothingLocked(
+                invisible_rows(
+                    f"hold_lock: {queryset.model.__name__}'s rows on {alias!r} are locked by the test's own "
+                    f"session ({own}), inside its uncommitted transaction: the holder would wait for them until "
+                    f"its timeout."
+                )
+            )
     if "error" in outcome:
         holder.thread.join(limit)
         raise outcome["error"]

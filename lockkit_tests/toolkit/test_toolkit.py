@@ -196,6 +196,36 @@ def test_hold_lock_refuses_a_target_its_session_cannot_see() -> None:
                 pytest.fail("must not be reached")  # pragma: no cover
 
 
+@pytest.mark.parametrize("alias", BOTH)
+@pytest.mark.parametrize("write", ["update", "insert"])
+def test_hold_lock_on_rows_the_callers_own_transaction_holds_fails_at_once(alias: str, write: str) -> None:
+    """The holder would wait for the test's own uncommitted transaction until its timeout: told at once instead.
+
+    An update locks the row on every vendor; MariaDB's holder also waits for a row the caller inserted (a
+    ``TestCase``'s rows), where PostgreSQL's sees no row.
+    """
+    committed = Item.objects.using(alias).create(name="committed", value=1)
+    with transaction.atomic(using=alias):
+        if write == "update":
+            Item.objects.using(alias).filter(pk=committed.pk).update(value=2)
+            target = committed
+        else:
+            target = Item.objects.using(alias).create(name="uncommitted", value=1)
+        invisible = write == "insert" and connections[alias].vendor == "postgresql"
+        match = "matched no rows" if invisible else r"locked by the test's own session \(\d+\)"
+        with pytest.raises(NothingLocked, match=match), hold_lock(target, timeout=20):
+            pytest.fail("must not be reached")  # pragma: no cover
+        # The caller's transaction is untouched: its write is there, and it commits.
+        assert Item.objects.using(alias).get(pk=target.pk).value == (2 if write == "update" else 1)
+    assert Item.objects.using(alias).filter(pk=target.pk).exists()
+    # The holder's wait was cancelled: nothing waits for this session. MariaDB's lock views are a cache, refreshed
+    # when last read more than 0.1 s before: read again no sooner.
+    own, deadline = backend_pid(alias), time.monotonic() + 5
+    while blocked_by(own, using=alias) and time.monotonic() < deadline:
+        time.sleep(0.15)
+    assert blocked_by(own, using=alias) == []
+
+
 # -- wait_until_blocked / blocked_by -------------------------------------------------------------------------
 
 
