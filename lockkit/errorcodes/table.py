@@ -100,6 +100,11 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("mysql", "2055", "CR_SERVER_LOST_EXTENDED", Failure.CONNECTION_LOST),
     CodeRow("mysql", "4031", "ER_CLIENT_INTERACTION_TIMEOUT", Failure.CONNECTION_LOST),
     CodeRow("mysql", "1927", "ER_CONNECTION_KILLED", Failure.CONNECTION_LOST),
+    # No connection made: the server refuses (down, restarting, failing over) or is shutting down. Nothing was
+    # sent, so a call retries it for its reconnect_within, as PostgreSQL's class 08 at connect.
+    CodeRow("mysql", "2002", "CR_CONNECTION_ERROR", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "2003", "CR_CONN_HOST_ERROR", Failure.CONNECTION_LOST),
+    CodeRow("mysql", "1053", "ER_SERVER_SHUTDOWN", Failure.CONNECTION_LOST),
     # SQLite extended result codes (sqlite3 exceptions carry sqlite_errorcode on Python 3.11+).
     # "database is locked" is SQLITE_BUSY: the busy timeout (lockkit's lock_timeout at BEGIN IMMEDIATE) expired.
     # https://www.sqlite.org/rescode.html

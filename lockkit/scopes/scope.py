@@ -117,13 +117,15 @@ class LockScope:
             resolve_within=resolve_within,
         )
         self.nested = self._transaction.nested
-        # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL.
-        self._sfu_kwargs = self._transaction.backend.features.select_for_update_kwargs(
-            self._transaction._connection,
-            nowait=self.nowait,
-            skip_locked=self.skip_locked,
-            no_key=self.no_key,
-        )
+        # Checked here, before the transaction begins: an option the backend cannot honour runs no SQL. Django may
+        # ask the server for its version first (MariaDB, on a connection's first use): a refusal is ConnectionLost.
+        with translating(alias, nowait=self.nowait, attempts=attempt):
+            self._sfu_kwargs = self._transaction.backend.features.select_for_update_kwargs(
+                self._transaction._connection,
+                nowait=self.nowait,
+                skip_locked=self.skip_locked,
+                no_key=self.no_key,
+            )
         self._active = False
         # The other aliases that commit while this scope is open (lockkit._engine.commits).
         self._attempt = commits.Attempt(alias)

@@ -147,13 +147,14 @@ def _earlier_errors(row: QueuedTask, workers: list[str], attempt: int) -> list[d
     """The row's recorded errors, then a ``WorkerLost`` one for each earlier attempt that left no outcome.
 
     Raises:
-        TypeError: the row's ``errors`` is not a list of objects (edited by hand, say); the attempt fails with
-            this error, which replaces them.
+        TypeError: the row's ``errors`` is not a list of error objects (edited by hand, say); the attempt fails
+            with this error, which replaces them.
     """
     recorded = row.errors or []
-    if not isinstance(recorded, list) or not all(isinstance(e, dict) for e in recorded):
+    if not isinstance(recorded, list) or not all(results.readable_error(e) for e in recorded):
         raise TypeError(
-            f"task {row.id}: its errors must be a list of objects, got {arguments.storable_text(repr(recorded), 1000)}"
+            f"task {row.id}: its errors must be a list of objects with an exception_class_path and a traceback "
+            f"(text), got {arguments.storable_text(repr(recorded), 1000)}"
         )
     return [*recorded, *_lost_attempts(row, recorded, workers, attempt)]
 

@@ -126,11 +126,26 @@ class TaskCache:
 
 
 def errors_of(row: QueuedTask) -> list[TaskError]:
-    """The row's errors as ``TaskError`` values, oldest first."""
+    """The row's errors as ``TaskError`` values, oldest first.
+
+    An entry that is not an error object (a row edited by hand) is kept, as an error whose traceback shows it.
+    """
+    recorded = row.errors or []
     return [
         TaskError(exception_class_path=str(e["exception_class_path"]), traceback=str(e["traceback"]))
-        for e in row.errors or []
+        if readable_error(e)
+        else TaskError(exception_class_path="", traceback=f"an unreadable error entry: {e!r}")
+        for e in (recorded if isinstance(recorded, list) else [recorded])
     ]
+
+
+def readable_error(entry: object) -> bool:
+    """Whether ``entry`` (one of a row's ``errors``) is an error object: its class path and traceback as text."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("exception_class_path"), str)
+        and isinstance(entry.get("traceback"), str)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,7 @@ import signal
 from typing import Any
 
 import pytest
-from django.tasks import TaskResultStatus
+from django.tasks import TaskResultStatus, task_backends
 
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.models import Owner
@@ -71,11 +71,26 @@ def test_a_task_started_receiver_that_raises_fails_the_attempt(alias: str) -> No
 
 
 @pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
-def test_a_row_whose_errors_is_not_a_list_fails_the_attempt(alias: str) -> None:
+@pytest.mark.parametrize(
+    ("errors", "shown"),
+    [
+        ({"not": "a list"}, "'not': 'a list'"),
+        (
+            [{"attempt": 1}],
+            "'attempt': 1",
+        ),  # an entry without its class path and traceback (a KeyError before)
+        ([{"exception_class_path": 5, "traceback": ""}], "'exception_class_path': 5"),
+    ],
+)
+def test_a_row_whose_errors_is_not_a_list_fails_the_attempt(alias: str, errors: Any, shown: str) -> None:
     opts = {"lease": 5, "max_attempts": 2}
     with backend_on(alias, **opts):
         broken = jobs.calculate_meaning_of_life.enqueue()
-        QueuedTask.objects.using(alias).filter(pk=broken.id).update(errors={"not": "a list"})
+        QueuedTask.objects.using(alias).filter(pk=broken.id).update(errors=errors)
+        # Read as it is (get_result), each entry an error: never a KeyError.
+        [read] = task_backends[broken.backend].get_result(broken.id).errors
+        assert read.traceback.startswith("an unreadable error entry: {")
+        assert shown in read.traceback
         after = jobs.calculate_meaning_of_life.enqueue()
         with worker_process(alias, "--worker-id", "reader", options=opts) as worker:
             wait_for(lambda: status_of(after) == TaskResultStatus.SUCCESSFUL, what="the next task")
@@ -87,7 +102,7 @@ def test_a_row_whose_errors_is_not_a_list_fails_the_attempt(alias: str) -> None:
         [error] = broken.errors
         assert error.exception_class_path == "builtins.TypeError"
         assert "errors" in error.traceback
-        assert "'not': 'a list'" in error.traceback
+        assert shown in error.traceback
         assert broken.return_value == 42
         assert broken.worker_ids == ["reader", "reader"]
 

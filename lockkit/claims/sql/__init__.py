@@ -18,6 +18,7 @@ from lockkit.claims.sql.mysql import MySQLClaimsSQL
 from lockkit.claims.sql.postgresql import PostgreSQLClaimsSQL
 from lockkit.claims.sql.sqlite import SQLiteClaimsSQL
 from lockkit.claims.sql.table import ClaimTable
+from lockkit.errorcodes.translate import translating
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -36,11 +37,15 @@ def claims_sql_for(model: type[Model], alias: str) -> ClaimsSQL:
     Raises:
         NotSupportedError: claims are not implemented for the alias's vendor, or its version lacks what they
             need (``SKIP LOCKED``: MariaDB 10.6, MySQL 8.0.1; ``RETURNING``: SQLite 3.35).
+        lockkit.ConnectionLost: the version had to be asked of a server that refused the connection.
     """
     connection = connections[alias]
     kind = _BY_VENDOR.get(connection.vendor)
     backend = backend_for(connection)
-    if kind is None or not backend.features.claims_supported(connection):
+    # Django may ask the server for its version first (MariaDB, a connection's first use): a refusal is typed.
+    with translating(alias, nowait=False):
+        usable = kind is not None and backend.features.claims_supported(connection)
+    if kind is None or not usable:
         supported = ", ".join(sorted(b.features.claims_name for b in vendors() if b.features.claims_name))
         older = f"an older {connection.display_name}" if kind is not None else connection.vendor
         raise NotSupportedError(f"lockkit.claims supports {supported} only; database {alias!r} is {older}")
