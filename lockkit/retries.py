@@ -220,6 +220,25 @@ class _RetryClassified(tenacity.retry_base):
         return outcome is not None and outcome.failed and _classified_as(outcome.exception(), self.kinds)
 
 
+class _MayRetry(tenacity.retry_base):
+    """What a user's ``Retrying`` may retry at all: a result it asks to retry, or a classified lockkit error.
+
+    Combined with the user's own predicate (``&``), so that tenacity's default (retry any ``Exception``) never
+    retries what a retry could apply twice or cannot mend: ``CommitOutcomeUnknown`` (the work may have committed),
+    an error the attempt's own code raised (``change()``'s), a constraint violation, ``OnCommitError``.
+    """
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        """Whether the attempt ``retry_state`` reports returned, or failed with a classified lockkit error."""
+        outcome = retry_state.outcome
+        return outcome is not None and (
+            not outcome.failed or _classified_as(outcome.exception(), _EVERY_KIND)
+        )
+
+
+_EVERY_KIND = frozenset(Failure)
+
+
 class _Attempts:
     """What one call's failed attempts were, as tenacity reports them: its strategies' shared record.
 
@@ -482,7 +501,9 @@ def build_retrying(
     """Return a fresh ``Retrying`` for one call, logging each retry and give-up on the ``lockkit`` logger.
 
     A user-supplied ``Retrying`` is copied (never shared) with ``reraise=True``, so the last classified error is
-    raised rather than tenacity's ``RetryError``; its own hooks still run after lockkit's.
+    raised rather than tenacity's ``RetryError``; its own hooks still run after lockkit's. Its retry predicate is
+    combined with lockkit's (``_MayRetry``): it never retries ``CommitOutcomeUnknown`` or an error lockkit did not
+    classify, whatever it says.
     """
     if isinstance(setting, RetryPolicy):
         base = setting.retrying(spent=spent)
@@ -490,7 +511,7 @@ def build_retrying(
         user_error_callback: Callable[[tenacity.RetryCallState], Any] | None = None
         before_retry, on_give_up = setting.before_retry, setting.on_give_up
     else:
-        base = setting
+        base = setting.copy(retry=setting.retry & _MayRetry())
         user_before_sleep, user_error_callback = setting.before_sleep, setting.retry_error_callback
         before_retry = on_give_up = None
 

@@ -13,7 +13,7 @@ import tenacity
 from django.db import connection, transaction
 
 import lockkit
-from lockkit import Failure, LockTimeout, RetryEvent, RetryPolicy
+from lockkit import CommitOutcomeUnknown, Failure, LockTimeout, RetryEvent, RetryPolicy
 from lockkit.retries import (
     DEFAULT_RETRY_ON,
     call_with_retry,
@@ -327,6 +327,31 @@ def test_tenacity_retry_error_callback_value_is_returned() -> None:
 
     assert op() == "fallback"
     assert calls == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("raised", "calls_made"),
+    [
+        (lambda: LockTimeout("x", alias="default"), 3),  # classified, retried by the user's predicate
+        (lambda: ValueError("the function's own"), 1),  # tenacity's default retries any Exception: not this
+        (lambda: CommitOutcomeUnknown("lost", alias="default"), 1),  # may have committed: never
+    ],
+)
+def test_a_tenacity_retrying_with_its_default_predicate_retries_only_classified_errors(
+    raised: Any, calls_made: int
+) -> None:
+    """``Retrying(stop=...)`` alone retries every exception: lockkit narrows it, or a committed write ran twice."""
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_none())
+    calls: list[int] = []
+
+    @lockkit.locked_operation(retry=retrying)
+    def op() -> None:
+        calls.append(lockkit.current_scope().attempt)
+        raise raised()
+
+    with pytest.raises(type(raised())):
+        op()
+    assert calls == list(range(1, calls_made + 1))
 
 
 def test_tenacity_result_predicate_retries() -> None:
