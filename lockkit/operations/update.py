@@ -235,7 +235,7 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
         field = by_name.get(name) if isinstance(name, str) else None
         if field is None:
             raise ValueError(f"change returned {name!r}, which is not a concrete field of {meta.object_name}")
-        if field.primary_key:
+        if field.primary_key or field in meta.pk_fields:  # a part of a CompositePrimaryKey too
             raise ValueError(f"change returned the primary key {name!r}; the locked row keeps its key")
         if getattr(field, "generated", False):  # GeneratedField (Django 5.0+): the database computes it
             raise ValueError(f"change returned {name!r}, a GeneratedField: the database computes it")

@@ -124,13 +124,16 @@ class Worker:
         self._orphans_checked_by: float | None = None
         self._claim_failed_at: float | None = None  # a claim raised since: it may have claimed all the same
         self.worker_id = default_worker_id() if worker_id is None else worker_id
+        if not isinstance(self.worker_id, str):
+            raise TypeError(f"worker_id must be a string, got {type(self.worker_id).__name__}")
         if (
             not self.worker_id
             or len(self.worker_id) > WORKER_ID_MAX_LENGTH
             or WORKER_SEPARATOR in self.worker_id
+            or "\x00" in self.worker_id
         ):
             raise ValueError(
-                f"worker_id must be 1 to {WORKER_ID_MAX_LENGTH} characters without a newline, got "
+                f"worker_id must be 1 to {WORKER_ID_MAX_LENGTH} characters without a newline or a NUL, got "
                 f"{self.worker_id!r}"
             )
         self.alias = backend.database()
@@ -463,8 +466,10 @@ class Worker:
         try:
             while True:
                 try:
-                    item = self._pending.get(timeout=0.05)
+                    item: Claimed[Any] | None = self._pending.get(timeout=0.05)
                 except queue.Empty:
+                    item = None
+                if item is None:  # outside the except block: a task_finished log line would carry queue.Empty
                     self.outcomes.flush()
                     if self.stopping.is_set():
                         return

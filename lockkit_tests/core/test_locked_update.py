@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 import lockkit
 from lockkit import Failure, RetryEvent, RetryPolicy
 from lockkit.testing import hold_lock, in_thread, wait_until_blocked
-from lockkit_tests.models import Item, Stock, StockProxy
+from lockkit_tests.models import Item, PairStock, Stock, StockProxy
 from lockkit_tests.support.vendors import vendor_params
 
 JOIN = 30.0
@@ -375,6 +375,22 @@ def test_two_rows_read_the_same_on_every_path_and_pk_is_the_key(alias: str) -> N
     assert "locked_update changes exactly one row" in messages[0]
     with pytest.raises(ValueError, match="primary key"):
         lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), lambda row: {"pk": "c"})
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@pytest.mark.parametrize("returned", [{"sku": "b"}, {"warehouse": 2}, {"pk": (2, "b")}])
+def test_a_part_of_a_composite_primary_key_is_refused_on_every_vendor(
+    alias: str, returned: dict[str, Any]
+) -> None:
+    """``change()`` rewriting one column of a ``CompositePrimaryKey``: refused, nothing written, on every vendor.
+
+    Before, PostgreSQL committed the new key, and MariaDB and SQLite raised ``DoesNotExist`` for a row that exists.
+    """
+    PairStock.objects.using(alias).create(warehouse=1, sku="a", available=5)
+    queryset = PairStock.objects.using(alias).filter(warehouse=1, sku="a")
+    with pytest.raises(ValueError, match=r"primary key .*the locked row keeps its key"):
+        lockkit.locked_update(queryset, lambda row: {"available": 4, **returned})
+    assert list(PairStock.objects.using(alias).values_list("warehouse", "sku", "available")) == [(1, "a", 5)]
 
 
 @pytest.mark.django_db(transaction=True)

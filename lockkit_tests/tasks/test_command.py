@@ -111,6 +111,42 @@ def test_a_queue_option_of_another_type_from_call_command_is_a_command_error(
         assert status_of(waiting) == TaskResultStatus.READY
 
 
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+@pytest.mark.parametrize(
+    ("command", "options", "message"),
+    [
+        ("lockkit_worker", {"worker_id": 5}, "--worker-id: worker_id must be a string, got int"),
+        ("lockkit_worker", {"worker_id": "a\x00b"}, "--worker-id: worker_id must be 1 to 255 characters"),
+        ("lockkit_prune_tasks", {"queue_name": 5}, "--queue-name takes queue names (a string), got 5"),
+        ("lockkit_prune_tasks", {"queue_name": ["default"]}, "--queue-name takes queue names (a string)"),
+        ("lockkit_prune_tasks", {"status": ["bogus"]}, "--status takes SUCCESSFUL or FAILED, got ['bogus']"),
+        ("lockkit_prune_tasks", {"status": 3}, "--status takes SUCCESSFUL or FAILED, got 3"),
+    ],
+)
+def test_options_of_another_type_from_call_command_are_command_errors_naming_them(
+    alias: str, command: str, options: dict[str, Any], message: str
+) -> None:
+    with override_settings(TASKS=tasks_setting(alias)):
+        waiting = jobs.noop_task.enqueue()
+        with pytest.raises(CommandError, match=f"^{re.escape(message)}"):
+            call_command(command, "--burst" if command == "lockkit_worker" else "--dry-run", stdout=StringIO(),
+                         stderr=StringIO(), **options)  # fmt: skip
+        assert status_of(waiting) == TaskResultStatus.READY
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_prune_status_given_as_one_string_from_call_command_is_that_status(alias: str) -> None:
+    """``call_command("lockkit_prune_tasks", status="FAILED")``: the status, not its letters (a ValueError before)."""
+    with override_settings(TASKS=tasks_setting(alias)):
+        ended = {"finished_at": timezone.now() - timedelta(days=1), "lease_expires_at": None}
+        for status in (TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL, TaskResultStatus.SUCCESSFUL):
+            done = jobs.noop_task.enqueue()
+            QueuedTask.objects.using(alias).filter(pk=done.id).update(status=status, **ended)
+        out = StringIO()
+        call_command("lockkit_prune_tasks", status="FAILED", min_age_days=0, dry_run=True, stdout=out)
+        assert out.getvalue() == "Would delete 1 task result(s)\n"
+
+
 @pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
 @pytest.mark.parametrize("inside", ["its database", "default"])
 def test_a_worker_started_inside_atomic_is_refused_before_it_claims(alias: str, inside: str) -> None:

@@ -105,7 +105,14 @@ class Command(BaseCommand):
         failed_age = min_age if failed is None else _days("failed-min-age-days", failed)
         batch = _count("batch-size", options["batch_size"], MAX_BATCH)
         limit = None if options["max_rows"] is None else _count("max-rows", options["max_rows"], None)
-        statuses = set(options["status"] or FINISHED)
+        given = options["status"]
+        if isinstance(given, str):  # call_command(status="FAILED"): one status, not its letters
+            given = [given]
+        if given is not None and (
+            not isinstance(given, list | tuple) or any(str(item) not in map(str, FINISHED) for item in given)
+        ):
+            raise CommandError(f"--status takes {' or '.join(map(str, FINISHED))}, got {given!r}")
+        statuses = {str(item) for item in given or FINISHED}
         backend = lockkit_backend(options["backend"])
         now = timezone.now()
         ages = {
@@ -119,6 +126,8 @@ class Command(BaseCommand):
         tasks = QueuedTask.objects.using(alias).filter(
             due, backend_name=backend.alias, lease_expires_at__isnull=True
         )
+        if not isinstance(options["queue_name"], str):
+            raise CommandError(f"--queue-name takes queue names (a string), got {options['queue_name']!r}")
         queues = options["queue_name"].split(",")
         if "" in queues:  # as lockkit_worker: a list that names no queue is a mistake, not "no filter"
             raise CommandError(f"--queue-name: {options['queue_name']!r} names no queue (use * for all)")

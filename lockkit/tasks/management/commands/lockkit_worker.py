@@ -209,7 +209,8 @@ class Command(BaseCommand):
         try:
             worker = _when_reachable(build, backend.database(), burst=burst, write=self.stderr.write)
         except (TypeError, ValueError) as error:
-            name = "--queue/--queue-name: " if str(error).startswith("queues ") else ""
+            named = {"queues ": "--queue/--queue-name: ", "worker_id ": "--worker-id: "}
+            name = next((option for start, option in named.items() if str(error).startswith(start)), "")
             raise CommandError(f"{name}{error}") from error
         missing = _missing_tables(worker.alias, periodic=bool(worker.schedules), burst=burst)
         if missing:
