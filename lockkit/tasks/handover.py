@@ -38,6 +38,7 @@ class Handover:
         """Take ``outcomes``' successes (no SQL)."""
         self.outcomes = outcomes
         self.held: Held | None = None
+        self.stranded: list[Claimed[Any]] = []
         outcomes.hold = self._hold
 
     def _hold(
@@ -78,13 +79,22 @@ class Handover:
         except BaseException:
             self.held = held  # flush() writes it
             raise
+        # Claimed and committed: the worker takes them (stranded) even when recording the success raises (a
+        # task_finished receiver's SystemExit), so that they go back rather than stay RUNNING, unrun.
+        self.stranded = chained.claimed
         if chained.completed:
             self.outcomes.written(*held)
         elif isinstance(chained.error, StaleClaim):
             self.outcomes.dropped(row, chained.error)
         else:  # not sent with the claim, or its lost reply undecided: written (or found written) on its own
             self.outcomes.write(row, claim, values, task)
+        self.stranded = []
         return chained.claimed
+
+    def take_stranded(self) -> list[Claimed[Any]]:
+        """The claims of the last ``claim()`` if it raised after they committed (recording the success), once."""
+        stranded, self.stranded = self.stranded, []
+        return stranded
 
     def flush(self) -> None:
         """Write the held success now, on its own (the worker stops, or waits for tasks)."""

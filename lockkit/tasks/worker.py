@@ -274,6 +274,8 @@ class Worker:
             restore_signals(masked)
             try:
                 self._loop()
+            except BaseException as failure:  # a receiver's SystemExit while recording or firing, say
+                self._cannot_go_on(failure)
             finally:
                 self.stopping.set()
                 for thread in [*runners, giver, *flushers]:
@@ -423,9 +425,16 @@ class Worker:
 
     def _claim(self, limit: int) -> list[Claimed[Any]]:
         with prepared.preparing():  # the same statements every time: parsed and planned once per session
-            if self._handover is not None:
+            if self._handover is None:
+                return self._claims.claim(limit)
+            try:
                 return self._handover.claim(self._claims, limit)
-            return self._claims.claim(limit)
+            except BaseException:
+                stranded = self._handover.take_stranded()
+                for item in stranded:  # claimed before the failure: given back when the worker stops
+                    self._pending.put(item)
+                self._claimed += len(stranded)
+                raise
 
     def _busy_count(self) -> int:
         with self._busy_lock:
