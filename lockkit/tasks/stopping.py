@@ -75,3 +75,36 @@ def restore_signals(previous: set[int] | None) -> None:
     """Restore the mask ``block_stop_signals()`` returned."""
     if previous is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+#: The signals whose handlers a task run on the main thread may change, put back after it.
+KEPT_SIGNALS = (*STOP_SIGNALS, signal.SIGALRM)
+
+
+@contextmanager
+def signals_kept() -> Iterator[None]:
+    """Put back, after the block (a task on the main thread), the handlers of ``KEPT_SIGNALS`` and the real timer.
+
+    A task that arms ``signal.setitimer``/``alarm`` with a handler that raises (a time limit of its own) and returns
+    would otherwise interrupt the worker's loop when the timer fires; one that ignores ``SIGTERM`` would leave the
+    worker unstoppable. ``SIGALRM`` is ignored while the timer is cancelled, so the task's handler cannot run after
+    its task. Elsewhere than on the main thread the block runs as it is (Python installs handlers only there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
+    timer = signal.getitimer(signal.ITIMER_REAL)
+    try:
+        yield
+    finally:
+        if (
+            signal.getitimer(signal.ITIMER_REAL) != timer
+            or signal.getsignal(signal.SIGALRM) != handlers[signal.SIGALRM]
+        ):
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            signal.setitimer(signal.ITIMER_REAL, *timer)
+        for sig, handler in handlers.items():
+            if signal.getsignal(sig) != handler:
+                logger.warning("a task changed the handler of %s: put back", _name(sig))
+            signal.signal(sig, handler)

@@ -35,7 +35,7 @@ from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
 from lockkit.tasks.outcomes import Outcomes, Stats
 from lockkit.tasks.periodic.firing import Periodic
-from lockkit.tasks.stopping import block_stop_signals, restore_signals, stop_on_signals
+from lockkit.tasks.stopping import block_stop_signals, restore_signals, signals_kept, stop_on_signals
 from lockkit.validation import duration
 
 __all__ = ["WORKER_ID_MAX_LENGTH", "Stats", "Worker", "default_worker_id"]
@@ -446,7 +446,8 @@ class Worker:
         with self._busy_lock:
             self._busy += 1
         try:
-            self._attempts.run(*item)
+            with signals_kept():  # on the main thread: a task's alarm timer or signal handlers end with it
+                self._attempts.run(*item)
         except BaseException:
             if self._handover is not None:
                 self._handover.flush()  # an outcome held for the next claim is recorded first

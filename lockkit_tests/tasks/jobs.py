@@ -167,6 +167,19 @@ def bomb_on_started() -> str:
 
 
 @task()
+def arm_alarm_and_ignore_sigterm() -> str:
+    """Arm a 0.3 s timer whose handler raises (a time limit of its own), ignore SIGTERM, and return at once."""
+
+    def too_late(number: int, frame: Any) -> None:
+        raise TimeoutError("the task's own time limit, fired after it returned")
+
+    signal.signal(signal.SIGALRM, too_late)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return "armed"
+
+
+@task()
 def bomb_on_finished() -> str:
     return "done, then a task_finished receiver asks the process to exit"
 

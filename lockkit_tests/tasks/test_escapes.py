@@ -7,6 +7,7 @@ that the tasks after the bad one still run (the next call works).
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,7 +132,8 @@ def test_a_runner_that_cannot_go_on_stops_the_worker_and_gives_its_claims_back(
         assert status_of(bombs[0]) == TaskResultStatus.SUCCESSFUL  # recorded before the receiver
         if concurrency == "2":  # both run at once, each recorded before its receiver
             assert status_of(bombs[1]) == TaskResultStatus.SUCCESSFUL
-        for result in [*bombs, *rest]:
+        every: list[Any] = [*bombs, *rest]
+        for result in every:
             row = QueuedTask.objects.using(alias).get(pk=result.id)
             assert row.status in {TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY}, row.status
             if row.status == TaskResultStatus.READY:
@@ -229,3 +231,23 @@ def test_a_row_whose_arguments_are_not_args_and_kwargs_fails_naming_them(alias: 
         with pytest.raises(TypeError, match="args_kwargs"):
             backend.get_result(broken.id)
         assert backend.get_result(after.id).return_value == {"args": [2], "kwargs": {}}  # the next call works
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_task_s_alarm_timer_and_signal_handlers_end_with_it(alias: str, tmp_path: Path) -> None:
+    """One task at a time runs on the main thread: a timer it armed does not fire into what runs next, and a
+    ``SIGTERM`` it chose to ignore still stops the worker (before, the task's alarm raised into the worker's loop
+    and stopped it, or into the next task; and the worker could no longer be stopped)."""
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        armed = jobs.arm_alarm_and_ignore_sigterm.enqueue()
+        # Runs right after it, for longer than the 0.3 s timer: left armed, the timer would fire inside it.
+        after = jobs.slow.enqueue(str(tmp_path / "after"), 1.0)
+        with worker_process(alias, "--worker-id", "armed", options=opts) as worker:
+            wait_for(lambda: status_of(after) == TaskResultStatus.SUCCESSFUL, what="the next task")
+            assert status_of(armed) == TaskResultStatus.SUCCESSFUL
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait(timeout=15)
+        assert code == 0, output
+        assert "TimeoutError" not in output
+        assert "a task changed the handler of SIGTERM: put back" in output
