@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -52,7 +53,7 @@ def json_value(value: Any, name: str) -> Any:
     except ValueError as error:
         hint = " (NaN or infinity)" if "float" in str(error) else ""  # else an int too long to write
         raise ValueError(f"{name} is not JSON serializable: {error}{hint}") from error
-    if "\\u0000" in text:
+    if "\\u0000" in text and _ESCAPED_NUL.search(text):  # not a backslash written before "u0000"
         raise ValueError(f"{name} must not contain NUL characters (the database's JSON column refuses them)")
     try:
         text.encode("utf-8")
@@ -64,6 +65,10 @@ def json_value(value: Any, name: str) -> Any:
     if json.loads(text) != normalized:
         raise TypeError(f"{name} must survive a JSON round trip unchanged: dict keys must be strings")
     return normalized
+
+
+#: A NUL as JSON writes it: ``\u0000`` after an even number of backslashes (``\\`` is a backslash of the text).
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class FloatKeepingEncoder(json.JSONEncoder):

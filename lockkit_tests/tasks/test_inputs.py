@@ -19,8 +19,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from lockkit.tasks import DatabaseBackend
+from lockkit.tasks.models import QueuedTask
 from lockkit_tests.tasks import jobs
-from lockkit_tests.tasks.helpers import backend_on, tasks_setting
+from lockkit_tests.tasks.helpers import APPS, backend_on, tasks_setting, vendor_aliases
 
 
 def test_a_task_of_another_backend_refused_before_sql() -> None:
@@ -114,6 +115,8 @@ def test_arguments_the_databases_refuse_are_refused_before_sql(
         ((float("inf"),), {}, ValueError, "NaN or infinity"),
         (({1: "int key"},), {}, TypeError, "dict keys must be strings"),
         (("nul \x00 char",), {}, ValueError, "NUL characters"),
+        ((), {"a\x00": 1}, ValueError, "NUL characters"),  # in a key
+        (("\\\x00",), {}, ValueError, "NUL characters"),  # after a backslash
         ((b"\xff\xfe",), {}, ValueError, "args is not JSON serializable: Unsupported value"),
         (({1, 2},), {}, TypeError, "Unsupported type"),
     ],
@@ -124,6 +127,15 @@ def test_arguments_refused_before_sql(
     with backend_on("default"):
         with pytest.raises(error, match=message):
             jobs.echo.enqueue(*args, **kwargs)
+
+
+@pytest.mark.parametrize("alias", vendor_aliases(apps=APPS))
+def test_a_backslash_before_u0000_is_text_not_a_nul(alias: str) -> None:
+    """``"C:\\u0000"`` holds no NUL: enqueued and read back as written on every vendor (refused before)."""
+    written = ["C:\\u0000", {"\\u0000": "\\\\u0000"}]
+    with backend_on(alias):
+        result = jobs.echo.enqueue(*written)
+        assert QueuedTask.objects.using(alias).get(pk=result.id).args_kwargs["args"] == written
 
 
 @pytest.mark.parametrize(
