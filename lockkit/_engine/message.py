@@ -26,7 +26,7 @@ from django.db import DatabaseError
 from lockkit import cancellation
 from lockkit._engine import prepared
 from lockkit.backends import TimeoutToken, backend_for
-from lockkit.backends.postgresql.opening import opening_select
+from lockkit.backends.postgresql.opening import begin_statement, opening_select
 from lockkit.errorcodes.table import code_of
 
 #: A row of a statement's result, keyed by column name.
@@ -58,11 +58,16 @@ class OneMessage:
             ``COMMIT`` reply by transaction id (``lockkit._engine.outcome``).
     """
 
-    def __init__(self, timeouts: Mapping[str, int], columns: tuple[str, ...] = ()) -> None:
-        """Prepare the message's opening for ``timeouts`` (lockkit's setting names, whole milliseconds)."""
+    def __init__(
+        self, timeouts: Mapping[str, int], columns: tuple[str, ...] = (), begin: str = "BEGIN"
+    ) -> None:
+        """Prepare the message's opening: ``begin`` (with the connection's isolation level), then ``timeouts``.
+
+        ``timeouts`` are lockkit's setting names, in whole milliseconds.
+        """
         items = tuple(timeouts.items())
         selected = opening_select(items, columns)
-        self._prefix = "BEGIN; " + (f"{selected}; " if selected else "")
+        self._prefix = f"{begin}; " + (f"{selected}; " if selected else "")
         self._skip = 2 if selected else 1  # the results before the statement's: BEGIN's, the opening SELECT's
         self._columns = len(columns)
         self.sent = False
@@ -213,7 +218,10 @@ def begin(connection: Any, timeouts: Mapping[str, int], columns: tuple[str, ...]
     call then runs in a scope of its own. ``timeouts`` are lockkit's setting names in whole milliseconds. Connects
     if needed.
     """
-    return OneMessage(timeouts, columns) if can_send(connection) else None
+    if not can_send(connection):
+        return None
+    # The connection's isolation level and access mode (OPTIONS["isolation_level"]), as psycopg's own BEGIN.
+    return OneMessage(timeouts, columns, begin_statement(connection.connection))
 
 
 _CURRENT: ContextVar[OneMessage | None] = ContextVar("lockkit_claims_message", default=None)

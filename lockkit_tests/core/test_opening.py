@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models.expressions import RawSQL
 from django.test.utils import CaptureQueriesContext
 from psycopg import sql as psql
 
@@ -243,6 +244,29 @@ def test_the_connections_isolation_level_rides_on_the_carried_begin() -> None:
             assert row == ("repeatable read",)
     finally:
         raw.isolation_level = None
+    _left_clean()
+
+
+def test_the_connections_isolation_level_rides_on_the_one_message_calls() -> None:
+    """``guarded_update`` and claims sent as one message begin as psycopg would: at the connection's isolation level.
+
+    Before, their ``BEGIN`` was a bare one: read committed in a project configured for serializable.
+    """
+    Item.objects.create(name="before", value=1)
+    Job.objects.create(name="j")
+    connection.ensure_connection()
+    raw: Any = connection.connection
+    raw.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+    level = RawSQL("current_setting('transaction_isolation')", [])
+    try:
+        (written,) = lockkit.guarded_update(Item.objects.filter(value=1), name=level)
+        (claim,) = claim_next(
+            Job.objects.filter(state="pending"), worker="w", lease=30, set={"result": level}
+        )
+    finally:
+        raw.isolation_level = None
+    assert written.name == Item.objects.get(value=1).name == "serializable"
+    assert Job.objects.get(pk=claim.pk).result == "serializable"
     _left_clean()
 
 

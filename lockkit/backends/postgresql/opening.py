@@ -94,7 +94,7 @@ def begin_with_settings(
         django.db.DatabaseError: as for any statement (the driver's error, wrapped by Django).
     """
     raw = connection.connection
-    sql = f"{_begin_statement(raw)}; {opening_select(tuple(timeouts.items()), tuple(columns))}"
+    sql = f"{begin_statement(raw)}; {opening_select(tuple(timeouts.items()), tuple(columns))}"
     connection.validate_thread_sharing()
     # Django's stubs type the argument as a CursorWrapper; at run time it is any DB-API cursor.
     cursor: Any = _SimpleQueryCursor(raw, first_column=len(timeouts))
@@ -119,7 +119,7 @@ def begin_with_settings(
     return row
 
 
-def _begin_statement(raw: psycopg.Connection[Any]) -> str:
+def begin_statement(raw: psycopg.Connection[Any]) -> str:
     """The ``BEGIN`` psycopg would send, with the connection's isolation level and access mode."""
     parts = ["BEGIN"]
     if raw.isolation_level is not None:
