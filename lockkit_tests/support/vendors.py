@@ -16,7 +16,7 @@ from django.conf import settings
 from lockkit_tests.support import topology
 
 MYSQL_CONFIGURED = "mariadb" in settings.DATABASES
-MYSQL_SKIP_REASON = "MariaDB tests need LOCKKIT_TEST_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/lk_testing)"
+MYSQL_SKIP_REASON = "MariaDB tests need LOCKKIT_TEST_MYSQL_URL (e.g. mysql://root@127.0.0.1:3306/lockkit)"
 
 
 def vendor_params(*extra_databases: str) -> list[Any]:

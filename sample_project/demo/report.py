@@ -73,6 +73,10 @@ def sale_table(
                 f"\n(the naive sale placed only the first {result.totals.operations:,} orders, against their own "
                 "starting stock: enough to show the race; --naive gives it every order)"
             )
+    legend.append(
+        "\n(the orders arrive concurrently, in a different order each run: which ones a sold-out SKU refuses, and so"
+        " the units reserved, differ slightly between correct columns; stock = initial - reserved holds in each)"
+    )
     table = Table(title=title or f"Flash sale: {orders:,} orders, {workers} worker processes, {skus} SKUs")
     table.add_column("")
     for result in results:
