@@ -55,16 +55,14 @@ class FailedStatements:
             self.last = None  # a savepoint undid the failed statement (Django's atomic(), or the body's own)
         return result
 
-    def swallowed(self, *, needs_rollback: bool) -> DatabaseError | None:
-        """The error a body that returned normally swallowed, if its transaction cannot commit as written.
+    def swallowed(self) -> DatabaseError | None:
+        """The error a body that returned normally swallowed: its transaction cannot commit as written.
 
-        Args:
-            needs_rollback: Django has marked the block for rollback (``connection.needs_rollback``): with a
-                failed statement seen, the mark is the failure's, not a deliberate ``set_rollback(True)``.
+        A failed statement no savepoint undid: on PostgreSQL it aborts the transaction; on MariaDB/MySQL it undoes
+        only itself (a lock wait timeout, 1205, by default), or the whole transaction (a deadlock), and the COMMIT
+        would commit what the body wrote around it. Both vendors refuse it alike.
         """
-        if self.rolled_back is not None:
-            return self.rolled_back
-        return self.last if needs_rollback else None
+        return self.rolled_back if self.rolled_back is not None else self.last
 
 
 # mysqlclient's CR_COMMANDS_OUT_OF_SYNC: a statement's result was left unread (an exception interrupted it).

@@ -332,7 +332,7 @@ class ScopeTransaction:
         """A ``TransactionAborted`` when the body returned normally from an aborted transaction, else ``None``."""
         swallowed = self.backend.tx.aborted_by(self._connection)
         if swallowed is None and self._failures is not None:
-            failed = self._failures.swallowed(needs_rollback=self._connection.needs_rollback)
+            failed = self._failures.swallowed()
             swallowed = None if failed is None else str(failed)
         if swallowed is None:
             return None

@@ -31,6 +31,15 @@ from lockkit.scopes.stack import innermost_scope
 from lockkit.tasks.notify import CHANNEL
 
 
+def _manual(connection: Any) -> bool:
+    """Whether ``connection`` is open in a transaction the caller manages (autocommit off, outside ``atomic()``)."""
+    return (
+        connection.connection is not None
+        and not connection.in_atomic_block
+        and not connection.get_autocommit()
+    )
+
+
 def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) -> None:
     """Insert ``row`` (a ``QueuedTask``) on ``alias`` in the caller's transaction, then call ``then()``.
 
@@ -45,9 +54,13 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
         notify: The queue whose idle PostgreSQL workers are woken on commit, or ``None``.
         then: Called once the row is written (the ``task_enqueued`` signal).
 
+    With autocommit off on ``alias`` (a transaction the caller manages) the row joins that transaction; with
+    autocommit off on another alias the call is refused, as Django's ``on_commit()`` is.
+
     Raises:
         django.db.transaction.TransactionManagementError: transactions are open on several other aliases and
-            none of them is a lockkit scope's: which one the task belongs to is unknown.
+            none of them is a lockkit scope's: which one the task belongs to is unknown; or autocommit is off on
+            another alias.
         lockkit.ConnectionLost: committing at once, the connection was refused or lost and the row certainly
             not written, on every attempt ``settings.LOCKKIT["RETRY"]`` allows.
         lockkit.CommitOutcomeUnknown: committing at once, the reply was lost and whether the row was written
@@ -65,6 +78,19 @@ def write(row: Any, alias: str, notify: str | None, then: Callable[[], object]) 
     if connection.in_atomic_block:
         insert()
         return
+    if _manual(connection):  # the caller's own transaction (autocommit off): the row joins it, as in atomic()
+        _insert(row, connection, notify)
+        then()
+        return
+    manual = sorted(
+        c.alias for c in connections.all(initialized_only=True) if c.alias != alias and _manual(c)
+    )
+    if manual:  # as Django's on_commit(): a manual transaction has no commit hook to defer the insert to
+        raise transaction.TransactionManagementError(
+            f"enqueue(): the task table is on {alias!r} and a transaction is open with autocommit off on "
+            f"{', '.join(map(repr, manual))}: the task would commit on its own, whatever that transaction does. "
+            f"Enqueue after its commit, or inside atomic()"
+        )
     callers = [
         c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block and c.alias != alias
     ]

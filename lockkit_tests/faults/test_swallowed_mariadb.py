@@ -12,11 +12,11 @@ import threading
 
 import pytest
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import F
 
 import lockkit
-from lockkit.testing import in_thread
+from lockkit.testing import hold_lock, in_thread
 from lockkit_tests.models import Item, Stock
 
 ALIAS = "mariadb"
@@ -91,6 +91,26 @@ def test_a_swallowed_innodb_deadlock_raises_transaction_aborted_and_commits_noth
         winner: 1,
         loser: 1 + int(orm),  # the survivor's ORM update of the victim's row committed
     }
+    _next_call_works()
+
+
+def test_a_swallowed_lock_wait_timeout_raises_transaction_aborted_and_commits_nothing() -> None:
+    """InnoDB undoes only the timed-out statement (1205): the COMMIT would keep the writes around it.
+
+    As on PostgreSQL, whose transaction the failure aborts: nothing is committed, and the scope says so.
+    """
+    Stock.objects.using(ALIAS).create(sku="a", available=1)
+    with hold_lock(Stock.objects.using(ALIAS).filter(sku="a")):
+        with pytest.raises(lockkit.TransactionAborted, match="1205") as caught:
+            with lockkit.locked(ALIAS, lock_timeout=0.5):
+                Item.objects.using(ALIAS).create(name="before the timeout")
+                with contextlib.suppress(
+                    OperationalError
+                ):  # the bug: a plain ORM lock, its timeout swallowed
+                    Stock.objects.using(ALIAS).select_for_update().get(sku="a")
+                Item.objects.using(ALIAS).create(name="after the timeout")
+    assert "1205" in caught.value.swallowed
+    assert _items() == []
     _next_call_works()
 
 

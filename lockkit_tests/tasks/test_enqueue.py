@@ -151,3 +151,37 @@ def test_check_warns_about_a_task_table_on_another_alias() -> None:
     assert "'other'" in found[0].msg
     with backend_on("default") as backend:
         assert list(backend.check()) == []
+
+
+@TWO
+def test_enqueue_in_a_manual_transaction_joins_it_on_the_task_tables_alias() -> None:
+    """Autocommit off on the task table's alias: the task commits or rolls back with the caller's transaction."""
+    with backend_on("default"):
+        transaction.set_autocommit(False)
+        try:
+            jobs.noop_task.enqueue()
+            assert _committed("default") == 0  # not committed on its own
+            transaction.rollback()
+            assert _committed("default") == 0
+            jobs.noop_task.enqueue()
+            transaction.commit()
+            assert _committed("default") == 1
+        finally:
+            transaction.set_autocommit(True)
+
+
+@TWO
+def test_enqueue_with_autocommit_off_on_another_alias_is_refused() -> None:
+    """As Django's ``on_commit()``: a manual transaction elsewhere has no commit the insert could wait for."""
+    with backend_on("other"):
+        transaction.set_autocommit(False)
+        try:
+            connections["default"].ensure_connection()
+            with pytest.raises(transaction.TransactionManagementError, match="autocommit off on 'default'"):
+                jobs.noop_task.enqueue()
+        finally:
+            transaction.rollback()
+            transaction.set_autocommit(True)
+        assert _committed("other") == 0
+        jobs.noop_task.enqueue()  # the next call works
+    assert _committed("other") == 1
