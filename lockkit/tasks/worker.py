@@ -13,7 +13,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from secrets import token_hex
 from typing import Any
 
@@ -281,11 +281,7 @@ class Worker:
                 for thread in [*runners, giver, *flushers]:
                     thread.join(timeout=None)
                 try:
-                    self.outcomes.flush()
-                    if self._handover is not None:
-                        self._handover.flush()
-                    self._give_back()
-                    self.outcomes.give_back_unwritten()
+                    off_stuck_connection(self._settle)
                 finally:
                     if wakeup is not None:
                         wakeup.stop()
@@ -301,6 +297,14 @@ class Worker:
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
 
+    def _settle(self) -> None:
+        """Write the outcomes still buffered or held, and give back the claims no runner started (at the end)."""
+        self.outcomes.flush()
+        if self._handover is not None:
+            self._handover.flush()
+        self._give_back()
+        self.outcomes.give_back_unwritten()
+
     def _run_pending_here(self) -> None:
         """Run the claimed tasks on this (the main) thread, until stopped (the rest are given back)."""
         try:
@@ -314,7 +318,7 @@ class Worker:
             self._cannot_go_on(failure)
         finally:
             try:
-                self.outcomes.flush()
+                off_stuck_connection(self.outcomes.flush)
             except BaseException as failure:
                 self._cannot_go_on(failure)
 
@@ -449,9 +453,13 @@ class Worker:
             with signals_kept():  # on the main thread: a task's alarm timer or signal handlers end with it
                 self._attempts.run(*item)
         except BaseException:
-            if self._handover is not None:
-                self._handover.flush()  # an outcome held for the next claim is recorded first
-            self._release(item, attempted=True)  # left alone if its outcome was recorded
+
+            def record() -> None:
+                if self._handover is not None:
+                    self._handover.flush()  # an outcome held for the next claim is recorded first
+                self._release(item, attempted=True)  # left alone if its outcome was recorded
+
+            off_stuck_connection(record)
             raise
         finally:
             with self._busy_lock:
@@ -546,3 +554,30 @@ def _positive(value: object, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return value
+
+
+def off_stuck_connection(work: Callable[[], object]) -> None:
+    """``work()`` on this thread, or on a thread of its own when a task left an ``atomic()`` block open here.
+
+    Such a block can never be ended from outside it, and whatever this thread's connection writes would stay
+    inside its transaction, rolled back when the connection closes: the outcomes buffered for a batch (other
+    tasks' successes), the claims given back. A new thread has connections of its own (closed after).
+    """
+    if not any(c.in_atomic_block for c in connections.all(initialized_only=True)):
+        work()
+        return
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as failure:
+            failures.append(failure)
+        finally:
+            connections.close_all()
+
+    helper = threading.Thread(target=run, name="lockkit-tasks-off-stuck-connection")
+    helper.start()
+    helper.join()
+    if failures:
+        raise failures[0]

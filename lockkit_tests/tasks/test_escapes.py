@@ -205,6 +205,32 @@ def test_a_task_that_leaves_an_atomic_block_open_stops_its_worker(alias: str, co
         assert not QueuedTask.objects.using(alias).filter(lease_expires_at__isnull=False).exists()
 
 
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_a_task_left_in_atomic_does_not_take_the_successes_before_it_down(
+    alias: str, concurrency: str
+) -> None:
+    """Successes buffered for a batch are written on a connection of their own, not inside the task's atomic().
+
+    Before, they were written on the stuck connection, inside the transaction the task left open, and rolled back
+    with it when the worker closed it: the tasks ran again (here, ``max_attempts=1``: FAILED with ``WorkerLost``).
+    """
+    opts = {"lease": 5, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        before = [jobs.calculate_meaning_of_life.enqueue() for _ in range(2)]
+        leaking = jobs.leave_atomic_open.enqueue(alias, "leaked")
+        args = ("--burst", "--concurrency", concurrency, "--claim-batch", "4", "--worker-id", "poisoned")
+        with worker_process(alias, *args, options=opts) as worker:
+            code, output = worker.wait(timeout=30)
+        assert code == 1, output
+        assert "TransactionLeftOpen" in output
+        for result in before:
+            result.refresh()
+            assert (result.status, result.worker_ids) == (TaskResultStatus.SUCCESSFUL, ["poisoned"]), output
+        assert not Owner.objects.using(alias).filter(name="leaked").exists()
+        assert status_of(leaking) != TaskResultStatus.SUCCESSFUL
+
+
 @pytest.mark.parametrize(
     "stored",
     ["text", [1, 2], {"args": 5}, {"kwargs": [1]}, {"kwargs": {"1": 1}, "args": "ab"}],
