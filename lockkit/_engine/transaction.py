@@ -26,6 +26,7 @@ from lockkit.backends import TimeoutToken, backend_for
 from lockkit.errorcodes.table import code_of
 from lockkit.errorcodes.translate import translate, translating
 from lockkit.errors import ConnectionLost, LockError, OnCommitError, ReadOnlyDatabase, TransactionAborted
+from lockkit.retries import from_settings, reconnect_budget
 
 logger = logging.getLogger("lockkit")
 
@@ -89,7 +90,8 @@ class ScopeTransaction:
         self.backend = backend_for(connection)
         self._lock_timeout = lock_timeout
         self._statement_timeout = statement_timeout
-        self._resolve_within = COMMIT_RESOLUTION_TIMEOUT if resolve_within is None else resolve_within
+        # A plain locked() scope: the project's LOCKKIT["RETRY"] reconnect_within, as every entry point.
+        self._resolve_within = reconnect_budget(from_settings()) if resolve_within is None else resolve_within
         self._atomic = transaction.atomic(using=alias)
         self.translating = translating(
             alias, nowait=nowait, attempts=attempt, timed=statement_timeout is not None

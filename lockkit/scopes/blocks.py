@@ -8,14 +8,19 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from django.db import models
+from django.db import connections, models
 
 from lockkit._engine import commits
+from lockkit._engine.transaction import in_transaction
 from lockkit.advisory import held as advisory_locks
-from lockkit.errors import NotInLockedScope
+from lockkit.errors import Failure, NotInLockedScope
+from lockkit.retries import call_with_retry, from_settings
 from lockkit.scopes.options import FROM_SETTINGS, Duration, ScopeOptions
 from lockkit.scopes.scope import LockScope
 from lockkit.scopes.stack import scopes
+
+#: What entering a plain ``locked()`` scope retries: a connection refused or lost while beginning.
+_RECONNECTED = frozenset({Failure.CONNECTION_LOST})
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -144,7 +149,15 @@ class Locked:
             LockError: the database reported a classified failure while beginning.
         """
         alias = self._options.alias_for_call((), {})
-        return ScopeBlock(self._options, alias, 1, owner=self).__enter__()
+        setting = None if in_transaction(connections[alias]) else from_settings(retry_on=_RECONNECTED)
+        if setting is None:  # nested: a lost connection took the caller's transaction with it
+            return ScopeBlock(self._options, alias, 1, owner=self).__enter__()
+
+        def begin(number: int) -> LockScope:
+            return ScopeBlock(self._options, alias, number, owner=self).__enter__()
+
+        # A server refusing connections at entry (nothing of the block ran): tried again for reconnect_within.
+        return call_with_retry(setting, begin, alias=alias, operation="lockkit.locked")
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

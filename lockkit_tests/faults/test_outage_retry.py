@@ -1,4 +1,5 @@
-"""An outage longer than the default 5 s: claims, ``guarded_update``, ``locked_update`` and ``advisory_lock`` retry a refused connection
+"""An outage longer than the default 5 s: ``locked()`` (entering), claims, ``guarded_update``, ``locked_update`` and
+``advisory_lock`` retry a refused connection
 on one budget, the call's policy or ``settings.LOCKKIT["RETRY"]`` (its ``reconnect_within``).
 
 The server is a throwaway cluster this module starts (``initdb`` + ``pg_ctl`` on a free port), stopped by the test
@@ -123,7 +124,21 @@ def _reserved(alias: str, result: Stock, done: int) -> None:
     assert Stock.objects.using(alias).get(pk="widget").available == 10 - 3 * done
 
 
+def _reserve_in_scope(alias: str, retry: Any) -> int:
+    with lockkit.locked(alias) as scope:
+        stock = scope.get(Stock, pk="widget")
+        stock.available -= 3
+        stock.save(update_fields=["available"])
+        return stock.available
+
+
+def _reserved_in_scope(alias: str, result: int, done: int) -> None:
+    assert result == 10 - 3 * done
+    assert Stock.objects.using(alias).get(pk="widget").available == 10 - 3 * done
+
+
 ENTRIES = [
+    pytest.param(Entry("locked", _reserve_in_scope, _reserved_in_scope), id="locked"),
     pytest.param(Entry("claim_next", _claim, _claimed), id="claim_next"),
     pytest.param(Entry("guarded_update", _take, _taken), id="guarded_update"),
     pytest.param(Entry("locked_update", _reserve, _reserved), id="locked_update"),

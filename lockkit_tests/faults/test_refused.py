@@ -79,9 +79,9 @@ def test_a_refused_connection_is_a_typed_connection_lost_at_every_entry_point(
     assert caught.value.alias == refusing
     code = caught.value.sqlstate
     assert code in ({"2002", "2003"} if connections[refusing].vendor == "mysql" else {"08001", "08006", None})
-    # Retried for LOCKKIT["RETRY"]["reconnect_within"] before giving up; not locked(), which cannot re-run its
-    # block, nor a MariaDB claims call that must ask the server its version before it can begin (Django's
-    # features, on a connection's first use: the worker waits out a server down at its start itself).
+    # Retried for LOCKKIT["RETRY"]["reconnect_within"] before giving up; not a MariaDB claims call that must ask
+    # the server its version before it can begin (Django's features, on a connection's first use: the worker
+    # waits out a server down at its start itself).
     first_use = entry == "claim_next" and connections[refusing].vendor == "mysql"
-    if entry != "locked" and not first_use:
+    if not first_use:
         assert time.monotonic() - started >= BUDGET
