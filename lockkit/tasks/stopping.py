@@ -98,13 +98,12 @@ def signals_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        if (
-            signal.getitimer(signal.ITIMER_REAL) != timer
-            or signal.getsignal(signal.SIGALRM) != handlers[signal.SIGALRM]
-        ):
-            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        changed = [sig for sig, handler in handlers.items() if signal.getsignal(sig) != handler]
+        for sig in changed:
+            logger.warning("a task changed the handler of %s: put back", _name(sig))
+        if signal.getitimer(signal.ITIMER_REAL) != timer or signal.SIGALRM in changed:
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the task's handler never runs after its task
             signal.setitimer(signal.ITIMER_REAL, *timer)
-        for sig, handler in handlers.items():
-            if signal.getsignal(sig) != handler:
-                logger.warning("a task changed the handler of %s: put back", _name(sig))
-            signal.signal(sig, handler)
+            changed.append(signal.SIGALRM)
+        for sig in dict.fromkeys(changed):
+            signal.signal(sig, handlers[sig])
