@@ -101,9 +101,11 @@ def signals_kept() -> Iterator[None]:
         changed = [sig for sig, handler in handlers.items() if signal.getsignal(sig) != handler]
         for sig in changed:
             logger.warning("a task changed the handler of %s: put back", _name(sig))
-        if signal.getitimer(signal.ITIMER_REAL) != timer or signal.SIGALRM in changed:
-            signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the task's handler never runs after its task
-            signal.setitimer(signal.ITIMER_REAL, *timer)
+        # A timer the task armed (none ran before it) is cancelled, SIGALRM ignored meanwhile so that the task's
+        # handler never runs after its task; a timer of the process's own (a test runner's) is left as it runs.
+        if not any(timer) and any(signal.getitimer(signal.ITIMER_REAL)):
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            signal.setitimer(signal.ITIMER_REAL, 0)
             changed.append(signal.SIGALRM)
         for sig in dict.fromkeys(changed):
             signal.signal(sig, handlers[sig])
