@@ -67,12 +67,22 @@ def test_locked_operation_retries_a_terminated_session_and_succeeds(alias: str) 
 @pytest.mark.parametrize("alias", vendor_params())
 def test_locked_raises_connection_lost_once_and_the_next_scope_works(alias: str) -> None:
     _widgets(alias)
+    events: list[RetryEvent] = []
+    with override_settings(LOCKKIT={"RETRY": RetryPolicy(before_retry=events.append)}):
+        with (
+            ended_at_first_statement(alias) as ended_at_entry,
+            lockkit.locked(alias) as scope,
+        ):  # at its opening
+            assert scope.get(Stock, pk="widget").available == 5  # retried: entering reconnects
+    assert [event.failure for event in events] == [Failure.CONNECTION_LOST]
+    assert session_of(alias) != ended_at_entry[0]
     with lockkit.locked(alias) as scope:
         scope.get(Stock, pk="widget")
+    # The session ends inside the block (a refusal at the opening is retried by locked() itself).
     with (
-        ended_at_first_statement(alias) as ended,
         pytest.raises(lockkit.ConnectionLost) as caught,
         lockkit.locked(alias) as scope,
+        ended_at_first_statement(alias) as ended,
     ):
         scope.get(Stock, pk="widget")
     dead = ended[0]
@@ -150,11 +160,11 @@ def test_mariadb_server_has_gone_away_after_wait_timeout() -> None:
     with connections[alias].cursor() as cursor:
         cursor.execute("SET SESSION wait_timeout = 1")
     wait_until_gone(alias, session_of(alias))
-    with pytest.raises(lockkit.ConnectionLost) as caught, lockkit.locked(alias) as scope:
-        scope.get(Stock, pk="widget")
-    assert caught.value.sqlstate in {"2006", "2013"}
-    with lockkit.locked(alias) as scope:
-        assert scope.get(Stock, pk="widget").available == 3
+    events: list[RetryEvent] = []
+    with override_settings(LOCKKIT={"RETRY": RetryPolicy(before_retry=events.append)}):
+        with lockkit.locked(alias) as scope:  # its opening meets "server has gone away": entering reconnects
+            assert scope.get(Stock, pk="widget").available == 3
+    assert [event.sqlstate in {"2006", "2013"} for event in events] == [True]
 
 
 # -- every claims call, after its session was terminated ------------------------------------------------------

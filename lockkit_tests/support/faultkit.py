@@ -89,17 +89,19 @@ def proxied(like: str, name: str = "proxied") -> Iterator[tuple[str, FaultProxy]
 
 
 @contextlib.contextmanager
-def ended_at_first_statement(alias: str) -> Iterator[list[int]]:
-    """End ``alias``'s session right before the first statement sent on it inside the block is executed.
+def ended_at_first_statement(alias: str, at: int = 1) -> Iterator[list[int]]:
+    """End ``alias``'s session right before the ``at``-th statement sent on it inside the block is executed.
 
     From another connection, waiting until the session is gone (``lockkit_harness.sessions.terminate``): the
     statement is sent into the ended session, after any check a call makes before it sends. Yields the ended
     session's id, once it was ended.
     """
     ended: list[int] = []
+    seen = [0]
 
     def end_first(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        if not ended:
+        seen[0] += 1
+        if not ended and seen[0] == at:
             ended.append(session_of(alias))
             assert terminate(alias, ended[0])
         return execute(sql, params, many, context)
