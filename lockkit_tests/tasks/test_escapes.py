@@ -226,7 +226,12 @@ def test_a_task_left_in_atomic_does_not_take_the_successes_before_it_down(
         assert "TransactionLeftOpen" in output
         for result in before:
             result.refresh()
-            assert (result.status, result.worker_ids) == (TaskResultStatus.SUCCESSFUL, ["poisoned"]), output
+            # Ran once and recorded; or (two runners) never started, given back when the worker stopped.
+            done = (result.status, tuple(result.worker_ids))
+            assert done in {(TaskResultStatus.SUCCESSFUL, ("poisoned",)), (TaskResultStatus.READY, ())}, (
+                output
+            )
+        assert status_of(before[0]) == TaskResultStatus.SUCCESSFUL  # the first runs before the leaking one
         assert not Owner.objects.using(alias).filter(name="leaked").exists()
         assert status_of(leaking) != TaskResultStatus.SUCCESSFUL
 
