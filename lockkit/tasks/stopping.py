@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -80,32 +81,53 @@ def restore_signals(previous: set[int] | None) -> None:
 #: The signals whose handlers a task run on the main thread may change, put back after it.
 KEPT_SIGNALS = (*STOP_SIGNALS, signal.SIGALRM)
 
+#: Seconds between two checks of ``KEPT_SIGNALS``' handlers (``signal.getsignal`` costs about 10 microseconds).
+HANDLERS_CHECKED_EVERY = 1.0
 
-@contextmanager
-def signals_kept() -> Iterator[None]:
-    """Put back, after the block (a task on the main thread), the handlers of ``KEPT_SIGNALS`` and the real timer.
+
+class SignalsKept:
+    """Puts back what a task run on the main thread changed: its alarm timer at once, the handlers within a second.
 
     A task that arms ``signal.setitimer``/``alarm`` with a handler that raises (a time limit of its own) and returns
-    would otherwise interrupt the worker's loop when the timer fires; one that ignores ``SIGTERM`` would leave the
-    worker unstoppable. ``SIGALRM`` is ignored while the timer is cancelled, so the task's handler cannot run after
-    its task. Elsewhere than on the main thread the block runs as it is (Python installs handlers only there).
+    would otherwise interrupt the worker's loop, or the next task, when the timer fires: a timer the task armed
+    (none ran before it) is cancelled when it returns, ``SIGALRM`` ignored meanwhile so that the task's handler
+    cannot run after its task; a timer of the process's own (a test runner's) is left as it runs. A task that
+    changes the handler of ``SIGTERM``, ``SIGINT`` or ``SIGALRM`` (ignoring ``SIGTERM`` would leave the worker
+    unstoppable) has it put back, checked after a task at most every ``HANDLERS_CHECKED_EVERY`` seconds. Built and
+    used on the main thread (Python installs handlers only there); elsewhere ``around_task`` changes nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
-    timer = signal.getitimer(signal.ITIMER_REAL)
-    try:
-        yield
-    finally:
-        changed = [sig for sig, handler in handlers.items() if signal.getsignal(sig) != handler]
-        for sig in changed:
-            logger.warning("a task changed the handler of %s: put back", _name(sig))
-        # A timer the task armed (none ran before it) is cancelled, SIGALRM ignored meanwhile so that the task's
-        # handler never runs after its task; a timer of the process's own (a test runner's) is left as it runs.
-        if not any(timer) and any(signal.getitimer(signal.ITIMER_REAL)):
-            signal.signal(signal.SIGALRM, signal.SIG_IGN)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            changed.append(signal.SIGALRM)
-        for sig in dict.fromkeys(changed):
-            signal.signal(sig, handlers[sig])
+
+    def __init__(self) -> None:
+        """Record the handlers as they are now (the worker's own, installed)."""
+        self.here = threading.current_thread() is threading.main_thread()
+        self.handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS} if self.here else {}
+        self._checked = time.monotonic()
+
+    @contextmanager
+    def around_task(self) -> Iterator[None]:
+        """Run a task in the block; put back what it changed (see the class)."""
+        if not self.here:
+            yield
+            return
+        timer = signal.getitimer(signal.ITIMER_REAL)
+        try:
+            yield
+        finally:
+            if not any(timer) and any(signal.getitimer(signal.ITIMER_REAL)):
+                signal.signal(signal.SIGALRM, signal.SIG_IGN)
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, self.handlers[signal.SIGALRM])
+                logger.warning("a task left an alarm timer armed: cancelled")
+            now = time.monotonic()
+            if now - self._checked >= HANDLERS_CHECKED_EVERY:
+                self._checked = now
+                self.put_back()
+
+    def put_back(self) -> None:
+        """Put back the handlers a task changed since they were recorded (logged); also when the worker idles."""
+        if not self.here:
+            return
+        for sig, handler in self.handlers.items():
+            if signal.getsignal(sig) != handler:
+                logger.warning("a task changed the handler of %s: put back", _name(sig))
+                signal.signal(sig, handler)

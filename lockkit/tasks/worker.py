@@ -35,7 +35,7 @@ from lockkit.tasks.models import WORKER_SEPARATOR, QueuedTask
 from lockkit.tasks.notify import Wakeup
 from lockkit.tasks.outcomes import Outcomes, Stats
 from lockkit.tasks.periodic.firing import Periodic
-from lockkit.tasks.stopping import block_stop_signals, restore_signals, signals_kept, stop_on_signals
+from lockkit.tasks.stopping import SignalsKept, block_stop_signals, restore_signals, stop_on_signals
 from lockkit.validation import duration
 
 __all__ = ["WORKER_ID_MAX_LENGTH", "Stats", "Worker", "default_worker_id"]
@@ -153,6 +153,7 @@ class Worker:
         )
         self._beat: heartbeat_every | None = None
         self._attempts: Attempts | None = None
+        self._signals = SignalsKept()
         #: What stopped a runner that could not go on (``run()`` raises it), else ``None``.
         self.failure: BaseException | None = None
         #: Why a drain (``burst``) stopped before it ended: its claims kept failing (``run()`` raises it).
@@ -251,6 +252,7 @@ class Worker:
         )
         mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
         with stop_on_signals(self.worker_id, self.stop, self.stopping):
+            self._signals = SignalsKept()  # the worker's own handlers, put back when a task changed them
             masked = block_stop_signals()
             try:
                 # Beats every third of the lease, every BEAT_AT_MOST seconds at most: the claims ended since a beat
@@ -370,6 +372,7 @@ class Worker:
                 continue
             if self.burst and idle == self.concurrency:
                 return  # nothing ready, nothing running, nothing waiting
+            self._signals.put_back()  # idle: a SIGTERM handler a task changed must not wait for the next task
             self._wake.wait(self.poll_interval)
             self._wake.clear()
 
@@ -450,7 +453,9 @@ class Worker:
         with self._busy_lock:
             self._busy += 1
         try:
-            with signals_kept():  # on the main thread: a task's alarm timer or signal handlers end with it
+            with (
+                self._signals.around_task()
+            ):  # on the main thread: a task's alarm timer or handlers end with it
                 self._attempts.run(*item)
         except BaseException:
 
