@@ -69,7 +69,10 @@ def test_a_claim_made_for_the_worker_that_it_never_recorded_is_given_back_and_ru
                 "worker_log": Concat(F("worker_log"), Value("orphans" + WORKER_SEPARATOR)),
             },
         )
-        with worker_process(alias, "--worker-id", "orphans", "--interval", "0.2") as worker:
+        # The worker's own lease too: its heartbeat renews the orphan to its lease, and a 5 s one could run out
+        # while the table lock below stalls the beats on a loaded machine (a CI preview: reclaimed as expired).
+        options = {"lease": 15, "max_attempts": 1}
+        with worker_process(alias, "--worker-id", "orphans", "--interval", "0.2", options=options) as worker:
             # A claim of the worker's fails (its lock timeout, behind a table lock): as a lost reply does.
             with table_locked(alias):
                 wait_for(lambda: "claiming failed" in worker.log(), timeout=30, what="a claim to fail")
