@@ -16,6 +16,7 @@ from lockkit.backends import backend_for
 from lockkit.scopes.aliases import check_alias
 from lockkit.testing.failures import ContentionTimeout
 from lockkit.testing.holding import Holder
+from lockkit.testing.sessions import lock_wait_edges
 from lockkit.testing.threads import ThreadCall
 from lockkit.validation import Duration, duration
 
@@ -66,13 +67,7 @@ def blocked_by(holder: Holder | int, *, using: str | None = None) -> list[int]:
         NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
     """
     pid, alias = _target(holder, using)
-    connection = connections.create_connection(alias)
-    try:
-        sql = backend_for(connection).sessions.contention_sql(connection).blocking_edges
-        with connection.cursor() as cursor:
-            return _behind(pid, _read_edges(cursor, sql))
-    finally:
-        connection.close()
+    return _behind(pid, lock_wait_edges(alias))
 
 
 def wait_until_blocked(

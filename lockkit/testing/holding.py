@@ -21,7 +21,7 @@ from lockkit.backends import backend_for
 from lockkit.scopes import aliases
 from lockkit.scopes.blocks import locked
 from lockkit.testing.failures import ContentionTimeout, NothingLocked, invisible_rows
-from lockkit.testing.sessions import backend_pid, open_session_id
+from lockkit.testing.sessions import backend_pid, lock_wait_edges, open_session_id
 from lockkit.validation import Duration, duration
 
 T = TypeVar("T")
@@ -151,28 +151,6 @@ def _as_queryset(target: object) -> tuple[models.QuerySet[Any], str | None]:
     )
 
 
-def _waits_for(alias: str, waiter: int, blocker: int) -> bool:
-    """Whether the database reports session ``waiter`` waiting for a lock session ``blocker`` holds."""
-    connection = connections.create_connection(alias)
-    try:
-        sql = backend_for(connection).sessions.contention_sql(connection).blocking_edges
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            return any((int(w), int(b)) == (waiter, blocker) for w, b in cursor.fetchall())
-    finally:
-        connection.close()
-
-
-def _cancel(alias: str, session: int) -> None:
-    """Cancel ``session``'s statement (its lock wait): it fails at once instead of at its timeout."""
-    connection = connections.create_connection(alias)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(backend_for(connection).sessions.contention_sql(connection).cancel, [session])
-    finally:
-        connection.close()
-
-
 def _nothing_locked(queryset: models.QuerySet[Any], alias: str) -> NothingLocked:
     return NothingLocked(
         invisible_rows(
@@ -278,8 +256,9 @@ def hold_lock(
     while not ready.wait(_OWN_WAIT_POLL if own is not None else limit + _CONNECT_MARGIN):
         if time.monotonic() >= deadline:
             raise ContentionTimeout(f"hold_lock: the rows were not locked on {alias!r} within {limit}s")
-        if own is not None and holder.pid and _waits_for(alias, holder.pid, own):
-            _cancel(alias, holder.pid)
+        if own is not None and holder.pid and (holder.pid, own) in lock_wait_edges(alias):
+            # Its lock wait fails at once instead of at its timeout.
+            backend_for(caller).sessions.cancel_statement(alias, holder.pid)
             holder.thread.join(limit)
             raise NothingLocked(
                 invisible_rows(

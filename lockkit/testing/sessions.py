@@ -45,6 +45,24 @@ def backend_pid(using: str = DEFAULT_DB_ALIAS) -> int:
     return int(row[0])
 
 
+def lock_wait_edges(alias: str) -> list[tuple[int, int]]:
+    """``(waiting session, blocking session)`` pairs, one per direct lock wait on ``alias``, read just now.
+
+    Asked over a fresh connection, outside any transaction of the caller.
+
+    Raises:
+        NotImplementedError: the database is neither PostgreSQL nor MariaDB/MySQL.
+    """
+    connection = connections.create_connection(alias)
+    try:
+        sql = backend_for(connection).sessions.contention_sql(connection).blocking_edges
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return [(int(waiter), int(blocker)) for waiter, blocker in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
 def open_session_id(connection: BaseDatabaseWrapper) -> int | None:
     """Return the session id behind an open Django connection, read from the driver without a query.
 
