@@ -72,17 +72,15 @@ class QueuedTask(Claimable):
         """The indexes ``lockkit_worker`` claims and renews by, and ``lockkit_prune_tasks`` deletes by."""
 
         ordering = ("-priority", "enqueued_at")
-        # The partial index of unfinished tasks in claim order (PostgreSQL, SQLite) is made by the migration
-        # itself, only where the database has partial indexes: declared here, it would raise a system check
-        # warning on every command on MariaDB/MySQL, which use the first one. claimed_by: the heartbeat locks a
-        # worker's claims; on MariaDB/MySQL, without an index it would lock (and wait for) every row it
-        # examines, other workers' included.
+        # Made by the migrations themselves, not declared here: the partial index of unfinished tasks in claim
+        # order (PostgreSQL, SQLite; MariaDB/MySQL claim by the first index below), and the index of finished_at
+        # that lockkit_prune_tasks deletes the oldest finished by (partial: finished tasks only, where the
+        # database has partial indexes). Declared, a condition would raise a system check warning on every
+        # command on MariaDB/MySQL. claimed_by: the heartbeat locks a worker's claims; on MariaDB/MySQL, without
+        # an index it would lock (and wait for) every row it examines, other workers' included.
         indexes = (
             models.Index(fields=("status", "-priority", "enqueued_at"), name="lockkit_tasks_status_idx"),
             models.Index(fields=("claimed_by",), name="lockkit_tasks_worker_idx"),
-            # lockkit_prune_tasks deletes the oldest finished first, a batch at a time: without it every batch
-            # read and sorted the whole table (29 s for 300,000 rows in batches of 1,000).
-            models.Index(fields=("finished_at",), name="lockkit_tasks_finished_idx"),
         )
         constraints = (
             models.CheckConstraint(

@@ -159,11 +159,14 @@ class Worker:
         #: Why a drain (``burst``) stopped before it ended: its claims kept failing (``run()`` raises it).
         self.drain_failure: DatabaseError | None = None
         now = claims_sql_for(QueuedTask, self.alias).now()
-        # Unfinished (the partial index of unfinished tasks) and due: a RUNNING row was due when claimed, and
-        # only its expired claim is taken (counting the attempt); a retry is READY with ready_at ahead.
+        # Unfinished and due: a RUNNING row was due when claimed, and only its expired claim is taken (counting
+        # the attempt); a retry is READY with ready_at ahead. finished_at IS NULL (true of every READY and
+        # RUNNING row) is the predicate of the partial index of unfinished tasks: a condition without a value,
+        # so the claim's generic plan (a prepared statement) can use that index.
         self._candidates = QueuedTask.objects.using(self.alias).filter(
             Q(ready_at__isnull=True) | Q(ready_at__lte=now),
             status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING),
+            finished_at__isnull=True,
             backend_name=backend.alias,
             queue_name__in=self.queues,
         )
