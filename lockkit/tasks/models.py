@@ -87,6 +87,13 @@ class QueuedTask(Claimable):
                 condition=models.Q(priority__range=(TASK_MIN_PRIORITY, TASK_MAX_PRIORITY)),
                 name="lockkit_tasks_priority_range",
             ),
+            # Workers find unfinished tasks by finished_at IS NULL (the partial index): a row set back to READY by
+            # hand with its finished_at kept would never run, so the database refuses it.
+            models.CheckConstraint(
+                condition=models.Q(finished_at__isnull=True)
+                | ~models.Q(status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING)),
+                name="lockkit_tasks_unfinished_not_finished",
+            ),
         )
         verbose_name = "task"
 

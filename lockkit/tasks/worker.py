@@ -496,7 +496,7 @@ class Worker:
                 except queue.Empty:
                     item = None
                 if item is None:  # outside the except block: a task_finished log line would carry queue.Empty
-                    self.outcomes.flush()
+                    off_stuck_connection(self.outcomes.flush)
                     if self.stopping.is_set():
                         return
                     continue
@@ -504,13 +504,15 @@ class Worker:
                     self._release(item, attempted=False)
                     return
                 self._run_one(item)
-                if self._pending.empty():
-                    self.outcomes.flush()
+                if self._pending.empty():  # any runner's successes: never inside a block left open here
+                    off_stuck_connection(self.outcomes.flush)
         except BaseException as failure:
             self._cannot_go_on(failure)
         finally:
             try:
-                self.outcomes.flush()
+                # The successes buffered for a batch are any runner's: after a task left an atomic() block open on
+                # this thread (TransactionLeftOpen), they must not be written on its connection.
+                off_stuck_connection(self.outcomes.flush)
             except BaseException as failure:
                 self._cannot_go_on(failure)
             finally:

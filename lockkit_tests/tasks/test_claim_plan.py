@@ -16,14 +16,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import IntegrityError, connections, transaction
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from lockkit.claims.sql import claims_sql_for
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.worker import Worker
-from lockkit_tests.tasks.helpers import APPS, backend_on
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, vendor_aliases
 
 PG = "default"
 
@@ -70,3 +71,28 @@ def test_the_claim_s_generic_plan_reads_the_partial_index_of_unfinished_tasks() 
     scans = {(node["Node Type"], node.get("Index Name")) for node in nodes if "Relation Name" in node}
     assert scans == {("Index Scan", "lockkit_tasks_unfinished_idx")}, plan
     assert not [node for node in nodes if node["Node Type"] == "Sort"], plan
+
+
+@pytest.mark.parametrize("alias", vendor_aliases())
+def test_a_finished_task_set_back_to_ready_by_hand_must_drop_its_finish_time(alias: str) -> None:
+    """Workers find unfinished tasks by ``finished_at IS NULL``: the database refuses a ``READY`` row that keeps one
+    (it would never run), and a task set back properly runs again."""
+    with backend_on(alias, max_attempts=1) as backend:
+        result = jobs.echo.enqueue(7)
+        assert run_worker(backend).succeeded == 1
+        row = QueuedTask.objects.using(alias).filter(pk=result.id)
+        assert row.get().finished_at is not None
+        for status in (TaskResultStatus.READY, TaskResultStatus.RUNNING):
+            with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+                row.update(status=status)
+        assert row.get().status == TaskResultStatus.SUCCESSFUL
+        # As new: no finish time, and no attempt (they are counted by worker_ids; max_attempts=1 here).
+        reset = {"finished_at": None, "attempts": 0, "worker_log": ""}
+        assert row.update(status=TaskResultStatus.READY, **reset) == 1
+        assert run_worker(backend).succeeded == 1  # the next worker finds it
+        again = row.get()
+        assert (again.status, again.return_value) == (
+            TaskResultStatus.SUCCESSFUL,
+            {"args": [7], "kwargs": {}},
+        )
+        assert again.finished_at is not None

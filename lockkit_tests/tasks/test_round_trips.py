@@ -66,11 +66,17 @@ def test_mariadb_no_session_variables_per_task() -> None:
     ]
     settings_sent = [text for text in sent if "@@SESSION" in text or text.startswith("SET SESSION")]
     assert settings_sent == [], settings_sent
-    # Two transactions per task (Django logs their BEGIN and COMMIT), and one more for the last (empty) claim.
-    assert sent.count("BEGIN") == sent.count("COMMIT") == TASKS * 2 + 1, sent
-    sent = [text for text in sent if text not in ("BEGIN", "COMMIT")]
-    # Claim: candidates, lock, update, read back; completion: lock, update, read back; plus the last (empty) claim.
-    assert len(sent) == TASKS * 7 + 1, sent
+    # Two transactions per task (Django logs their BEGIN and COMMIT), and one more for the last (empty) claim. On a
+    # loaded machine the heartbeat (which locks the worker's claims on its own connection) can meet a claim in a
+    # deadlock: that attempt is rolled back and run again, whole.
+    retried = sent.count("ROLLBACK")
+    assert retried <= 2, sent
+    assert sent.count("COMMIT") == TASKS * 2 + 1, sent
+    assert sent.count("BEGIN") == TASKS * 2 + 1 + retried, sent
+    sent = [text for text in sent if text not in ("BEGIN", "COMMIT", "ROLLBACK")]
+    # Claim: candidates, lock, update, read back; completion: lock, update, read back; plus the last (empty) claim
+    # (a retried attempt sent at most a claim's or a completion's statements more).
+    assert TASKS * 7 + 1 <= len(sent) <= TASKS * 7 + 1 + 4 * retried, sent
     assert all(
         text.startswith("SET STATEMENT innodb_lock_wait_timeout=5, lock_wait_timeout=5 FOR ") for text in sent
     )

@@ -1,5 +1,5 @@
 # The partial indexes of unfinished and of finished tasks, on predicates a prepared claim can prove without its
-# parameters' values.
+# parameters' values; and the database's refusal of an unfinished task that carries a finish time.
 
 from typing import Any
 
@@ -64,6 +64,14 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # First: on SQLite a constraint rebuilds the table, keeping only the indexes the model state declares.
+        migrations.AddConstraint(
+            model_name="queuedtask",
+            constraint=models.CheckConstraint(
+                condition=models.Q(finished_at__isnull=True) | ~models.Q(status__in=("READY", "RUNNING")),
+                name="lockkit_tasks_unfinished_not_finished",
+            ),
+        ),
         migrations.SeparateDatabaseAndState(
             state_operations=[
                 migrations.RemoveIndex(model_name="queuedtask", name="lockkit_tasks_finished_idx"),
