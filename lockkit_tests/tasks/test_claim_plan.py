@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, connections, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
@@ -96,3 +97,31 @@ def test_a_finished_task_set_back_to_ready_by_hand_must_drop_its_finish_time(ali
             {"args": [7], "kwargs": {}},
         )
         assert again.finished_at is not None
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_migration_0005_clears_the_finish_time_of_a_task_set_back_to_ready_by_hand() -> None:
+    """Upgrading: such a row ran before (workers claimed by status) and still runs; a finished one keeps its time."""
+    connection = connections[PG]
+    before = [("lockkit_tasks", "0004_queuedtask_finished_idx")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        old = executor.loader.project_state(before).apps.get_model("lockkit_tasks", "QueuedTask")
+        now = timezone.now()
+        common = {
+            "backend_name": "default", "queue_name": "default", "task_path": "lockkit_tests.tasks.jobs.noop_task",
+            "args_kwargs": {"args": [], "kwargs": {}}, "enqueued_at": now, "finished_at": now,
+        }  # fmt: skip
+        ready = old._default_manager.using(PG).create(status="READY", **common).pk
+        failed = old._default_manager.using(PG).create(status="FAILED", **common).pk
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes("lockkit_tasks"))
+    rows = QueuedTask.objects.using(PG)
+    assert rows.get(pk=ready).finished_at is None
+    assert rows.get(pk=failed).finished_at == now
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, QueuedTask._meta.db_table)
+    assert {"lockkit_tasks_unfinished_idx", "lockkit_tasks_unfinished_not_finished"} <= set(found)
+    assert "lockkit_tasks_todo_idx" not in found

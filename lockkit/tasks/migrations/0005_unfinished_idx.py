@@ -31,6 +31,14 @@ FINISHED_PARTIAL_INDEX = models.Index(
 )
 
 
+def clear_finish_times(apps: Any, schema_editor: Any) -> None:
+    # An unfinished row with a finish time (set back to READY by hand): the workers before 0005 claimed it by its
+    # status, so it keeps running; without the finish time that the constraint below refuses.
+    model = apps.get_model("lockkit_tasks", "QueuedTask")
+    rows = model._default_manager.using(schema_editor.connection.alias)
+    rows.filter(status__in=("READY", "RUNNING"), finished_at__isnull=False).update(finished_at=None)
+
+
 def _present(schema_editor: Any, model: Any, name: str) -> bool:
     # SQLite rebuilds a table for some changes (0002's unique retry_of), keeping only the indexes the model state
     # declares: the index of unfinished tasks 0001 made is gone there.
@@ -64,7 +72,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        # First: on SQLite a constraint rebuilds the table, keeping only the indexes the model state declares.
+        migrations.RunPython(clear_finish_times, migrations.RunPython.noop, elidable=False),
+        # Before the indexes: on SQLite a constraint rebuilds the table, keeping only the indexes the model state
+        # declares.
         migrations.AddConstraint(
             model_name="queuedtask",
             constraint=models.CheckConstraint(
