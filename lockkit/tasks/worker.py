@@ -14,12 +14,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from secrets import token_hex
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import F, Q, Value
-from django.db.models.functions import Concat
+from django.db.models import DurationField, F, Min, Q, Value
+from django.db.models.functions import Concat, Now
 from django.db.transaction import TransactionManagementError
 from django.tasks.base import TaskResultStatus
 
@@ -167,6 +168,16 @@ class Worker:
             Q(ready_at__isnull=True) | Q(ready_at__lte=now),
             status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING),
             finished_at__isnull=True,
+            backend_name=backend.alias,
+            queue_name__in=self.queues,
+        )
+        # The next of this worker's tasks to become due (run_after, a retry's backoff): an idle worker wakes then,
+        # not up to a poll_interval later (the partial index of scheduled tasks, where partial indexes exist).
+        self._scheduled = QueuedTask.objects.using(self.alias).filter(
+            status=TaskResultStatus.READY,
+            finished_at__isnull=True,
+            ready_at__isnull=False,
+            ready_at__gt=Now(),
             backend_name=backend.alias,
             queue_name__in=self.queues,
         )
@@ -376,8 +387,25 @@ class Worker:
             if self.burst and idle == self.concurrency:
                 return  # nothing ready, nothing running, nothing waiting
             self._signals.put_back()  # idle: a SIGTERM handler a task changed must not wait for the next task
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(self._idle_wait())
             self._wake.clear()
+
+    def _idle_wait(self) -> float:
+        """Seconds an idle worker waits: ``poll_interval``, or until its next scheduled task is due if sooner.
+
+        Asked of the database (its clock decides when a task is due), one statement per idle turn; a failure is
+        logged and the worker waits ``poll_interval`` (the next claim reports the database's state).
+        """
+        until = Min(F("ready_at") - Now(), output_field=DurationField())
+        try:
+            wait: timedelta | None = self._scheduled.aggregate(until=until)["until"]
+        except DatabaseError as failure:
+            logger.warning("worker %s: could not read when its next task is due: %s", self.worker_id, failure)
+            return self.poll_interval
+        if wait is None:
+            return self.poll_interval
+        # At least a millisecond: a task due now was just missed by the claim, and is claimable at the next turn.
+        return min(self.poll_interval, max(wait.total_seconds(), 0.001))
 
     def _give_back_orphans(self, beat: heartbeat_every) -> None:
         """Give back the tasks claimed for this worker that no runner holds: a claim whose reply was lost.

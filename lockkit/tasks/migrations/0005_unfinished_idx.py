@@ -15,6 +15,13 @@ UNFINISHED_INDEX = models.Index(
     condition=models.Q(finished_at__isnull=True),
     name="lockkit_tasks_unfinished_idx",
 )
+# Unfinished tasks with a time they become due (run_after, a retry's backoff), by that time: an idle worker reads
+# the next one to wake at its time. Tasks due at once (ready_at NULL, most of them) have no entry.
+SCHEDULED_INDEX = models.Index(
+    fields=["ready_at"],
+    condition=models.Q(finished_at__isnull=True, ready_at__isnull=False),
+    name="lockkit_tasks_scheduled_idx",
+)
 TODO_INDEX = models.Index(
     models.F("priority").desc(),
     "enqueued_at",
@@ -51,6 +58,7 @@ def forwards(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.features.supports_partial_indexes:
         model = apps.get_model("lockkit_tasks", "QueuedTask")
         schema_editor.add_index(model, UNFINISHED_INDEX)
+        schema_editor.add_index(model, SCHEDULED_INDEX)
         if _present(schema_editor, model, TODO_INDEX.name):
             schema_editor.remove_index(model, TODO_INDEX)
         schema_editor.remove_index(model, FINISHED_INDEX)
@@ -63,6 +71,7 @@ def backwards(apps: Any, schema_editor: Any) -> None:
         schema_editor.remove_index(model, FINISHED_PARTIAL_INDEX)
         schema_editor.add_index(model, FINISHED_INDEX)
         schema_editor.add_index(model, TODO_INDEX)
+        schema_editor.remove_index(model, SCHEDULED_INDEX)
         schema_editor.remove_index(model, UNFINISHED_INDEX)
 
 
