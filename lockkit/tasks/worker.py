@@ -387,7 +387,9 @@ class Worker:
             if self.burst and idle == self.concurrency:
                 return  # nothing ready, nothing running, nothing waiting
             self._signals.put_back()  # idle: a SIGTERM handler a task changed must not wait for the next task
-            self._wake.wait(self._idle_wait())
+            # A free runner and nothing to claim: wake when the next scheduled task is due. All runners busy: one
+            # that ends wakes the loop (a NOTIFY then costs no statement).
+            self._wake.wait(self._idle_wait() if idle > 0 and left != 0 else self.poll_interval)
             self._wake.clear()
 
     def _idle_wait(self) -> float:
