@@ -16,8 +16,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.db import IntegrityError, connections, transaction
+from django.db.migrations.autodetector import MigrationAutodetector
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.state import ProjectState
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
@@ -125,3 +129,11 @@ def test_migration_0005_clears_the_finish_time_of_a_task_set_back_to_ready_by_ha
         found = connection.introspection.get_constraints(cursor, QueuedTask._meta.db_table)
     assert {"lockkit_tasks_unfinished_idx", "lockkit_tasks_unfinished_not_finished"} <= set(found)
     assert "lockkit_tasks_todo_idx" not in found
+
+
+def test_the_migrations_state_the_models() -> None:
+    """The indexes and constraints the models declare are the migrations' (0005 moved one index out of Meta)."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    detector = MigrationAutodetector(loader.project_state(), ProjectState.from_apps(apps))
+    changes = detector.changes(graph=loader.graph, trim_to_apps={"lockkit_tasks"})
+    assert "lockkit_tasks" not in changes, changes
