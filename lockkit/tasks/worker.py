@@ -14,13 +14,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime
 from secrets import token_hex
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import DurationField, F, Min, Q, Value
-from django.db.models.functions import Concat, Now
+from django.db.models import F, Q, Value
+from django.db.models.functions import Concat
 from django.db.transaction import TransactionManagementError
 from django.tasks.base import TaskResultStatus
 
@@ -171,15 +171,22 @@ class Worker:
             backend_name=backend.alias,
             queue_name__in=self.queues,
         )
-        # The next of this worker's tasks to become due (run_after, a retry's backoff): an idle worker wakes then,
-        # not up to a poll_interval later (the partial index of scheduled tasks, where partial indexes exist).
-        self._scheduled = QueuedTask.objects.using(self.alias).filter(
-            status=TaskResultStatus.READY,
-            finished_at__isnull=True,
-            ready_at__isnull=False,
-            ready_at__gt=Now(),
-            backend_name=backend.alias,
-            queue_name__in=self.queues,
+        # The next of this worker's tasks to become due (run_after, a retry's backoff), and the clock the claim
+        # compares with: an idle worker wakes then, not up to a poll_interval later. In ready_at order, first row
+        # only: read from the partial index of scheduled tasks where partial indexes exist, however many wait.
+        self._scheduled = (
+            QueuedTask.objects.using(self.alias)
+            .filter(
+                status=TaskResultStatus.READY,
+                finished_at__isnull=True,
+                ready_at__isnull=False,
+                ready_at__gt=now,
+                backend_name=backend.alias,
+                queue_name__in=self.queues,
+            )
+            .annotate(lockkit_clock=now)
+            .order_by("ready_at")
+            .values_list("ready_at", "lockkit_clock")
         )
         # Ready tasks and those whose lease expired, in one statement, the arguments checked once here: the worker
         # needs no reaper (claim_next(expired=True)).
@@ -398,16 +405,16 @@ class Worker:
         Asked of the database (its clock decides when a task is due), one statement per idle turn; a failure is
         logged and the worker waits ``poll_interval`` (the next claim reports the database's state).
         """
-        until = Min(F("ready_at") - Now(), output_field=DurationField())
         try:
-            wait: timedelta | None = self._scheduled.aggregate(until=until)["until"]
+            found: list[tuple[datetime, datetime]] = list(self._scheduled[:1])  # a new query each time
         except DatabaseError as failure:
             logger.warning("worker %s: could not read when its next task is due: %s", self.worker_id, failure)
             return self.poll_interval
-        if wait is None:
+        if not found:
             return self.poll_interval
+        ((due, clock),) = found
         # At least a millisecond: a task due now was just missed by the claim, and is claimable at the next turn.
-        return min(self.poll_interval, max(wait.total_seconds(), 0.001))
+        return min(self.poll_interval, max((due - clock).total_seconds(), 0.001))
 
     def _give_back_orphans(self, beat: heartbeat_every) -> None:
         """Give back the tasks claimed for this worker that no runner holds: a claim whose reply was lost.

@@ -137,3 +137,33 @@ def test_the_migrations_state_the_models() -> None:
     detector = MigrationAutodetector(loader.project_state(), ProjectState.from_apps(apps))
     changes = detector.changes(graph=loader.graph, trim_to_apps={"lockkit_tasks"})
     assert "lockkit_tasks" not in changes, changes
+
+
+@pytest.mark.django_db(transaction=True, available_apps=APPS)
+def test_an_idle_worker_reads_its_next_due_task_from_the_first_entry_of_an_index() -> None:
+    """Not every scheduled task on every idle turn: a review measured 26 ms a turn at 100,000 of them (a minimum
+    over an expression), where the first entry of ``lockkit_tasks_scheduled_idx`` in ``ready_at`` order is enough."""
+    now = timezone.now()
+    with backend_on(PG) as backend:
+        scheduled = [
+            QueuedTask(
+                backend_name="default", queue_name="default", task_path="lockkit_tests.tasks.jobs.noop_task",
+                args_kwargs={"args": [], "kwargs": {}}, enqueued_at=now, run_after=now + timedelta(hours=1 + i),
+                ready_at=now + timedelta(hours=1 + i),
+            )
+            for i in range(2000)
+        ]  # fmt: skip
+        QueuedTask.objects.using(PG).bulk_create(scheduled)
+        worker = Worker(backend, queues=sorted(backend.queues), worker_id="idle", poll_interval=7200)
+        with connections[PG].cursor() as cursor:
+            cursor.execute(f"ANALYZE {QueuedTask._meta.db_table}")
+            cursor.execute("SET enable_seqscan = off")  # the plan an index allows, whatever the table's size
+            try:
+                plan = worker._scheduled[:1].explain(format="json")
+            finally:
+                cursor.execute("RESET enable_seqscan")
+        assert 3500 < worker._idle_wait() <= 3600  # the first of them, due in an hour (the database clock)
+    nodes = _plan_nodes(json.loads(plan)[0]["Plan"])
+    scans = {(node["Node Type"], node.get("Index Name")) for node in nodes if "Relation Name" in node}
+    assert scans == {("Index Scan", "lockkit_tasks_scheduled_idx")}, plan
+    assert not [node for node in nodes if node["Node Type"] == "Sort"], plan
