@@ -23,7 +23,7 @@ from lockkit.aio import awaitable
 from lockkit.backends.sql.rows import instances
 from lockkit.claims import inputs, runner
 from lockkit.claims.sql import claims_sql_for
-from lockkit.claims.sql.base import CLAIM_COLUMNS, fetched_column
+from lockkit.claims.sql.base import CLAIM_COLUMNS
 from lockkit.claims.value import Claim, Claimed
 from lockkit.errors import ConnectionLost
 from lockkit.scopes.options import FROM_SETTINGS
@@ -275,6 +275,7 @@ class NextClaims:
             self.worker, self.lease, inputs.assignments(model, set, "set", alias)
         )
         self.fields = model._meta.concrete_fields if flag(fetch, "fetch") else ()
+        self.keys = statements.fetched_keys(self.fields)  # where each field is in a claimed row
 
         def ordered() -> QuerySet[Any]:  # built only where the SELECT is compiled (not kept, or a lost reply)
             return inputs.order(
@@ -330,9 +331,7 @@ class NextClaims:
         if resolved:  # read back by pk: the claiming statement's own columns were lost with its reply
             by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
             return [Claimed(by_pk[c.pk], c) for c in claims]  # in the order the claims were found in
-        loaded = instances(
-            model, alias, rows, fields, [fetched_column(index) for index in range(len(fields))]
-        )
+        loaded = instances(model, alias, rows, None, self.keys)  # None: all concrete fields, as fetched
         return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
 
 

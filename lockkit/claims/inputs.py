@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -455,8 +456,12 @@ def exact_pk(model: type[Model], value: object, name: str) -> Any:
         TypeError: a ``bool`` or ``bytes`` key.
         ValueError: a key the field cannot read, or would store changed.
     """
+    global _LAST_PK
     field = model._meta.pk
     assert field is not None
+    last = _LAST_PK
+    if last is not None and last[1] is value and last[0] is field:
+        return last[2]
     if value is None:
         raise ValueError(f"{name} is None: a claim names a saved row")
     if isinstance(value, bool | bytes | bytearray | memoryview):
@@ -476,7 +481,15 @@ def exact_pk(model: type[Model], value: object, name: str) -> Any:
         raise ValueError(
             f"{name} {value!r} is not a valid {model.__name__} primary key: the column would store {python!r}"
         )
+    if type(value) in _KEPT_BY_IDENTITY:
+        _LAST_PK = (field, value, python)
     return python
+
+
+#: The last key ``exact_pk`` accepted, ``(field, value, key)``: a worker checks one claim's key several times per
+#: task (before it starts, in the completion, in its judgment), each time the same immutable object.
+_LAST_PK: tuple[Any, Any, Any] | None = None
+_KEPT_BY_IDENTITY = frozenset({uuid.UUID, int, str})
 
 
 def related_key(field: Field[Any, Any], instance: Model, name: str) -> Any:

@@ -84,3 +84,18 @@ def test_each_result_of_a_message_is_read_in_turn(driver: Any) -> None:
     while driver.nextset():
         results.append(read_rows(driver))
     assert results == [([], -1), ([{"first": 1}], 1), ([], 0), ([{"last": "z"}], 1), ([], -1)]
+
+
+def test_names_kept_per_statement_follow_the_result_they_read(driver: Any) -> None:
+    """Names kept for a statement's text are used only for a result of the same shape; otherwise read again."""
+    statement = "SELECT 1 AS first, 2 AS second"
+    driver.execute(statement)
+    assert read_rows(driver, statement) == ([{"first": 1, "second": 2}], 1)
+    driver.execute(statement)
+    assert read_rows(driver, statement) == ([{"first": 1, "second": 2}], 1)
+    # The same key for a result with another number of columns (a statement whose text did not change while a
+    # column was added, say): its own names are read, never the kept ones.
+    driver.execute("SELECT 1 AS a, 2 AS b, 3 AS c")
+    assert read_rows(driver, statement) == ([{"a": 1, "b": 2, "c": 3}], 1)
+    driver.execute("UPDATE pg_namespace SET nspname = nspname WHERE false")
+    assert read_rows(driver, statement) == ([], 0)

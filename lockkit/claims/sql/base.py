@@ -107,6 +107,9 @@ class ClaimsSQL(abc.ABC):
         self._updates: dict[Hashable, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
         #: ``returning()`` per tuple of fields (names quoted for this alias, fixed as the table's).
         self._returning: dict[tuple[Field[Any, Any], ...], str] = {}
+        #: The last ``returning()`` asked, by the very sequence of fields (a worker passes the same one each time:
+        #: hashing its 20-odd fields on every claim cost more than reading the text).
+        self._last_returning: tuple[Sequence[Field[Any, Any]], str] | None = None
 
     # -- the database clock and the values every claim writes ------------------------------------------------
 
@@ -300,23 +303,45 @@ class ClaimsSQL(abc.ABC):
     def returning(self, fields: Sequence[Field[Any, Any]] = ()) -> str:
         """The ``CLAIM_COLUMNS`` of the updated row, named as ``Claim.from_row`` reads them.
 
-        ``fields`` (the model's concrete fields, for ``fetch=True``) follow as ``lockkit_f0``, ``lockkit_f1``...
+        ``fields`` (the model's concrete fields, for ``fetch=True``) follow as ``lockkit_f0``, ``lockkit_f1``...,
+        but for those that are claim columns already (the primary key, the token...): ``fetched_keys`` says where
+        each one is.
         """
+        last = self._last_returning
+        if last is not None and last[0] is fields:
+            return last[1]
         key = tuple(fields)
         kept = self._returning.get(key)
         if kept is None:
             kept = self._returning[key] = self._compose_returning(key)
+        # Kept by identity only when immutable (the model's concrete_fields is a tuple): then it names one text.
+        if isinstance(fields, tuple):
+            self._last_returning = (fields, kept)
         return kept
+
+    def fetched_keys(self, fields: Sequence[Field[Any, Any]]) -> list[str]:
+        """Where each of ``fields`` is in a row of a statement ``RETURNING returning(fields)``: its column's name.
+
+        A field that is one of the ``CLAIM_COLUMNS`` is read from that column (returned once, not twice: each
+        column of a claim's row costs the worker time to read, per task), but the lease: MariaDB's and SQLite's
+        claims make it aware in the row, and a model field converts the value as the database returned it. Any
+        other is ``lockkit_f<index>``.
+        """
+        meta = self.table.model._meta
+        shared = [name for name in CLAIM_COLUMNS[1:] if name != "lease_expires_at"]
+        claim_fields = {meta.pk: "pk"} | {meta.get_field(name): name for name in shared}
+        return [claim_fields.get(field) or fetched_column(index) for index, field in enumerate(fields)]
 
     def _compose_returning(self, fields: tuple[Field[Any, Any], ...]) -> str:
         table = self.table
         quote = connections[self.alias].ops.quote_name
         sources = [table.pk_of(), *(table.column(name) for name in CLAIM_COLUMNS[1:])]
         names = list(CLAIM_COLUMNS)
-        for index, field in enumerate(fields):
+        for field, name in zip(fields, self.fetched_keys(fields), strict=True):
             assert field.column is not None
-            sources.append(f"{table.name}.{quote(field.column)}")
-            names.append(fetched_column(index))
+            if name not in CLAIM_COLUMNS:
+                sources.append(f"{table.name}.{quote(field.column)}")
+                names.append(name)
         return ", ".join(f"{source} AS {quote(name)}" for source, name in zip(sources, names, strict=True))
 
     def run(self, sql: str, params: Sequence[Any]) -> tuple[list[Row], int]:
@@ -328,7 +353,7 @@ class ClaimsSQL(abc.ABC):
         sql = _PREFIX.get() + sql
         with translating(self.alias, nowait=False), cursors.kept(connection) as cursor:
             cursor.execute(sql, params)
-            return read_rows(cursor.cursor)
+            return read_rows(cursor.cursor, sql)
 
 
 _PREFIX: ContextVar[str] = ContextVar("lockkit_claims_statement_prefix", default="")
