@@ -331,7 +331,7 @@ class NextClaims:
         if resolved:  # read back by pk: the claiming statement's own columns were lost with its reply
             by_pk = model._base_manager.using(alias).in_bulk([c.pk for c in claims])
             return [Claimed(by_pk[c.pk], c) for c in claims]  # in the order the claims were found in
-        loaded = instances(model, alias, rows, None, self.keys)  # None: all concrete fields, as fetched
+        loaded = instances(model, alias, rows, fields, self.keys)
         return [Claimed(instance, c) for instance, c in zip(loaded, claims, strict=True)]
 
 

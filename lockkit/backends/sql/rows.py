@@ -15,7 +15,7 @@ M = TypeVar("M", bound=models.Model)
 #: every row a statement of that shape returns, so they are looked up once per connection. A converter that is a
 #: method of the connection's ``ops`` is kept as its function and called with the ``ops`` of the moment: a bound
 #: method would hold the connection (``ops.connection``) and keep the weak key, and its session, alive for good.
-_CONVERTERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[Any], list[str]]]]
+_CONVERTERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[Any], list[str], Sequence[Any]]]]
 _CONVERTERS = weakref.WeakKeyDictionary()
 
 
@@ -42,16 +42,18 @@ def instances(
     """
     connection = connections[alias]
     chosen = model._meta.concrete_fields if fields is None else fields
+    # The model's own field list is known by its identity (hashing each field, per call, cost a worker a few
+    # percent of a task); a field added at run time makes Django build a new list, and the converters anew.
+    own = chosen is model._meta.concrete_fields
     # USE_TZ too: MySQL's converters of date-times are chosen by it when they are listed (``override_settings``).
-    # The model's own fields by None: hashing each field, per call, costs a worker a few percent of a task.
-    key = (model, None if fields is None else tuple(chosen), settings.USE_TZ)
+    key = (model, None if own else tuple(chosen), settings.USE_TZ)
     per_connection = _CONVERTERS.get(connection)
     if per_connection is None:
         per_connection = _CONVERTERS.setdefault(connection, {})
     kept = per_connection.get(key)
-    if kept is None:
-        kept = per_connection[key] = _converters(connection, model, chosen)
-    converters, names = kept
+    if kept is None or (own and kept[2] is not chosen):
+        kept = per_connection[key] = (*_converters(connection, model, chosen), chosen)
+    converters, names, _ = kept
     where = range(len(chosen)) if keys is None else keys
     ops = connection.ops
     built: list[M] = []
