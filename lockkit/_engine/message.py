@@ -299,9 +299,14 @@ _NAMES_KEPT = 256
 
 
 def _names_of(result: Any, statement: str) -> list[str] | None:
-    """``_column_names(result)``, kept per ``statement`` when they are ASCII (the same in any client encoding)."""
+    """``_column_names(result)``, kept per ``statement`` when they are ASCII (the same in any client encoding).
+
+    psycopg 3 only: another driver's names come from ``description``, which cannot tell a result of the same shape.
+    """
+    if psycopg is None or not isinstance(result, psycopg.Cursor):
+        return _column_names(result)
     kept = _NAMES.get(statement)
-    if kept is not None and psycopg is not None and isinstance(result, psycopg.Cursor):
+    if kept is not None:
         pgresult = result.pgresult
         if pgresult is not None and pgresult.nfields == len(kept) and pgresult.status in _TUPLES:
             return kept
