@@ -22,8 +22,14 @@ def add_todo_index(apps: Any, schema_editor: Any) -> None:
 
 
 def remove_todo_index(apps: Any, schema_editor: Any) -> None:
-    if schema_editor.connection.features.supports_partial_indexes:
-        schema_editor.remove_index(apps.get_model("lockkit_tasks", "QueuedTask"), TODO_INDEX)
+    connection = schema_editor.connection
+    if connection.features.supports_partial_indexes:
+        model = apps.get_model("lockkit_tasks", "QueuedTask")
+        # Gone already on SQLite: unapplying 0002 rebuilds the table with the indexes its model state declares only.
+        with connection.cursor() as cursor:
+            found = connection.introspection.get_constraints(cursor, model._meta.db_table)
+        if TODO_INDEX.name in found:
+            schema_editor.remove_index(model, TODO_INDEX)
 
 
 class Migration(migrations.Migration):
