@@ -27,7 +27,7 @@ from django.tasks.base import TaskResultStatus
 from lockkit._engine import prepared
 from lockkit.claims import Claim, Claimed, heartbeat_every
 from lockkit.claims.api import NextClaims
-from lockkit.claims.sql import claims_sql_for
+from lockkit.claims.sql import claims_sql_for, zoneless
 from lockkit.errors import ConnectionLost
 from lockkit.tasks.attempt import Attempts
 from lockkit.tasks.backend import DatabaseBackend
@@ -164,13 +164,15 @@ class Worker:
         # the attempt); a retry is READY with ready_at ahead. finished_at IS NULL (true of every READY and
         # RUNNING row) is the predicate of the partial index of unfinished tasks: a condition without a value,
         # so the claim's generic plan (a prepared statement) can use that index.
-        self._candidates = QueuedTask.objects.using(self.alias).filter(
-            Q(ready_at__isnull=True) | Q(ready_at__lte=now),
-            status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING),
-            finished_at__isnull=True,
-            backend_name=backend.alias,
-            queue_name__in=self.queues,
-        )
+        self._candidates = zoneless(
+            QueuedTask.objects.using(self.alias).filter(
+                Q(ready_at__isnull=True) | Q(ready_at__lte=now),
+                status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING),
+                finished_at__isnull=True,
+                backend_name=backend.alias,
+                queue_name__in=self.queues,
+            )
+        )  # its compiled SELECT is kept without reading the time zone per claim: nothing in it depends on one
         # The next of this worker's tasks to become due (run_after, a retry's backoff), and the clock the claim
         # compares with: an idle worker wakes then, not up to a poll_interval later. In ready_at order, first row
         # only: read from the partial index of scheduled tasks where partial indexes exist, however many wait.
@@ -198,7 +200,7 @@ class Worker:
                 "status": TaskResultStatus.RUNNING,
                 "started_at": now,
                 "last_attempted_at": now,
-                "worker_log": Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR)),
+                "worker_log": zoneless(Concat(F("worker_log"), Value(self.worker_id + WORKER_SEPARATOR))),
             },
             order_by=[F("priority").desc(), F("enqueued_at").asc()],
             expired=True,

@@ -14,6 +14,7 @@ from django.db import NotSupportedError, connections
 
 from lockkit.backends import backend_for, vendors
 from lockkit.claims.sql.base import ClaimsSQL
+from lockkit.claims.sql.base import zoneless as zoneless
 from lockkit.claims.sql.mysql import MySQLClaimsSQL
 from lockkit.claims.sql.postgresql import PostgreSQLClaimsSQL
 from lockkit.claims.sql.sqlite import SQLiteClaimsSQL

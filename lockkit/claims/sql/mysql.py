@@ -16,6 +16,7 @@ from django.db.models import DateTimeField, Expression, Field, Func, QuerySet
 from django.db.models.functions import Now
 
 from lockkit._engine.message import Row
+from lockkit.claims.sql.base import zoneless
 from lockkit.claims.sql.serial import SerialClaimsSQL
 
 
@@ -31,7 +32,7 @@ class UTCTimestamp(Func):
 
 
 # One object each, reused by every claim (``ClaimsSQL.update`` keeps Django's compilation of the same objects).
-_UTC_CLOCK, _CLOCK = UTCTimestamp(), Now()
+_UTC_CLOCK, _CLOCK = zoneless(UTCTimestamp()), zoneless(Now())
 
 
 class MySQLClaimsSQL(SerialClaimsSQL):

@@ -12,10 +12,11 @@ from django.db.models import Expression, Field
 from django.db.models.functions import Now
 
 from lockkit._engine.message import Row
+from lockkit.claims.sql.base import zoneless
 from lockkit.claims.sql.serial import SerialClaimsSQL
 
 # One object, reused by every claim (``ClaimsSQL.update`` keeps Django's compilation of the same objects).
-_CLOCK = Now()
+_CLOCK = zoneless(Now())
 
 
 class SQLiteClaimsSQL(SerialClaimsSQL):
