@@ -11,6 +11,7 @@ from typing import Any, TypeVar, cast
 
 from django.core.exceptions import EmptyResultSet, FieldDoesNotExist, FieldError
 from django.db import connections, models
+from django.db.models.query import ModelIterable
 from django.db.models.sql import UpdateQuery
 from django.db.models.sql.compiler import SQLUpdateCompiler
 
@@ -82,8 +83,8 @@ def guarded_update(
 
     Raises:
         TypeError: ``queryset`` is not a ``QuerySet``; an option has the wrong type.
-        ValueError: no changes; an unknown field or one ``update()`` cannot set; a sliced, distinct, annotated or
-            combined queryset; a duration that is not positive and finite. Raised before any SQL runs.
+        ValueError: no changes; an unknown field or one ``update()`` cannot set; a sliced, distinct, annotated,
+            combined, ``extra(select=...)`` or ``values()``/``values_list()`` queryset; a duration that is not positive and finite. Raised before any SQL runs.
         lockkit.errors.AliasMismatch: the queryset is bound (``.using()``) to another alias than ``using``.
         lockkit.errors.LockTimeout: a row lock was waited for longer than ``lock_timeout`` (SQLSTATE 55P03);
             nothing was written. Retried when the policy retries lock timeouts.
@@ -134,6 +135,14 @@ def _checked(queryset: object, using: object, changes: dict[str, Any]) -> str:
         )
     if query.combinator:
         raise ValueError(f"queryset: a {query.combinator}() queryset cannot be updated")
+    if query.extra:
+        raise ValueError(
+            "queryset: extra(select=...) columns cannot be returned; filter on the model's own fields"
+        )
+    if queryset._iterable_class is not ModelIterable:
+        raise ValueError(
+            "queryset: a values()/values_list() queryset has no model instances to return; pass the model's queryset"
+        )
     model = queryset.model
     for name in changes:
         try:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from django.core.exceptions import EmptyResultSet, FieldError
-from django.db import connections, models
+from django.db import ProgrammingError, connections, models
 from django.db.models.expressions import Combinable
 from django.db.models.query import ModelIterable
 from django.db.models.sql import UpdateQuery
@@ -84,13 +84,15 @@ def locked_update(
     Returns:
         The row as written: a model instance read back as the database stored it (``UPDATE ... RETURNING`` on
         PostgreSQL, a read in the same transaction elsewhere); the instance ``change`` saw when it returned
-        nothing to write. An attribute ``change`` set on its row without returning it is not written.
+        nothing to write. An attribute ``change`` set on its row without returning it is not written. After a
+        lost reply to ``UPDATE ...; COMMIT`` resolved as committed: the row ``change`` saw with the fields it
+        returned set, as given (not read again: another writer may have changed the row since).
 
     Raises:
         TypeError: ``queryset`` is not a ``QuerySet``, ``change`` is not callable, an option has the wrong type;
             ``change`` returned something that is not a mapping, or an expression. The options are checked before
             any SQL; a bad return value rolls back.
-        ValueError: a sliced, distinct, annotated, combined, ``select_related()``/``prefetch_related()`` or
+        ValueError: a sliced, distinct, annotated, ``extra(select=...)``, combined, ``select_related()``/``prefetch_related()`` or
             ``values()`` queryset, a multi-table-inheritance model, a bad duration (before any SQL); ``change``
             returned an unknown field, the primary key or a field ``update()`` cannot set (rolled back).
         Model.DoesNotExist, Model.MultipleObjectsReturned: the queryset matched no row or several (rolled back).
@@ -120,7 +122,9 @@ def locked_update(
     except EmptyResultSet:
         return _one(bound, [])
     lock, _ = options.timeouts()
-    decided: list[M] = []  # the row the attempt wrote, should its reply be lost
+    decided: list[
+        tuple[M, dict[str, Any]]
+    ] = []  # the row the attempt wrote and its fields, should its reply be lost
 
     def send(message: OneMessage) -> M:
         decided.clear()
@@ -136,13 +140,18 @@ def locked_update(
             except BaseException:
                 message.roll_back(cursor)
                 raise
-            decided.append(row)
+            decided.append((row, fields))
             written, _ = message.finish(cursor, *update)
         return _one(bound, instances(bound.model, alias, [list(values.values()) for values in written]))
 
     def resolve(message: OneMessage, lost: ConnectionLost) -> M:
         outcome.of_transaction(alias, message.xid, message.server, lost, within=reconnect_budget(policy))
-        return _reread(bound.model, alias, decided[0].pk)  # committed (of_transaction raises otherwise)
+        # Committed (of_transaction raises otherwise): the row as this call wrote it, not read again (another
+        # writer may have changed it since its lock was released).
+        row, fields = decided[0]
+        for name, value in fields.items():
+            setattr(row, name, value)
+        return row
 
     return in_messages(
         alias,
@@ -173,8 +182,10 @@ def _checked(queryset: object, change: object, using: object) -> str:
     query = queryset.query
     if query.is_sliced:
         raise ValueError("queryset: a sliced queryset cannot be updated; filter it down to one row")
-    if query.distinct or query.distinct_fields or query.annotations or query.combinator:
-        raise ValueError("queryset: filter the model's own rows (no distinct(), annotations or combinations)")
+    if query.distinct or query.distinct_fields or query.annotations or query.combinator or query.extra:
+        raise ValueError(
+            "queryset: filter the model's own rows (no distinct(), annotations, extra(select=...) or combinations)"
+        )
     model = queryset.model
     if query.select_for_update:
         raise ValueError(
@@ -216,8 +227,19 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
             alias=alias,
         )
 
-    with connections[alias].execute_wrapper(refuse):
-        fields = change(row)
+    try:
+        with connections[alias].execute_wrapper(refuse):
+            fields = change(row)
+    except ProgrammingError as error:
+        if isinstance(error, QueryInChange):
+            raise
+        # Another way in than a statement: atomic() (or a lockkit call opening one) on the two-message path,
+        # where the row's transaction is lockkit's, not Django's, and the driver refuses to change autocommit.
+        raise QueryInChange(
+            f"locked_update's change() used the database on {alias!r} ({type(error).__name__}: {error}); it must "
+            f"only compute the new values from the row it is given",
+            alias=alias,
+        ) from error
     if refused:  # change() caught the refusal: the call fails all the same
         raise QueryInChange(
             f"locked_update's change() ran a statement on {alias!r}; it must only compute the new values",

@@ -64,7 +64,9 @@ class Attempts:
             return
         try:
             task = self._tasks.task_of(row)
-        except Exception as unusable:  # an import error or not a Task: no attempt can ever succeed
+        except BaseException as unusable:
+            # An import error, not a Task, or a module that raises SystemExit or KeyboardInterrupt when imported
+            # (the worker's own SIGINT/SIGTERM handler only sets a flag): no attempt can ever succeed.
             errors.append(error_entry(unusable, attempt))
             self.outcomes.finish(row, claim, TaskResultStatus.FAILED, errors=errors)
             return

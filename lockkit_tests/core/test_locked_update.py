@@ -127,7 +127,18 @@ def test_change_must_not_touch_the_database(alias: str) -> None:
             Stock.objects.using(alias).get(sku="b")
         return {"available": 1}
 
-    for change in (sneaky, swallowing):
+    def in_atomic(row: Stock) -> dict[str, int]:
+        # On PostgreSQL's two-message path the row's transaction is lockkit's: atomic() itself fails (found by a
+        # review: a raw ProgrammingError there, QueryInChange elsewhere).
+        with transaction.atomic(using=alias):
+            Stock.objects.using(alias).filter(sku="b").update(available=0)
+        return {"available": 1}
+
+    def in_lockkit(row: Stock) -> dict[str, int]:
+        lockkit.guarded_update(Stock.objects.using(alias).filter(sku="b"), available=0)
+        return {"available": 1}
+
+    for change in (sneaky, swallowing, in_atomic, in_lockkit):
         with pytest.raises(lockkit.QueryInChange, match="change"):
             lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), change)
     assert dict(Stock.objects.using(alias).values_list("sku", "available")) == {"a": 5, "b": 5}
@@ -336,7 +347,16 @@ def test_values_querysets_are_refused_before_any_sql(alias: str) -> None:
         ):
             with pytest.raises(ValueError, match=r"values\(\)"):
                 lockkit.locked_update(queryset, _reserve(1))  # type: ignore[type-var]
+            with pytest.raises(ValueError, match=r"values\(\)"):
+                lockkit.guarded_update(queryset, available=F("available") - 1)  # type: ignore[type-var]
+        # An extra(select=...) column cannot come back (found by a review: dropped without a word).
+        extra = Stock.objects.using(alias).filter(sku="a").extra(select={"double": "available * 2"})
+        with pytest.raises(ValueError, match=r"extra\(select"):
+            lockkit.locked_update(extra, _reserve(1))
+        with pytest.raises(ValueError, match=r"extra\(select"):
+            lockkit.guarded_update(extra, available=F("available") - 1)
     assert len(queries) == 0
+    assert Stock.objects.using(alias).get(sku="a").available == 5
 
 
 @pytest.mark.parametrize("alias", VENDORS)

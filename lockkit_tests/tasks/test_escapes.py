@@ -282,3 +282,30 @@ def test_a_task_s_alarm_timer_and_signal_handlers_end_with_it(alias: str, tmp_pa
         assert code == 0, output
         assert "TimeoutError" not in output
         assert "a task changed the handler of SIGTERM: put back" in output
+
+
+@pytest.mark.parametrize("raises", ["exit", "keyboard"])
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_task_module_that_raises_when_imported_fails_its_task(alias: str, raises: str) -> None:
+    """SystemExit or KeyboardInterrupt raised by importing the task's module is the task's error: FAILED at once
+    (as any import error: no attempt can succeed), not a worker stopped on every claim of it with its attempts
+    climbing past max_attempts (found by a review)."""
+    opts = {"lease": 5, "max_attempts": 2}
+    with backend_on(alias, **opts):
+        poisoned = jobs.calculate_meaning_of_life.enqueue()
+        path = "lockkit_tests.tasks.exits_on_import.never_reached"
+        QueuedTask.objects.using(alias).filter(pk=poisoned.id).update(task_path=path)
+        after = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+        env = {"LOCKKIT_TESTS_IMPORT_RAISES": raises}
+        with worker_process(alias, "--worker-id", "importer", options=opts, env=env) as worker:
+            wait_for(lambda: all(status_of(r) == TaskResultStatus.SUCCESSFUL for r in after), what="the rest")
+            wait_for(lambda: status_of(poisoned) == TaskResultStatus.FAILED, what="the poisoned task to fail")
+            assert worker.process.poll() is None  # still working
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        row = QueuedTask.objects.using(alias).get(pk=poisoned.id)
+        expected = "builtins.SystemExit" if raises == "exit" else "builtins.KeyboardInterrupt"
+        assert [(e["exception_class_path"], e["attempt"]) for e in row.errors] == [(expected, 1)]
+        assert row.worker_ids == ["importer"]
+        assert row.lease_expires_at is None
