@@ -85,7 +85,7 @@ def in_messages(
         lockkit.cancellation.CallCancelled: the awaiting caller was cancelled before a ``COMMIT`` was sent.
     """
     connection = connections[alias]
-    columns = backend_for(connection).tx.opening_columns(connection) if by_xid else ()
+    tx = backend_for(connection).tx
     within = reconnect_budget(setting)
 
     def lost_after_sending(message: OneMessage, lost: ConnectionLost) -> T:
@@ -102,6 +102,10 @@ def in_messages(
             waiting.raise_if_cancelled()  # the caller is gone: no new attempt
         discard_if_dead(alias)
         reused = connection.connection is not None
+        # Per attempt: the server's identity is read once per driver connection, and an attempt after a lost
+        # one opens on a new connection (found by a review: kept per call, a second loss in one call had no
+        # server to ask and was reported unknown).
+        columns = tx.opening_columns(connection) if by_xid else ()
         try:
             with translating(alias, nowait=nowait, attempts=number):
                 message = begin(connection, timeouts, columns)

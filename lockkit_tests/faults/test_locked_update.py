@@ -167,3 +167,33 @@ def test_a_lost_reply_that_committed_returns_the_row_this_call_wrote_not_a_later
     assert later[0].result(10) == 1  # the later writer's UPDATE went through
     assert row.available == 4  # what this call wrote
     assert _available() == 104
+
+
+def test_two_sessions_terminated_in_one_call_are_both_decided_by_the_server() -> None:
+    """On a connection that served a call before, two attempts in a row lose their session inside ``change()``:
+    each lost ``UPDATE ...; COMMIT`` is decided by the server that had it (found by a review: the second one,
+    on a new connection, had no server to ask and was reported ``CommitOutcomeUnknown``)."""
+    Stock.objects.create(sku="widget", available=5)
+    queryset = Stock.objects.filter(sku="widget")
+    assert lockkit.locked_update(queryset, lambda row: {"available": row.available - 1}).available == 4
+    seen: list[int] = []
+    sessions: list[int] = []
+    events: list[RetryEvent] = []
+
+    def change(row: Stock) -> dict[str, int]:
+        seen.append(row.available)
+        sessions.append(session_of("default"))
+        if len(seen) <= 2:
+            assert terminate("default", sessions[-1])
+        return {"available": row.available - 1}
+
+    row = lockkit.locked_update(queryset, change, retry=RetryPolicy(attempts=5, before_retry=events.append))
+    assert row.available == 3
+    assert seen == [4, 4, 4]
+    assert len(set(sessions)) == 3
+    assert [(e.attempt, e.failure) for e in events] == [
+        (1, Failure.CONNECTION_LOST),
+        (2, Failure.CONNECTION_LOST),
+    ]
+    assert _available() == 3  # written once
+    assert lockkit.locked_update(queryset, lambda row: {"available": row.available - 1}).available == 2
