@@ -389,6 +389,10 @@ class Worker:
                     continue
             for item in claimed:
                 self._pending.put(item)
+            if claimed and self.stopping.is_set():
+                # Stopped while the claim was in the database: the give-back on stop may have run already.
+                self._give_back()
+                return
             if claimed and not runners_started:
                 self._run_pending_here()
             if claimed:

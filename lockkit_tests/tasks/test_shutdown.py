@@ -75,6 +75,68 @@ def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_n
             )
 
 
+_SLOW_CLAIMS = """
+CREATE FUNCTION lockkit_tests_slow_claim() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$;
+CREATE TRIGGER lockkit_tests_slow_claim BEFORE UPDATE ON lockkit_tasks_queuedtask FOR EACH ROW
+  WHEN (OLD.status = 'READY' AND NEW.status = 'RUNNING') EXECUTE FUNCTION lockkit_tests_slow_claim();
+"""
+_NO_SLOW_CLAIMS = """
+DROP TRIGGER IF EXISTS lockkit_tests_slow_claim ON lockkit_tasks_queuedtask;
+DROP FUNCTION IF EXISTS lockkit_tests_slow_claim();
+"""
+
+
+def _claims_in_flight(alias: str) -> int:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()"
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_sigterm_while_a_claim_is_in_flight_gives_its_tasks_back_at_once(alias: str, tmp_path: Path) -> None:
+    """SIGTERM arrives while a claim is in the database (each claimed row made to wait there) and another task runs:
+    the claim's tasks go back when it returns, not when the running task ends (found by a review: they stayed
+    RUNNING, and the SIGKILL after the grace period failed them with max_attempts=1, never run)."""
+    prefix = marker(tmp_path, "f")
+    opts = {"lease": 30, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        running = jobs.slow.enqueue(prefix, 60.0)
+        args = ("--concurrency", "2", "--worker-id", "inflight")
+        with worker_process(alias, *args, options=opts) as worker:
+            wait_for(lambda: Path(prefix + ".started").exists(), what="the slow task to start")
+            with connections[alias].cursor() as cursor:
+                cursor.execute(_SLOW_CLAIMS)
+            try:
+                waiting = [jobs.calculate_meaning_of_life.enqueue() for _ in range(2)]
+                wait_for(lambda: _claims_in_flight(alias) > 0, what="a claim in flight")
+                worker.signal(signal.SIGTERM)
+                # Until the claim commits its rows read READY to everyone else: wait for it to end first.
+                wait_for(lambda: _claims_in_flight(alias) == 0, timeout=10, what="the claim to end")
+                unclaimed = QueuedTask.objects.using(alias).filter(
+                    pk__in=[r.id for r in waiting], status="READY", attempts=0, lease_expires_at__isnull=True
+                )
+                wait_for(
+                    lambda: unclaimed.count() == len(waiting),
+                    timeout=10,
+                    what="the claimed tasks to be given back while the running one runs",
+                )
+                assert worker.process.poll() is None
+                assert not Path(prefix + ".done").exists()
+            finally:
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(_NO_SLOW_CLAIMS)
+            worker.signal(signal.SIGKILL)
+            worker.wait()
+        for result in waiting:
+            row = QueuedTask.objects.using(alias).get(pk=result.id)
+            assert (row.status, row.attempts, row.worker_ids, row.lease_expires_at) == ("READY", 0, [], None)
+        assert status_of(running) == TaskResultStatus.RUNNING
+
+
 def _listener_pids(alias: str) -> list[int]:
     with connections[alias].cursor() as cursor:
         cursor.execute(
