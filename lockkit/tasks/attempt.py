@@ -19,6 +19,7 @@ from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.errors import TransactionLeftOpen
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.outcomes import Outcomes, error_entry, worker_log
+from lockkit.tasks.stopping import SignalsKept
 
 logger = logging.getLogger("lockkit.tasks.worker")
 
@@ -29,12 +30,14 @@ class Attempts:
     Args:
         outcomes: Where outcomes are recorded (and counted).
         beat: The worker's heartbeat, asked whether a claim is still held before its task starts.
+        signals: The worker's signal handlers and alarm timer, put back after a task changed them.
     """
 
-    def __init__(self, outcomes: Outcomes, beat: heartbeat_every) -> None:
+    def __init__(self, outcomes: Outcomes, beat: heartbeat_every, signals: SignalsKept) -> None:
         """Prepare (no SQL)."""
         self.outcomes = outcomes
         self.beat = beat
+        self.signals = signals
         self.settings = outcomes.settings
         self._tasks = results.TaskCache()
 
@@ -85,7 +88,8 @@ class Attempts:
             try:
                 result = results.result_of(row, task)
                 task_started.send(sender=DatabaseBackend, task_result=result)
-                value = _call(task, result, row)
+                with self.signals.task_call():  # a timer the task armed ends with it
+                    value = _call(task, result, row)
                 stored = arguments.json_value(value, "the return value")
             except TransactionLeftOpen as failure:
                 if not failure.usable:

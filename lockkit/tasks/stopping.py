@@ -90,7 +90,7 @@ class SignalsKept:
 
     A task that arms ``signal.setitimer``/``alarm`` with a handler that raises (a time limit of its own) and returns
     would otherwise interrupt the worker's loop, or the next task, when the timer fires: a timer the task armed
-    (none ran before it) is cancelled when it returns, ``SIGALRM`` ignored meanwhile so that the task's handler
+    (none ran before it) is cancelled when it returns (``task_call``), ``SIGALRM`` ignored meanwhile so that the task's handler
     cannot run after its task; a timer of the process's own (a test runner's) is left as it runs. A task that
     changes the handler of ``SIGTERM``, ``SIGINT`` or ``SIGALRM`` (ignoring ``SIGTERM`` would leave the worker
     unstoppable) has it put back, checked after a task at most every ``HANDLERS_CHECKED_EVERY`` seconds. Built and
@@ -104,8 +104,12 @@ class SignalsKept:
         self._checked = time.monotonic()
 
     @contextmanager
-    def around_task(self) -> Iterator[None]:
-        """Run a task in the block; put back what it changed (see the class)."""
+    def task_call(self) -> Iterator[None]:
+        """Call a task's function in the block: an alarm timer it armed is cancelled the moment it ends.
+
+        Before its outcome is written: a timer firing just after the task returned would otherwise raise in the
+        worker's write (found by a review).
+        """
         if not self.here:
             yield
             return
@@ -118,10 +122,18 @@ class SignalsKept:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, self.handlers[signal.SIGALRM])
                 logger.warning("a task left an alarm timer armed: cancelled")
-            now = time.monotonic()
-            if now - self._checked >= HANDLERS_CHECKED_EVERY:
-                self._checked = now
-                self.put_back()
+
+    @contextmanager
+    def around_task(self) -> Iterator[None]:
+        """Run a task's attempt in the block; put back the handlers it changed, at most every second (see the class)."""
+        try:
+            yield
+        finally:
+            if self.here:
+                now = time.monotonic()
+                if now - self._checked >= HANDLERS_CHECKED_EVERY:
+                    self._checked = now
+                    self.put_back()
 
     def put_back(self) -> None:
         """Put back the handlers a task changed since they were recorded (logged); also when the worker idles."""

@@ -285,7 +285,7 @@ class Worker:
                     mine, worker=self.worker_id, lease=self.lease, interval=every
                 ).__enter__()
                 self._beat = beat
-                self._attempts = Attempts(self.outcomes, beat)
+                self._attempts = Attempts(self.outcomes, beat, self._signals)
                 for thread in [*runners, giver, *flushers]:
                     thread.start()
                 if wakeup is not None:
@@ -499,9 +499,7 @@ class Worker:
         with self._busy_lock:
             self._busy += 1
         try:
-            with (
-                self._signals.around_task()
-            ):  # on the main thread: a task's alarm timer or handlers end with it
+            with self._signals.around_task():  # on the main thread: handlers a task changed are put back
                 self._attempts.run(*item)
         except BaseException:
 

@@ -180,6 +180,19 @@ def arm_alarm_and_ignore_sigterm() -> str:
 
 
 @task()
+def arm_alarm_and_fail(seconds: float) -> str:
+    """Arm a timer of ``seconds`` whose handler raises, and fail at once (the timer fires while the failure is
+    written, when that takes longer)."""
+
+    def too_late(number: int, frame: Any) -> None:
+        raise TimeoutError("the task's own time limit, fired after it ended")
+
+    signal.signal(signal.SIGALRM, too_late)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    raise ValueError("failed after arming a timer")
+
+
+@task()
 def bomb_on_finished() -> str:
     return "done, then a task_finished receiver asks the process to exit"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.tasks import TaskResultStatus, task_backends
 
 from lockkit.tasks.models import QueuedTask
@@ -309,3 +310,41 @@ def test_a_task_module_that_raises_when_imported_fails_its_task(alias: str, rais
         assert [(e["exception_class_path"], e["attempt"]) for e in row.errors] == [(expected, 1)]
         assert row.worker_ids == ["importer"]
         assert row.lease_expires_at is None
+
+
+_SLOW_OUTCOMES = """
+CREATE FUNCTION lockkit_tests_slow_outcome() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$;
+CREATE TRIGGER lockkit_tests_slow_outcome BEFORE UPDATE ON lockkit_tasks_queuedtask FOR EACH ROW
+  WHEN (OLD.status = 'RUNNING' AND NEW.status <> 'RUNNING') EXECUTE FUNCTION lockkit_tests_slow_outcome();
+"""
+_NO_SLOW_OUTCOMES = """
+DROP TRIGGER IF EXISTS lockkit_tests_slow_outcome ON lockkit_tasks_queuedtask;
+DROP FUNCTION IF EXISTS lockkit_tests_slow_outcome();
+"""
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_a_task_s_alarm_timer_is_cancelled_before_its_outcome_is_written(alias: str) -> None:
+    """The task arms a 0.1 s timer and fails; writing its failure takes 0.5 s (made to, in the database): the timer
+    is cancelled when the task ends, so it does not fire into the write (found by a review: the worker stopped with
+    the task's TimeoutError, its outcome unwritten)."""
+    opts = {"lease": 5, "max_attempts": 1}
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_SLOW_OUTCOMES)
+    try:
+        with backend_on(alias, **opts):
+            armed = jobs.arm_alarm_and_fail.enqueue(0.1)
+            after = jobs.calculate_meaning_of_life.enqueue()
+            with worker_process(alias, "--worker-id", "timed", options=opts) as worker:
+                wait_for(lambda: status_of(after) == TaskResultStatus.SUCCESSFUL, what="the next task")
+                assert status_of(armed) == TaskResultStatus.FAILED
+                worker.signal(signal.SIGTERM)
+                code, output = worker.wait(timeout=15)
+            assert code == 0, output
+            assert [e.exception_class_path for e in armed.errors] == ["builtins.ValueError"]
+            assert "TimeoutError" not in output
+            assert "a task left an alarm timer armed: cancelled" in output
+    finally:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_NO_SLOW_OUTCOMES)
