@@ -97,6 +97,31 @@ class FloatKeepingEncoder(json.JSONEncoder):
         yield self.encode(o)
 
 
+class TextIfUnreadable(json.JSONDecoder):
+    """JSON decoding in which a document Python cannot read fails as invalid JSON (``JSONField`` gives its text).
+
+    Valid JSON that Python refuses (nested deeper than its recursion limit, an integer longer than its digit
+    limit), put in a row by hand or by another program, would otherwise raise ``RecursionError`` or
+    ``ValueError`` wherever the row is read: in a worker's claim, before any attempt could record it, on every
+    worker that claims it. Read as text, it fails its attempt as any malformed row does. Used as the ``decoder``
+    of the task table's JSON fields. See
+    https://docs.djangoproject.com/en/stable/ref/models/fields/#django.db.models.JSONField.decoder.
+    """
+
+    def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
+        """``s`` decoded.
+
+        Raises:
+            json.JSONDecodeError: ``s`` is not JSON, or is JSON Python cannot read (the reason in its message).
+        """
+        try:
+            return super().decode(s, *args, **kwargs)
+        except json.JSONDecodeError:
+            raise
+        except (RecursionError, ValueError) as unreadable:
+            raise json.JSONDecodeError(f"JSON Python cannot read: {unreadable}", s[:100], 0) from None
+
+
 def _keeping_floats(value: Any) -> str:
     if isinstance(value, float):
         text = repr(value)

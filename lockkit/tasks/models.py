@@ -9,7 +9,7 @@ from django.db import models
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskResultStatus
 
 from lockkit.claims.mixin import Claimable
-from lockkit.tasks.arguments import FloatKeepingEncoder, storable_text
+from lockkit.tasks.arguments import FloatKeepingEncoder, TextIfUnreadable, storable_text
 
 __all__ = ["QueuedTask"]
 
@@ -51,7 +51,7 @@ class QueuedTask(Claimable):
     priority = models.SmallIntegerField(default=0)
     task_path = models.CharField(max_length=255)
     takes_context = models.BooleanField(default=False)
-    args_kwargs = models.JSONField(encoder=FloatKeepingEncoder)
+    args_kwargs = models.JSONField(encoder=FloatKeepingEncoder, decoder=TextIfUnreadable)
     status = models.CharField(max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY)
     run_after = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
@@ -59,9 +59,11 @@ class QueuedTask(Claimable):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
-    return_value = models.JSONField(null=True, blank=True, encoder=FloatKeepingEncoder)
+    return_value = models.JSONField(
+        null=True, blank=True, encoder=FloatKeepingEncoder, decoder=TextIfUnreadable
+    )
     return_value_recorded = models.BooleanField(default=True)
-    errors = models.JSONField(default=list, blank=True)
+    errors = models.JSONField(default=list, blank=True, decoder=TextIfUnreadable)
     worker_log = models.TextField(default="", blank=True)
     retry_of = models.UUIDField(null=True, blank=True, unique=True, editable=False)
 

@@ -6,6 +6,7 @@ that the tasks after the bad one still run (the next call works).
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from django.db import connections
 from django.tasks import TaskResultStatus, task_backends
 
+from lockkit.tasks import arguments
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.models import Owner
 from lockkit_tests.tasks import jobs
@@ -348,3 +350,51 @@ def test_a_task_s_alarm_timer_is_cancelled_before_its_outcome_is_written(alias: 
     finally:
         with connections[alias].cursor() as cursor:
             cursor.execute(_NO_SLOW_OUTCOMES)
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_a_row_whose_json_python_cannot_read_fails_its_task(alias: str) -> None:
+    """Valid JSON that Python refuses (5,000 levels deep, a 5,000-digit integer), put in a row by hand: read as its
+    text, the task fails as any malformed row does; before, reading the claim raised and killed every worker that
+    claimed it, its attempts climbing past max_attempts (found by a review)."""
+    opts = {"lease": 5, "max_attempts": 2}
+    with backend_on(alias, **opts):
+        deep = jobs.calculate_meaning_of_life.enqueue()
+        huge = jobs.calculate_meaning_of_life.enqueue()
+        after = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+        table = QueuedTask._meta.db_table
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET errors = %s::jsonb WHERE id = %s", ["[" * 5000 + "]" * 5000, deep.id]
+            )
+            cursor.execute(
+                f"UPDATE {table} SET args_kwargs = %s::jsonb WHERE id = %s",
+                ['{"args": [' + "7" * 5000 + '], "kwargs": {}}', huge.id],
+            )
+        with worker_process(alias, "--worker-id", "reader", options=opts) as worker:
+            wait_for(lambda: all(status_of(r) == TaskResultStatus.SUCCESSFUL for r in after), what="the rest")
+            rows = QueuedTask.objects.using(alias).filter(pk__in=[deep.id, huge.id])
+            wait_for(lambda: {r.status for r in rows} == {"SUCCESSFUL", "FAILED"}, what="the two rows to end")
+            assert worker.process.poll() is None  # still working
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait()
+        assert code == 0, output
+        # Its errors unreadable: the first attempt fails on them (replacing them), the retry runs.
+        first = QueuedTask.objects.using(alias).get(pk=deep.id)
+        assert first.status == "SUCCESSFUL"
+        assert [e["exception_class_path"] for e in first.errors] == ["builtins.TypeError"]
+        assert first.worker_ids == ["reader", "reader"]
+        # Its arguments unreadable: every attempt fails on them, naming them.
+        second = QueuedTask.objects.using(alias).get(pk=huge.id)
+        assert second.status == "FAILED"
+        assert [e["exception_class_path"] for e in second.errors] == ["builtins.TypeError"] * 2
+        assert "args_kwargs" in second.errors[0]["traceback"]
+        assert second.lease_expires_at is None
+
+
+def test_json_python_cannot_read_decodes_as_invalid_json() -> None:
+    decoder = arguments.TextIfUnreadable()
+    assert decoder.decode('{"a": [1.5]}') == {"a": [1.5]}
+    for text in ("[" * 5000 + "]" * 5000, "7" * 5000, "{"):
+        with pytest.raises(json.JSONDecodeError):
+            decoder.decode(text)
