@@ -56,6 +56,15 @@ class QueuedTaskAdmin(_ModelAdmin):
     # Shown as errors_by_attempt (a read-only field in its place), not also as the stored JSON in the form.
     exclude = ("errors",)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[QueuedTask]:
+        """The tasks on the task table's database (``OPTIONS["database"]`` of the lockkit backends).
+
+        When the backends name one alias, that one (as Django's multiple-database admin does:
+        https://docs.djangoproject.com/en/stable/topics/db/multi-db/#exposing-multiple-databases-in-django-s-admin-interface);
+        else what the routers say.
+        """
+        return super().get_queryset(request).using(_task_database())
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         """Tasks are enqueued by code, never added by hand."""
         return False
@@ -79,7 +88,7 @@ class QueuedTaskAdmin(_ModelAdmin):
         "403 Forbidden". Locked, the row is passed by a worker's claim (``SKIP LOCKED``) until the delete
         commits, so what Django checks, logs and reports is what it deletes.
         """
-        using = router.db_for_write(self.model)
+        using = _task_database()
         with transaction.atomic(using=using):
             obj = self.get_object(request, object_id)
             if obj is not None and request.method == "POST":
@@ -201,6 +210,16 @@ class QueuedTaskAdmin(_ModelAdmin):
         if refused:
             self.message_user(request, f"Not run again: {'; '.join(refused)}", messages.ERROR)
         return None
+
+
+def _task_database() -> str:
+    """The alias of the task table: the one database the ``lockkit.tasks`` backends keep it on, else the router's."""
+    from django.tasks import task_backends
+
+    aliases = {backend.database() for backend in task_backends.all() if isinstance(backend, DatabaseBackend)}
+    if len(aliases) == 1:
+        return aliases.pop()
+    return router.db_for_write(QueuedTask)
 
 
 def _running_message(count: int) -> str:

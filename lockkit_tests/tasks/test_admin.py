@@ -291,3 +291,23 @@ def test_a_tasks_errors_show_as_a_traceback_per_attempt() -> None:
         response = viewer.get(f"{CHANGELIST}{failed.id}/change/")
         assert response.status_code == 200
         assert "<pre>{&#x27;&lt;b&gt;x&lt;/b&gt;&#x27;: 1}</pre>" in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"], available_apps=ADMIN_APPS)
+def test_the_admin_lists_the_tasks_of_the_task_table_s_database() -> None:
+    """``OPTIONS["database"]`` names another alias (no router): the list and a task's page read it there (found by
+    a review: the list was empty and the task's page redirected)."""
+    with backend_on("sqlite", max_attempts=1) as backend:
+        failed = jobs.failing_task_value_error.enqueue()
+        run_worker(backend)
+        assert not QueuedTask.objects.using("default").exists()
+        staff = _staff("operator", "view_queuedtask", "change_queuedtask")
+        listing = staff.get(CHANGELIST)
+        assert listing.status_code == 200
+        assert failed.id in listing.content.decode()
+        page = staff.get(f"{CHANGELIST}{failed.id}/change/")
+        assert page.status_code == 200
+        assert "ValueError" in page.content.decode()
+        _retry(staff, failed.id, follow=True)
+        again = QueuedTask.objects.using("sqlite").get(retry_of=failed.id)
+        assert again.status == TaskResultStatus.READY
