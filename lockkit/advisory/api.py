@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from lockkit._engine.liveness import discard_after_loss
+from lockkit._engine.liveness import discard_after_loss, discard_if_dead
 from lockkit._engine.transaction import in_transaction
 from lockkit.advisory import held as advisory_locks
 from lockkit.advisory.held import HeldLock
@@ -111,8 +111,14 @@ class AdvisoryLock:
         connection = connections[alias]
         backend = backend_for(connection)
         try:
-            # Connects (PostgreSQL): a server refusing connections is a ConnectionLost, as a scope's opening is.
+            # Connects here, on every vendor (a dead kept connection first closed): a server refusing connections
+            # is a ConnectionLost of this attempt, retried by this call's own budget, not met again by the scope
+            # below, whose entry would wait out a second reconnect_within of its own (found by a review: twice
+            # the setting).
             with translating(alias, nowait=self.nowait, attempts=number):
+                if not in_transaction(connection):
+                    discard_if_dead(alias)
+                connection.ensure_connection()
                 backend.locks.check_advisory(connection, shared=self.shared, session=self.session)
         except ConnectionLost:
             discard_after_loss(alias)

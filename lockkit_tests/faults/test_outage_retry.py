@@ -153,9 +153,13 @@ class Outage:
         self.cluster = cluster
         self.timer: threading.Timer | None = None
 
-    def begin(self, seconds: float | None) -> float:
-        """Stop the server; start it again ``seconds`` later (``None``: at ``end()``); return when it stopped."""
-        connections[ALIAS].close()
+    def begin(self, seconds: float | None, *, keep_connection: bool = False) -> float:
+        """Stop the server; start it again ``seconds`` later (``None``: at ``end()``); return when it stopped.
+
+        With ``keep_connection`` this thread's connection stays open through the stop: the next call meets a dead one.
+        """
+        if not keep_connection:
+            connections[ALIAS].close()
         self.cluster.stop("fast")
         stopped = time.monotonic()
         if seconds is not None:
@@ -217,6 +221,23 @@ def test_the_default_budget_gives_up_with_connection_lost_and_the_next_call_work
     assert info.value.attempts > 2  # retried within the budget
     outage.end()
     entry.check(alias, entry.call(alias, FROM_SETTINGS), 1)  # the next call reconnects
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_the_default_budget_is_spent_once_when_the_kept_connection_died(
+    outage: Outage, alias: str, entry: Entry
+) -> None:
+    """The connection of an earlier call is still open when the server stops: the call gives up after one
+    ``reconnect_within`` (found by a review: ``advisory_lock`` met the refusal in the scope it opens, which waited
+    a budget of its own before the call's began: twice the setting)."""
+    entry.check(alias, entry.call(alias, FROM_SETTINGS), 1)
+    stopped = outage.begin(OUTAGE, keep_connection=True)
+    with pytest.raises(ConnectionLost):
+        entry.call(alias, FROM_SETTINGS)
+    took = time.monotonic() - stopped
+    assert DEFAULT_BUDGET - 0.1 <= took < OUTAGE  # gave up after 5 s, while the server still refused
+    outage.end()
+    entry.check(alias, entry.call(alias, FROM_SETTINGS), 2)  # the next call reconnects
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
