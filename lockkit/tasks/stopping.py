@@ -26,14 +26,23 @@ def stop_on_signals(worker_id: str, stop: Callable[[], None], stopping: threadin
     """For the block, ``SIGTERM``/``SIGINT`` call ``stop()``; a second one exits the process at once (status 1).
 
     Installed only on the main thread (elsewhere Python cannot install handlers, and the signals go to the main
-    thread anyway); the previous handlers are restored on exit.
+    thread anyway); the previous handlers are restored on exit. Python runs a handler only when the main thread
+    next runs Python code, which a task inside a long C call (a blocking query of a driver that retries
+    interrupted calls, a hash) may not do for minutes: the signal is also written to a pipe
+    (``signal.set_wakeup_fd``) that a thread of the worker reads, so the stop begins at once whatever the main
+    thread is doing (found by a review: claimed tasks not started stayed ``RUNNING`` until the task's call ended).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    count = [0]
+    counting = threading.Lock()
 
-    def on_signal(number: int, frame: FrameType | None) -> None:
-        if stopping.is_set():
+    def received(number: int) -> None:
+        with counting:
+            count[0] += 1
+            first = count[0] == 1
+        if not first:
             logger.warning("worker %s: second %s: stopping at once", worker_id, _name(number))
             os._exit(1)
         # WARNING, as Celery's "Warm shutdown": shown on stderr even where the project configures no logging.
@@ -45,12 +54,60 @@ def stop_on_signals(worker_id: str, stop: Callable[[], None], stopping: threadin
         )
         stop()
 
+    watch = _Watch(received)
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        if not watch.saw_it():  # its pipe was replaced (a task's asyncio loop): counted here
+            received(number)
+
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    watch.start()
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        watch.close()
+
+
+class _Watch:
+    """The stop signals, read from the pipe ``signal.set_wakeup_fd`` writes each signal's number to, on a thread."""
+
+    def __init__(self, received: Callable[[int], None]) -> None:
+        self.received = received
+        self.reader, self.writer = os.pipe()
+        os.set_blocking(self.writer, False)  # as set_wakeup_fd requires
+        self.previous: int | None = None
+        self.thread = threading.Thread(target=self._read, name="lockkit-worker-signals", daemon=True)
+
+    def start(self) -> None:
+        self.previous = signal.set_wakeup_fd(self.writer, warn_on_full_buffer=False)
+        self.thread.start()
+
+    def saw_it(self) -> bool:
+        """Whether the pipe is still the wakeup fd (so the reading thread saw the signal); put back if not."""
+        current = signal.set_wakeup_fd(self.writer, warn_on_full_buffer=False)
+        return current == self.writer
+
+    def _read(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):  # the signals stay the main thread's (see block_stop_signals)
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        while True:
+            try:
+                data = os.read(self.reader, 64)
+            except OSError:
+                return
+            if not data:
+                return  # closed
+            for number in data:
+                if number in STOP_SIGNALS:
+                    self.received(number)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1 if self.previous is None else self.previous)
+        os.close(self.writer)
+        self.thread.join(timeout=5)
+        os.close(self.reader)
 
 
 def _name(number: int) -> str:

@@ -93,6 +93,16 @@ def slow(marker: str, seconds: float) -> str:
 
 
 @task()
+def sleep_in_the_database(marker: str, seconds: float, alias: str) -> str:
+    """Write ``<marker>.started``, then wait ``seconds`` inside one query (MariaDB's ``SLEEP``: a driver call that
+    does not return to Python when a signal arrives)."""
+    Path(marker + ".started").write_text(str(os.getpid()))
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT SLEEP(%s)", [seconds])
+    return "slept"
+
+
+@task()
 def slow_then_fenced_write(marker: str, seconds: float, alias: str) -> str:
     """Start, sleep (the first claim only), then write a database effect in ``lockkit.tasks.fenced()``.
 

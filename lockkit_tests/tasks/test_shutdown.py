@@ -75,6 +75,58 @@ def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_n
             )
 
 
+@pytest.mark.parametrize("alias", [MARIADB])
+def test_sigterm_while_the_task_is_inside_a_driver_call_gives_back_unstarted_claims_at_once(
+    alias: str, tmp_path: Path
+) -> None:
+    """``--concurrency 1`` runs the task on the main thread, where Python runs a signal handler only between two
+    bytecodes: inside a long driver call (MariaDB's ``SLEEP``) the stop still begins at once (found by a review: the
+    unstarted claims stayed ``RUNNING`` and the SIGKILL failed them with max_attempts=1, never run)."""
+    prefix = marker(tmp_path, "d")
+    opts = {"lease": 30, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        running = jobs.sleep_in_the_database.enqueue(prefix, 60, alias)
+        waiting = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
+        args = ("--concurrency", "1", "--claim-batch", "4", "--worker-id", "in-driver")
+        with worker_process(alias, *args, options=opts) as worker:
+            wait_for(lambda: Path(prefix + ".started").exists(), what="the task to start")
+            worker.signal(signal.SIGTERM)
+            unclaimed = QueuedTask.objects.using(alias).filter(
+                pk__in=[r.id for r in waiting], status="READY", attempts=0, lease_expires_at__isnull=True
+            )
+            wait_for(
+                lambda: unclaimed.count() == len(waiting),
+                timeout=15,
+                what="the unstarted tasks to be given back while the task sleeps in the database",
+            )
+            assert worker.process.poll() is None
+            worker.signal(signal.SIGKILL)
+            code, output = worker.wait()
+        assert code == -signal.SIGKILL
+        assert "worker in-driver: SIGTERM: stopping" in output, output
+        assert status_of(running) == TaskResultStatus.RUNNING
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_a_second_sigterm_stops_the_worker_at_once(alias: str, tmp_path: Path) -> None:
+    """The first SIGTERM finishes the running task; a second one ends the process at once, with status 1."""
+    prefix = marker(tmp_path, "s")
+    opts = {"lease": 30, "max_attempts": 1}
+    with backend_on(alias, **opts):
+        jobs.slow.enqueue(prefix, 60.0)
+        waiting = jobs.calculate_meaning_of_life.enqueue()
+        args = ("--concurrency", "1", "--claim-batch", "2", "--worker-id", "twice")
+        with worker_process(alias, *args, options=opts) as worker:
+            wait_for(lambda: Path(prefix + ".started").exists(), what="the slow task to start")
+            worker.signal(signal.SIGTERM)
+            wait_for(lambda: status_of(waiting) == TaskResultStatus.READY, what="the first stop to begin")
+            worker.signal(signal.SIGTERM)
+            code, output = worker.wait(timeout=15)
+        assert code == 1, output
+        assert "worker twice: second SIGTERM: stopping at once" in output, output
+        assert not Path(prefix + ".done").exists()
+
+
 _SLOW_CLAIMS = """
 CREATE FUNCTION lockkit_tests_slow_claim() RETURNS trigger LANGUAGE plpgsql AS
   $$ BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$;
