@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -75,6 +76,14 @@ def test_sigterm_gives_back_unstarted_claims_at_once_so_a_sigkill_charges_them_n
             )
 
 
+def _wait_given_back(alias: str, waiting: list[Any], what: str) -> None:
+    """Wait until every task of ``waiting`` is ``READY`` again with no attempt counted and no lease."""
+    unclaimed = QueuedTask.objects.using(alias).filter(
+        pk__in=[r.id for r in waiting], status="READY", attempts=0, lease_expires_at__isnull=True
+    )
+    wait_for(lambda: unclaimed.count() == len(waiting), timeout=15, what=what)
+
+
 @pytest.mark.parametrize("alias", [MARIADB])
 def test_sigterm_while_the_task_is_inside_a_driver_call_gives_back_unstarted_claims_at_once(
     alias: str, tmp_path: Path
@@ -91,13 +100,8 @@ def test_sigterm_while_the_task_is_inside_a_driver_call_gives_back_unstarted_cla
         with worker_process(alias, *args, options=opts) as worker:
             wait_for(lambda: Path(prefix + ".started").exists(), what="the task to start")
             worker.signal(signal.SIGTERM)
-            unclaimed = QueuedTask.objects.using(alias).filter(
-                pk__in=[r.id for r in waiting], status="READY", attempts=0, lease_expires_at__isnull=True
-            )
-            wait_for(
-                lambda: unclaimed.count() == len(waiting),
-                timeout=15,
-                what="the unstarted tasks to be given back while the task sleeps in the database",
+            _wait_given_back(
+                alias, waiting, "the unstarted tasks to be given back while the task sleeps in the database"
             )
             assert worker.process.poll() is None
             worker.signal(signal.SIGKILL)
@@ -168,13 +172,8 @@ def test_sigterm_while_a_claim_is_in_flight_gives_its_tasks_back_at_once(alias: 
                 worker.signal(signal.SIGTERM)
                 # Until the claim commits its rows read READY to everyone else: wait for it to end first.
                 wait_for(lambda: _claims_in_flight(alias) == 0, timeout=10, what="the claim to end")
-                unclaimed = QueuedTask.objects.using(alias).filter(
-                    pk__in=[r.id for r in waiting], status="READY", attempts=0, lease_expires_at__isnull=True
-                )
-                wait_for(
-                    lambda: unclaimed.count() == len(waiting),
-                    timeout=10,
-                    what="the claimed tasks to be given back while the running one runs",
+                _wait_given_back(
+                    alias, waiting, "the claimed tasks to be given back while the running one runs"
                 )
                 assert worker.process.poll() is None
                 assert not Path(prefix + ".done").exists()
