@@ -172,14 +172,16 @@ class StoredTaskResult(TaskResult):  # type: ignore[type-arg,misc]
 
         Raises:
             lockkit.tasks.errors.ReturnValueNotRecorded: the task succeeded (its ``fenced()`` block committed)
-                but its worker stopped before writing the value (a ``ValueError``).
+                but its value was not written: its worker stopped first, or the task raised after the block or
+                returned a value JSON cannot hold (logged by the worker) (a ``ValueError``).
             ValueError: the task failed, or has not finished yet.
         """
         if self.status == TaskResultStatus.SUCCESSFUL:
             if not self.return_value_recorded:
                 raise ReturnValueNotRecorded(
                     f"Task {self.id} succeeded (its fenced() block committed) but its return value was not "
-                    f"recorded: its worker stopped, or lost the database, before writing it"
+                    f"recorded: its worker stopped or lost the database before writing it, or the task raised "
+                    f"after the block or returned a value JSON cannot hold (then the worker's log says which)"
                 )
             return self.stored_return_value
         if self.status == TaskResultStatus.FAILED:
