@@ -240,6 +240,12 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
             f"only compute the new values from the row it is given",
             alias=alias,
         ) from error
+    if connections[alias].connection is None:  # change() closed the connection: the row's transaction is gone
+        raise QueryInChange(
+            f"locked_update's change() closed the connection of {alias!r}; it must only compute the new values "
+            f"(nothing was written)",
+            alias=alias,
+        )
     if refused:  # change() caught the refusal: the call fails all the same
         raise QueryInChange(
             f"locked_update's change() ran a statement on {alias!r}; it must only compute the new values",
