@@ -84,9 +84,10 @@ def locked_update(
     Returns:
         The row as written: a model instance read back as the database stored it (``UPDATE ... RETURNING`` on
         PostgreSQL, a read in the same transaction elsewhere); the instance ``change`` saw when it returned
-        nothing to write. An attribute ``change`` set on its row without returning it is not written. After a
-        lost reply to ``UPDATE ...; COMMIT`` resolved as committed: the row ``change`` saw with the fields it
-        returned set, as given (not read again: another writer may have changed the row since).
+        nothing to write. An attribute ``change`` set on its row without returning it is not written (its
+        primary key included: the row written is the row locked). After a lost reply to ``UPDATE ...; COMMIT``
+        resolved as committed: the row as read with the fields ``change`` returned, as each field's
+        ``to_python`` converts them (not read again: another writer may have changed the row since).
 
     Raises:
         TypeError: ``queryset`` is not a ``QuerySet``, ``change`` is not callable, an option has the wrong type;
@@ -122,25 +123,26 @@ def locked_update(
     except EmptyResultSet:
         return _one(bound, [])
     lock, _ = options.timeouts()
-    decided: list[
-        tuple[M, dict[str, Any]]
-    ] = []  # the row the attempt wrote and its fields, should its reply be lost
+    # The row the attempt read (its values) and the fields it wrote, should the reply be lost.
+    decided: list[tuple[list[Any], dict[str, Any]]] = []
 
     def send(message: OneMessage) -> M:
         decided.clear()
         with connection.cursor() as cursor:
             found, _ = message.run(cursor, *select, commit=False)
+            read = [list(values.values()) for values in found]
             try:
-                row = _one(bound, instances(bound.model, alias, [list(values.values()) for values in found]))
+                row = _one(bound, instances(bound.model, alias, read))
+                locked = row.pk  # the row written is the row locked, whatever change() does to the instance
                 fields = _decided(change, row, alias)
                 if not fields:
                     message.roll_back(cursor)
                     return row
-                update = _update_statement(bound.model, alias, row.pk, fields)
+                update = _update_statement(bound.model, alias, locked, fields)
             except BaseException:
                 message.roll_back(cursor)
                 raise
-            decided.append((row, fields))
+            decided.append((read[0], fields))
             written, _ = message.finish(cursor, *update)
         return _one(bound, instances(bound.model, alias, [list(values.values()) for values in written]))
 
@@ -148,9 +150,17 @@ def locked_update(
         outcome.of_transaction(alias, message.xid, message.server, lost, within=reconnect_budget(policy))
         # Committed (of_transaction raises otherwise): the row as this call wrote it, not read again (another
         # writer may have changed it since its lock was released).
-        row, fields = decided[0]
+        # A new instance of the row as read, the fields written set as each field converts them (not the
+        # instance change() saw, which it may have changed).
+        read, fields = decided[0]
+        row = instances(bound.model, alias, [read])[0]
+        meta = bound.model._meta
         for name, value in fields.items():
-            setattr(row, name, value)
+            field = meta.get_field(name)
+            if field.is_relation and name == field.name:
+                setattr(row, name, value)  # an instance (or None), as change() gave it
+            else:
+                setattr(row, field.attname, field.to_python(value))  # type: ignore[union-attr]
         return row
 
     return in_messages(
@@ -231,8 +241,8 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
         with connections[alias].execute_wrapper(refuse):
             fields = change(row)
     except ProgrammingError as error:
-        if isinstance(error, QueryInChange):
-            raise
+        if isinstance(error, QueryInChange) or not _raised_by(error, connections[alias]):
+            raise  # another alias's error is change()'s own (found by a review)
         # Another way in than a statement: atomic() (or a lockkit call opening one) on the two-message path,
         # where the row's transaction is lockkit's, not Django's, and the driver refuses to change autocommit.
         raise QueryInChange(
@@ -280,6 +290,16 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
             value  # as given: a foreign key by its name (an instance) or its attname (a key value)
         )
     return checked
+
+
+def _raised_by(error: BaseException, connection: Any) -> bool:
+    """Whether ``error`` came out of a method of ``connection`` (Django's connection object of the alias)."""
+    trace = error.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_locals.get("self") is connection:
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def _reread(model: type[M], alias: str, pk: Any) -> M:
@@ -370,11 +390,12 @@ def _in_scope(
             row = scope.get(queryset)
         except model.MultipleObjectsReturned:  # type: ignore[attr-defined]
             raise _several(queryset) from None
+        locked = row.pk  # the row written is the row locked, whatever change() does to the instance
         fields = _decided(change, row, alias)
         if not fields:
             return row
-        model._base_manager.db_manager(alias).filter(pk=row.pk).update(**fields)
-        return _reread(model, alias, row.pk)  # as written (converted by the database), in the transaction
+        model._base_manager.db_manager(alias).filter(pk=locked).update(**fields)
+        return _reread(model, alias, locked)  # as written (converted by the database), in the transaction
 
     # Named as the public call in signals, logs and notes (not this helper's closure).
     work.__module__, work.__qualname__, work.__name__ = "lockkit", "locked_update", "locked_update"

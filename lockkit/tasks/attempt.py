@@ -99,6 +99,7 @@ class Attempts:
             except BaseException as failure:
                 # KeyboardInterrupt and SystemExit too: the worker's own SIGINT/SIGTERM handler only sets a flag
                 # (stopping.py), so one that reaches here was raised by the task (or a receiver): its error.
+                self.signals.timer_off()  # raised by the task's own timer as it ended: off before the write
                 if run.completed:
                     logger.exception(
                         "task %s failed after its fenced() block committed: kept SUCCESSFUL", row.id

@@ -12,7 +12,7 @@ import contextlib
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, connections, models, transaction
+from django.db import IntegrityError, ProgrammingError, connection, connections, models, transaction
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
@@ -473,3 +473,35 @@ def test_work_committed_on_another_alias_is_never_retried_with_the_attempt() -> 
     assert attempts == [1]  # not retried: the work on 'other' is committed
     assert Stock.objects.using("other").get(sku="b").available == 9  # once
     assert any("committed on database 'other'" in note for note in raised.value.__notes__)
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_the_row_written_is_the_row_locked_whatever_change_does_to_its_key(alias: str) -> None:
+    """``change()`` sets the instance's primary key without returning it (found by a review: the UPDATE went to
+    that key, matched nothing, and a lost reply was reported as the write done)."""
+    Stock.objects.using(alias).bulk_create([Stock(sku="a", available=5), Stock(sku="b", available=5)])
+
+    def change(row: Stock) -> dict[str, int]:
+        row.sku = "b"
+        return {"available": row.available - 1}
+
+    row = lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), change)
+    assert (row.sku, row.available) == ("a", 4)
+    assert dict(Stock.objects.using(alias).values_list("sku", "available")) == {"a": 4, "b": 5}
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_an_error_of_another_database_in_change_is_change_s_own() -> None:
+    """Only database use on the call's own alias is ``QueryInChange`` (found by a review: any ``ProgrammingError``
+    out of ``change()`` was, with the call's alias in its message)."""
+    Stock.objects.create(sku="a", available=5)
+
+    def change(row: Stock) -> dict[str, int]:
+        with connections["other"].cursor() as cursor:
+            cursor.execute("SELECT * FROM lockkit_tests_no_such_table")
+        return {"available": 1}
+
+    with pytest.raises(ProgrammingError) as raised:
+        lockkit.locked_update(Stock.objects.filter(sku="a"), change)
+    assert not isinstance(raised.value, lockkit.QueryInChange)
+    assert Stock.objects.get(sku="a").available == 5

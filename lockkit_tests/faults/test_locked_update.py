@@ -197,3 +197,29 @@ def test_two_sessions_terminated_in_one_call_are_both_decided_by_the_server() ->
     ]
     assert _available() == 3  # written once
     assert lockkit.locked_update(queryset, lambda row: {"available": row.available - 1}).available == 2
+
+
+def test_a_lost_reply_that_committed_returns_what_was_stored_not_what_change_did_to_its_row(
+    through_proxy: tuple[str, FaultProxy],
+) -> None:
+    """``change()`` sets an attribute it does not return and returns a value as text: the row returned after the
+    lost reply is the row read, with the returned field as the field converts it (found by a second review: the
+    instance change() had changed, with the raw text)."""
+    alias, proxy = through_proxy
+    Stock.objects.create(sku="widget", available=5)
+
+    def change(row: Stock) -> dict[str, str]:
+        proxy.arm("deliver")
+        row.sku = "scratch"  # its key, not returned: not written, and the row locked is the row written
+        return {"available": "3"}
+
+    events: list[RetryEvent] = []
+    retry = RetryPolicy(before_retry=events.append)
+    row = lockkit.locked_update(
+        Stock.objects.using(alias).filter(sku="widget"), change, lock_timeout=5, retry=retry
+    )
+    assert proxy.cuts["deliver"] == 1
+    assert events == []
+    assert (row.sku, row.available) == ("widget", 3)
+    assert _available() == 3
+    assert Stock.objects.get().sku == "widget"

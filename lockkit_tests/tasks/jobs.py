@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -90,6 +91,19 @@ def slow(marker: str, seconds: float) -> str:
     time.sleep(seconds)
     Path(marker + ".done").write_text(str(os.getpid()))
     return "slept"
+
+
+@task()
+def asyncio_with_signal_handler() -> str:
+    """Run an asyncio program that adds a signal handler of its own: its loop takes the signal wakeup fd, and leaves
+    none when it closes."""
+
+    async def main() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, lambda: None)
+        await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    return "ran"
 
 
 @task()

@@ -84,19 +84,24 @@ def _wait_given_back(alias: str, waiting: list[Any], what: str) -> None:
     wait_for(lambda: unclaimed.count() == len(waiting), timeout=15, what=what)
 
 
+@pytest.mark.parametrize("after_asyncio", [False, True], ids=["first", "after-an-asyncio-task"])
 @pytest.mark.parametrize("alias", [MARIADB])
 def test_sigterm_while_the_task_is_inside_a_driver_call_gives_back_unstarted_claims_at_once(
-    alias: str, tmp_path: Path
+    alias: str, after_asyncio: bool, tmp_path: Path
 ) -> None:
     """``--concurrency 1`` runs the task on the main thread, where Python runs a signal handler only between two
     bytecodes: inside a long driver call (MariaDB's ``SLEEP``) the stop still begins at once (found by a review: the
-    unstarted claims stayed ``RUNNING`` and the SIGKILL failed them with max_attempts=1, never run)."""
+    unstarted claims stayed ``RUNNING`` and the SIGKILL failed them with max_attempts=1, never run). Also when the
+    task before it ran an asyncio loop with signal handlers, which leaves no signal wakeup fd when it closes (found
+    by a second review)."""
     prefix = marker(tmp_path, "d")
     opts = {"lease": 30, "max_attempts": 1}
     with backend_on(alias, **opts):
-        running = jobs.sleep_in_the_database.enqueue(prefix, 60, alias)
+        if after_asyncio:
+            jobs.asyncio_with_signal_handler.using(priority=10).enqueue()  # claimed and run first
+        running = jobs.sleep_in_the_database.using(priority=5).enqueue(prefix, 60, alias)
         waiting = [jobs.calculate_meaning_of_life.enqueue() for _ in range(3)]
-        args = ("--concurrency", "1", "--claim-batch", "4", "--worker-id", "in-driver")
+        args = ("--concurrency", "1", "--claim-batch", "5", "--worker-id", "in-driver")
         with worker_process(alias, *args, options=opts) as worker:
             wait_for(lambda: Path(prefix + ".started").exists(), what="the task to start")
             worker.signal(signal.SIGTERM)
