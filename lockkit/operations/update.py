@@ -250,7 +250,10 @@ def _decided(change: Callable[[M], Mapping[str, Any]], row: M, alias: str) -> di
             f"only compute the new values from the row it is given",
             alias=alias,
         ) from error
-    if connections[alias].connection is None:  # change() closed the connection: the row's transaction is gone
+    connection = connections[alias]
+    # change() closed the connection: the row's transaction is gone (inside atomic(), Django keeps the wrapper's
+    # connection until the block ends and says so in closed_in_transaction, read here, never written).
+    if connection.connection is None or connection.closed_in_transaction:
         raise QueryInChange(
             f"locked_update's change() closed the connection of {alias!r}; it must only compute the new values "
             f"(nothing was written)",
