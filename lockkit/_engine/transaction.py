@@ -266,6 +266,8 @@ class ScopeTransaction:
             if waiting.cancelled:
                 waiting.settle()  # the server-side cancel is sent before the session runs anything else
             waiting.attach(None)
+        if doomed is None and exc is None and connection.closed_in_transaction:
+            doomed = self._closed_inside()  # Django ends the block quietly: its writes are gone all the same
         if doomed is None and exc is None and not self.nested:
             # Also when Django marked the block for rollback (an ORM write's own atomic(savepoint=False) failed):
             # the driver says "aborted by an error", which a deliberate set_rollback(True) never does.
@@ -346,6 +348,16 @@ class ScopeTransaction:
             alias=self.alias,
             attempts=self.translating.attempts,
             swallowed=swallowed,
+        )
+
+    def _closed_inside(self) -> TransactionAborted:
+        """The body closed the connection (``close()``, ``close_old_connections()``): its transaction is gone."""
+        return TransactionAborted(
+            f"the connection of {self.alias!r} was closed inside the scope (connection.close() or "
+            "close_old_connections(), say), and its transaction rolled back with it: nothing was committed. Close "
+            "connections outside locked blocks",
+            alias=self.alias,
+            attempts=self.translating.attempts,
         )
 
     def _on_commit_error(self, callback_error: Exception) -> OnCommitError:

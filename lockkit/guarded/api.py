@@ -83,7 +83,8 @@ def guarded_update(
 
     Raises:
         TypeError: ``queryset`` is not a ``QuerySet``; an option has the wrong type.
-        ValueError: no changes; an unknown field or one ``update()`` cannot set; a sliced, distinct, annotated,
+        ValueError: no changes; an unknown field or one ``update()`` cannot set, the primary key or a
+            ``GeneratedField``; a sliced, distinct, annotated,
             combined, ``extra(select=...)`` or ``values()``/``values_list()`` queryset; a duration that is not positive and finite. Raised before any SQL runs.
         lockkit.errors.AliasMismatch: the queryset is bound (``.using()``) to another alias than ``using``.
         lockkit.errors.LockTimeout: a row lock was waited for longer than ``lock_timeout`` (SQLSTATE 55P03);
@@ -151,6 +152,15 @@ def _checked(queryset: object, using: object, changes: dict[str, Any]) -> str:
             raise ValueError(f"changes: {model.__name__} has no field {name!r}") from None
         if not getattr(field, "concrete", False) or field.many_to_many or field.one_to_many:
             raise ValueError(f"changes: {model.__name__}.{name} is not a concrete field update() can set")
+        if field.primary_key or field in model._meta.pk_fields:
+            # The rows are returned by their keys where the database cannot return them from the UPDATE.
+            raise ValueError(
+                f"changes: {model.__name__}.{name} is the primary key; a guarded update keeps it"
+            )
+        if getattr(field, "generated", False):  # Django's update() would drop it without a word
+            raise ValueError(
+                f"changes: {model.__name__}.{name} is a GeneratedField; the database computes it"
+            )
         if field.model is not model._meta.concrete_model:
             raise ValueError(
                 f"changes: {model.__name__}.{name} belongs to the parent model {field.model.__name__}; "

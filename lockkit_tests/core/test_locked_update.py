@@ -147,6 +147,13 @@ def test_change_must_not_touch_the_database(alias: str) -> None:
     for change in (sneaky, swallowing, in_atomic, in_lockkit, closing):
         with pytest.raises(lockkit.QueryInChange, match="change"):
             lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), change)
+
+    def passing(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        return execute(sql, params, many, context)
+
+    # The scope path on PostgreSQL too (an execute wrapper): it was retried as a lost connection (found by a review).
+    with connections[alias].execute_wrapper(passing), pytest.raises(lockkit.QueryInChange, match="closed"):
+        lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), closing)
     assert dict(Stock.objects.using(alias).values_list("sku", "available")) == {"a": 5, "b": 5}
     assert _idle(alias)
     assert lockkit.locked_update(Stock.objects.using(alias).filter(sku="a"), _reserve(1)).available == 4

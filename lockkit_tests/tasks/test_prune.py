@@ -12,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connections, transaction
 from django.tasks import TaskResultStatus
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from lockkit.tasks.models import QueuedTask
@@ -139,3 +139,36 @@ def test_prune_reads_the_oldest_finished_by_an_index() -> None:
         finally:
             cursor.execute("RESET enable_seqscan")
     assert "lockkit_tasks_finished_idx" in plan, plan
+
+
+def _zone_away_from(alias: str) -> str:
+    """A time zone whose offset now differs from the database session's clock by hours."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW())")
+        (offset,) = cursor.fetchone()
+    return "Asia/Tokyo" if abs(offset - 540) > 60 else "America/New_York"
+
+
+@pytest.mark.parametrize("alias", [a for a in vendor_aliases() if a.values[0] == "mariadb"])
+def test_with_use_tz_false_a_database_clock_in_another_zone_stops_the_commands_before_they_act(
+    alias: str,
+) -> None:
+    # Found by a review: Django writes naive TIME_ZONE times, MariaDB's NOW() reads the server's zone: prune took
+    # a task that had just finished for hours old and deleted it, and scheduled tasks waited hours.
+    zone = _zone_away_from(alias)
+    with override_settings(USE_TZ=False, TIME_ZONE=zone), backend_on(alias):
+        just_finished = _row(alias, TaskResultStatus.SUCCESSFUL, 0)
+        for command in (["lockkit_prune_tasks", "--min-age-days", "0.25"], ["lockkit_worker", "--burst"]):
+            with pytest.raises(CommandError, match=f"USE_TZ = False: .* naive {zone} time"):
+                call_command(*command, stdout=io.StringIO(), stderr=io.StringIO())
+        assert _left(alias) == {just_finished}
+    # The clocks agree (a zone with the session's offset now): the commands run, the task just finished is kept.
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW())")
+        (offset,) = cursor.fetchone()
+    hours = round(offset / 60)
+    same = "UTC" if hours == 0 else f"Etc/GMT{-hours:+d}"  # Etc/GMT-9 is nine hours ahead of UTC
+    with override_settings(USE_TZ=False, TIME_ZONE=same), backend_on(alias):
+        QueuedTask.objects.using(alias).update(finished_at=timezone.now())
+        assert "Deleted 0 task result(s)" in _prune("--min-age-days", "0.25")
+        assert _left(alias) == {just_finished}

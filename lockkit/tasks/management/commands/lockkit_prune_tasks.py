@@ -12,6 +12,7 @@ from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from django.tasks.base import TaskResultStatus
 from django.utils import timezone
 
+from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
 
@@ -99,6 +100,8 @@ class Command(BaseCommand):
         Raises:
             CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (named), before
                 any SQL.
+            CommandError: with ``USE_TZ = False`` on MariaDB/MySQL, the database clock is not ``TIME_ZONE``'s
+                (nothing deleted; ``lockkit.tasks.clock``).
         """
         min_age = _days("min-age-days", options["min_age_days"])
         failed = options["failed_min_age_days"]
@@ -138,6 +141,9 @@ class Command(BaseCommand):
                 self.stderr.write(
                     f"--queue-name: {', '.join(map(repr, unknown))} not a queue of backend {backend.alias!r}"
                 )
+        mismatch = naive_clock_mismatch(alias)  # after every option is checked: it asks the database
+        if mismatch:
+            raise CommandError(mismatch)
         if options["dry_run"]:
             count = tasks.count() if limit is None else min(limit, tasks.count())
             self.stdout.write(f"Would delete {count} task result(s)")

@@ -16,6 +16,7 @@ from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from lockkit.errorcodes.translate import translate
 from lockkit.errors import ConnectionLost
 from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.periodic.models import PeriodicSchedule
@@ -218,6 +219,9 @@ class Command(BaseCommand):
                 f"the table(s) {', '.join(missing)} of lockkit.tasks do not exist on database {worker.alias!r}: "
                 f"run `manage.py migrate --database {worker.alias}` first"
             )
+        mismatch = naive_clock_mismatch(worker.alias)
+        if mismatch:
+            raise CommandError(mismatch)
         others = sorted(set(backend.queues) - set(worker.queues))
         if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
             self.stderr.write(
