@@ -436,13 +436,15 @@ class Worker:
         logged and the worker waits ``poll_interval`` (the next claim reports the database's state).
         """
         try:
-            found: list[tuple[datetime, datetime]] = list(self._scheduled[:1])  # a new query each time
+            found: list[tuple[datetime | None, datetime]] = list(self._scheduled[:1])  # a new query each time
         except DatabaseError as failure:
             logger.warning("worker %s: could not read when its next task is due: %s", self.worker_id, failure)
             return self.poll_interval
         if not found:
             return self.poll_interval
         ((due, clock),) = found
+        if due is None:  # never (ready_at__isnull=False): the column is nullable for the type checker
+            return self.poll_interval
         # At least a millisecond: a task due now was just missed by the claim, and is claimable at the next turn.
         return min(self.poll_interval, max((due - clock).total_seconds(), 0.001))
 
