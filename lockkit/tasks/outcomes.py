@@ -183,6 +183,22 @@ class Outcomes:
         self._remember_ended(claim)
         self._finished(row, TaskResultStatus.SUCCESSFUL, [], values["return_value"], None, task)
 
+    def fenced_success(
+        self,
+        row: QueuedTask,
+        errors: list[dict[str, Any]],
+        value: Any,
+        task: Task[..., Any],
+        *,
+        recorded: bool,
+    ) -> None:
+        """The task's ``fenced()`` block wrote its success (with ``errors``): count it, send ``task_finished`` once.
+
+        ``value`` is the return value, ``recorded`` whether it was written after the block (``record_value``).
+        """
+        row.return_value_recorded = recorded
+        self._finished(row, TaskResultStatus.SUCCESSFUL, errors, value if recorded else None, None, task)
+
     def dropped(self, row: QueuedTask, error: StaleClaim) -> None:
         """The outcome was not written: the claim no longer held its row (``error``)."""
         tally.count(self.stats, row, "lost", alias=self.alias)

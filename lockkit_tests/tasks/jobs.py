@@ -288,6 +288,14 @@ def fenced_after_hang(context: TaskContext[..., Any], marker: str) -> int:
 
 
 @task()
+def fenced_then_raise(name: str) -> str:
+    """Write in ``fenced()``, then raise: the task stays ``SUCCESSFUL``, without its value."""
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+    raise RuntimeError(f"{name}: raised after the fenced() block committed")
+
+
+@task()
 def fenced_then_die(name: str) -> str:
     """Write in ``fenced()``, then kill the worker before it can record the return value."""
     with fenced() as scope:
