@@ -24,16 +24,21 @@ _WAIT = 0.1
 class Wakeup:
     """A thread that sets ``wake`` when a ``NOTIFY`` for one of ``queues`` arrives (PostgreSQL only).
 
+    ``queues`` ``None``: any queue but ``excluded``.
+
     Uses psycopg 3's ``Connection.notifies(timeout=..., stop_after=...)`` on a connection of its own, made by
     ``connections.create_connection(alias)`` (so with the alias's settings) and closed on ``stop()``. A lost
     connection is logged and reopened; meanwhile the worker still polls. See
     https://www.psycopg.org/psycopg3/docs/advanced/async.html#asynchronous-notifications.
     """
 
-    def __init__(self, alias: str, queues: Sequence[str], wake: threading.Event) -> None:
+    def __init__(
+        self, alias: str, queues: Sequence[str] | None, wake: threading.Event, *, excluded: Sequence[str] = ()
+    ) -> None:
         """Prepare (nothing connects until ``start()``)."""
         self.alias = alias
-        self.queues = set(queues)
+        self.queues = None if queues is None else set(queues)
+        self.excluded = set(excluded)
         self.wake = wake
         self.listening = threading.Event()
         self._stop = threading.Event()
@@ -74,7 +79,11 @@ class Wakeup:
                         )
                         return
                     for note in notes:
-                        if note.payload in self.queues:
+                        if (
+                            note.payload in self.queues
+                            if self.queues is not None
+                            else note.payload not in self.excluded
+                        ):
                             self.wake.set()
             except Exception as failure:  # Django's DatabaseError, psycopg's own errors, OSError
                 self.listening.clear()

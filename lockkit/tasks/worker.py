@@ -67,7 +67,9 @@ class Worker:
 
     Args:
         backend: The ``DatabaseBackend``.
-        queues: The queues to take tasks from (each must be one of the backend's).
+        queues: The queues to take tasks from (each must be one of the backend's), or ``"*"``: every queue of
+            the backend's ``QUEUES``, or any queue name when ``QUEUES`` is empty (Django's "any queue").
+        exclude_queues: With ``queues="*"``, queues not to take tasks from.
         concurrency: How many tasks run at once (threads).
         batch: The most tasks one claiming statement takes (default ``concurrency``).
         lease: The claim's lease in seconds (default the backend's ``lease`` option).
@@ -90,6 +92,7 @@ class Worker:
         backend: DatabaseBackend,
         *,
         queues: Sequence[str],
+        exclude_queues: Sequence[str] = (),
         concurrency: int = 1,
         batch: int | None = None,
         lease: float | None = None,
@@ -101,9 +104,19 @@ class Worker:
         """Check the arguments (nothing runs until ``run()``)."""
         self.backend = backend
         self.settings = backend.settings
-        self.queues = list(queues)
+        every = queues == "*"
+        if isinstance(queues, str) and not every:
+            raise TypeError(f"queues must be a list of queue names, or '*' for every queue, got {queues!r}")
+        if isinstance(exclude_queues, str) or not all(isinstance(q, str) for q in exclude_queues):
+            raise TypeError(f"exclude_queues must be a list of queue names, got {exclude_queues!r}")
+        self.excluded = sorted(set(exclude_queues))
+        if self.excluded and not every:
+            raise ValueError(f"exclude_queues can only be used with queues '*', got queues {queues!r}")
+        #: Any queue name but ``excluded``: ``"*"`` on a backend whose ``QUEUES`` is empty (no filter on the queue).
+        self.any_queue = every and not backend.queues
+        self.queues = [q for q in (sorted(backend.queues) if every else queues) if q not in self.excluded]
         unknown = sorted(set(self.queues) - backend.queues) if backend.queues else []
-        if not self.queues or unknown:
+        if not (self.queues or self.any_queue) or unknown:
             raise ValueError(
                 f"queues must name queues of backend {backend.alias!r} ({', '.join(sorted(backend.queues))}); "
                 f"got {', '.join(map(repr, unknown or self.queues)) or 'none'}"
@@ -160,6 +173,10 @@ class Worker:
         #: Why a drain (``burst``) stopped before it ended: its claims kept failing (``run()`` raises it).
         self.drain_failure: DatabaseError | None = None
         now = claims_sql_for(QueuedTask, self.alias).now()
+        if self.any_queue:
+            taken = ~Q(queue_name__in=self.excluded) if self.excluded else Q()
+        else:
+            taken = Q(queue_name__in=self.queues)
         # Unfinished and due: a RUNNING row was due when claimed, and only its expired claim is taken (counting
         # the attempt); a retry is READY with ready_at ahead. finished_at IS NULL (true of every READY and
         # RUNNING row) is the predicate of the partial index of unfinished tasks: a condition without a value,
@@ -167,10 +184,10 @@ class Worker:
         self._candidates = zoneless(
             QueuedTask.objects.using(self.alias).filter(
                 Q(ready_at__isnull=True) | Q(ready_at__lte=now),
+                taken,
                 status__in=(TaskResultStatus.READY, TaskResultStatus.RUNNING),
                 finished_at__isnull=True,
                 backend_name=backend.alias,
-                queue_name__in=self.queues,
             )
         )  # its compiled SELECT is kept without reading the time zone per claim: nothing in it depends on one
         # The next of this worker's tasks to become due (run_after, a retry's backoff), and the clock the claim
@@ -179,12 +196,12 @@ class Worker:
         self._scheduled = (
             QueuedTask.objects.using(self.alias)
             .filter(
+                taken,
                 status=TaskResultStatus.READY,
                 finished_at__isnull=True,
                 ready_at__isnull=False,
                 ready_at__gt=now,
                 backend_name=backend.alias,
-                queue_name__in=self.queues,
             )
             .annotate(lockkit_clock=now)
             .order_by("ready_at")
@@ -214,6 +231,12 @@ class Worker:
         self._handover = (
             Handover(self.outcomes) if one and claims_sql_for(QueuedTask, self.alias).fences_in_one else None
         )
+
+    def queues_taken(self) -> str:
+        """The queues it takes tasks from, as its log shows them: ``a, b``, or ``every queue`` (``but c, d``)."""
+        if not self.any_queue:
+            return ", ".join(self.queues)
+        return "every queue" + (f" but {', '.join(self.excluded)}" if self.excluded else "")
 
     def stop(self) -> None:
         """Finish the running tasks, give back the claimed ones not started (at once), and return from ``run()``."""
@@ -266,12 +289,14 @@ class Worker:
         )
         logger.info(
             "worker %s: queues %s of backend %r on database %r (concurrency %d, batch %d, lease %gs)",
-            self.worker_id, ", ".join(self.queues), self.backend.alias, self.alias, self.concurrency,
+            self.worker_id, self.queues_taken(), self.backend.alias, self.alias, self.concurrency,
             self.batch, self.lease,
         )  # fmt: skip
         # A burst worker never waits for new tasks: it has nothing to listen for.
         wakeup = (
-            Wakeup(self.alias, self.queues, self._wake) if self.settings.notify and not self.burst else None
+            Wakeup(self.alias, None if self.any_queue else self.queues, self._wake, excluded=self.excluded)
+            if self.settings.notify and not self.burst
+            else None
         )
         mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
         with stop_on_signals(self.worker_id, self.stop, self.stopping):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import threading
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -22,6 +23,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from lockkit.tasks.models import QueuedTask
+from lockkit.tasks.notify import Wakeup
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import (
     APPS,
@@ -311,3 +313,51 @@ def test_a_database_not_migrated_stops_the_worker_at_start_naming_migrate(alias:
         waiting = jobs.calculate_meaning_of_life.enqueue()
         call_command("lockkit_worker", "--burst", stdout=StringIO(), stderr=StringIO())
         assert status_of(waiting) == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("alias", ALL)
+def test_every_queue_on_a_backend_that_allows_any_queue_name(alias: str) -> None:
+    """``QUEUES: []`` (Django: any queue name): ``--queue-name '*'`` takes tasks of every queue, less those excluded.
+
+    Before, the command exited 1: "queues must name queues of backend 'default' (); got none".
+    """
+    setting = tasks_setting(alias)
+    setting["default"]["QUEUES"] = []
+    with override_settings(TASKS=setting):
+        kept = [jobs.noop_task.using(queue_name=name).enqueue() for name in ("default", "emails", "q" * 32)]
+        excluded = jobs.noop_task.using(queue_name="reports").enqueue()
+        err = StringIO()
+        call_command(
+            "lockkit_worker", "--batch", "--queue-name", "*", "--exclude-queues", "reports,nothing",
+            stdout=StringIO(), stderr=err,
+        )  # fmt: skip
+        assert [status_of(r) for r in kept] == [TaskResultStatus.SUCCESSFUL] * 3, err.getvalue()
+        assert status_of(excluded) == TaskResultStatus.READY
+        assert excluded.worker_ids == []  # never claimed
+        assert "queues every queue but nothing, reports;" in err.getvalue()
+        assert "is not a queue" not in err.getvalue()  # any name is one
+        out = StringIO()
+        call_command("lockkit_worker", batch=True, queue_name="*", stdout=out, stderr=StringIO())
+        assert status_of(excluded) == TaskResultStatus.SUCCESSFUL
+        assert "1 succeeded" in out.getvalue()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL])
+def test_a_worker_of_any_queue_is_woken_by_every_queue_but_the_excluded(alias: str) -> None:
+    """Its ``LISTEN`` thread wakes it for a task of any queue name, not for one of a queue it excludes."""
+    setting = tasks_setting(alias)
+    setting["default"]["QUEUES"] = []
+    with override_settings(TASKS=setting):
+        wake = threading.Event()
+        wakeup = Wakeup(alias, None, wake, excluded=["reports"])
+        wakeup.start()
+        try:
+            wait_for(wakeup.listening.is_set, what="LISTEN")
+            wait_for(wake.is_set, what="the wake after LISTEN")
+            wake.clear()
+            jobs.noop_task.using(queue_name="reports").enqueue()
+            assert not wake.wait(0.5)  # excluded: not woken
+            jobs.noop_task.using(queue_name="emails").enqueue()
+            assert wake.wait(5)
+        finally:
+            wakeup.stop()

@@ -191,13 +191,14 @@ class Command(BaseCommand):
             for name in BOUNDS
         }
         backend = lockkit_backend(options["backend"])
-        queues = _queues(backend, options, self.stderr.write)
+        queues, excluded = _queues(backend, options, self.stderr.write)
         burst = bool(options["burst"] or options["batch"])
 
         def build() -> Worker:
             return Worker(
                 backend,
                 queues=queues,
+                exclude_queues=excluded,
                 concurrency=int(numbers["concurrency"] or 1),
                 batch=None if numbers["claim-batch"] is None else int(numbers["claim-batch"]),
                 lease=numbers["lease"],
@@ -225,7 +226,7 @@ class Command(BaseCommand):
         others = sorted(set(backend.queues) - set(worker.queues))
         if options["verbosity"] >= 1:  # on stderr, whether or not logging is configured (as db_worker's)
             self.stderr.write(
-                f"lockkit_worker {worker.worker_id}: queues {', '.join(worker.queues)}; concurrency "
+                f"lockkit_worker {worker.worker_id}: queues {worker.queues_taken()}; concurrency "
                 f"{worker.concurrency}; claim batch {worker.batch}; lease {worker.lease:g}s; idle poll "
                 f"{worker.poll_interval:g}s; backend "
                 f"{backend.alias!r} on database {worker.alias!r}"
@@ -313,13 +314,19 @@ def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[
     return [table for table in wanted if table.lower() not in present]
 
 
-def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[str], Any]) -> list[str]:
+def _queues(
+    backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[str], Any]
+) -> tuple[list[str] | str, list[str]]:
     """The queues to work on: ``--queue``/``--queue-name`` (else Django's default queue), less ``--exclude-queues``.
 
     As db_worker: no queue named means the ``"default"`` queue only (Celery's worker too takes its default queue
     only), ``--queue-name '*'`` every queue of the backend, and ``--exclude-queues`` only with ``'*'``. A name
     excluded that is not a queue of the backend's is reported through ``warn`` (the worker goes on: a typo is
     visible, not fatal). Each option may be a string or a list of them (``call_command``).
+
+    Returns:
+        ``Worker``'s ``queues`` and ``exclude_queues``: the queues left, and none; or, for ``'*'`` on a backend
+        whose ``QUEUES`` is empty (any queue name is valid), ``"*"`` and the queues excluded.
 
     Raises:
         CommandError: a ``--queue-name`` that names no queue (``''``, ``','``), no queue named on a backend whose
@@ -347,13 +354,15 @@ def _queues(backend: DatabaseBackend, options: dict[str, Any], warn: Callable[[s
     ]
     if excluded and not every:
         raise CommandError("--exclude-queues can only be used with --queue-name=*")
+    if every and not backend.queues:  # any queue name is valid: every queue is any queue, less those excluded
+        return "*", excluded
     for name in excluded:
         if backend.queues and name not in backend.queues:
             warn(f"--exclude-queues: {name!r} is not a queue of backend {backend.alias!r}")
     left = [q for q in dict.fromkeys(queues) if q not in excluded]
     if excluded and not left:
         raise CommandError(f"--exclude-queues: no queue left of {', '.join(queues)}")
-    return left
+    return left, []
 
 
 def _listed(value: Any, option: str) -> list[str]:
