@@ -20,6 +20,7 @@ from django.db import DatabaseError, connections
 from opentelemetry import context, metrics, trace
 
 from lockkit import signals
+from lockkit.contrib._task_backends import checked_task_backends
 from lockkit.errors import LockError
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
@@ -221,8 +222,12 @@ class TaskMetrics:
     """
 
     def __init__(self, meter: metrics.Meter, task_backends: Sequence[str]) -> None:
-        """Create the instruments (nothing is counted until ``install()``)."""
-        self.task_backends = tuple(task_backends)
+        """Create the instruments (nothing is counted until ``install()``).
+
+        Raises:
+            TypeError, ValueError: ``task_backends`` is refused, as by ``install_task_metrics()``.
+        """
+        self.task_backends = checked_task_backends(task_backends)
         self.tasks = meter.create_counter(
             "lockkit.tasks", unit="{task}", description="Task attempts by outcome"
         )
@@ -259,8 +264,10 @@ class TaskMetrics:
         for backend in self.task_backends if self._installed else ():
             try:
                 age = oldest_ready_age(backend)
-            except DatabaseError as failure:
-                logger.warning("lockkit: the oldest ready task of %r could not be read: %s", backend, failure)
+            except Exception as failure:  # the other backends are still observed
+                # A DatabaseError; or settings.TASKS changed since install (InvalidTaskBackend, TypeError).
+                log = logger.warning if isinstance(failure, DatabaseError) else logger.error
+                log("lockkit: the oldest ready task of %r could not be read: %r", backend, failure)
                 continue
             yield metrics.Observation(0.0 if age is None else age, {"lockkit.tasks.backend": backend})
 
@@ -272,8 +279,8 @@ def install_task_metrics(
 
     Instruments: the counter ``lockkit.tasks`` (one per recorded attempt outcome) and the observable gauge
     ``lockkit.tasks.oldest_ready_age`` (seconds, attribute ``lockkit.tasks.backend``; one query per backend at
-    each collection, on the collecting thread's connection; a backend whose database cannot be asked is
-    skipped and logged). Django 6 (``lockkit.tasks``).
+    each collection, on the collecting thread's connection; a backend that cannot be read, its database down
+    or its alias gone from ``settings.TASKS``, is skipped and logged). Django 6 (``lockkit.tasks``).
 
     Args:
         meter_provider: The provider to get the meter from; default the global one.
@@ -282,6 +289,11 @@ def install_task_metrics(
 
     Returns:
         The installed ``TaskMetrics``; ``uninstall()`` disconnects it.
+
+    Raises:
+        TypeError: ``task_backends`` is a ``str`` or not iterable, or holds something that is not a ``str``.
+        ValueError: an alias of ``task_backends`` is not in ``settings.TASKS``, or its backend is not a
+            ``lockkit.tasks.DatabaseBackend``.
     """
     meter = metrics.get_meter("lockkit", schema_url=SCHEMA_URL, meter_provider=meter_provider)
     return TaskMetrics(meter, task_backends).install()

@@ -17,6 +17,7 @@ from django.db import DatabaseError
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from lockkit import signals
+from lockkit.contrib._task_backends import checked_task_backends
 
 #: Seconds: from a millisecond to the default 5 s lock timeout and beyond.
 LOCK_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -68,11 +69,13 @@ class Metrics:
         max_operations: int = MAX_OPERATIONS,
         task_backends: Sequence[str] = (),
     ) -> None:
-        """Create (and register in ``registry``) the metrics.
+        """Create (and register in ``registry``) the metrics; the arguments are checked first (no SQL).
 
         Raises:
-            TypeError, ValueError: ``max_operations`` is not a positive ``int``.
+            TypeError, ValueError: ``max_operations`` is not a positive ``int``; ``task_backends`` is not a list
+                of aliases of ``lockkit.tasks.DatabaseBackend``s in ``settings.TASKS`` (as ``install()``).
         """
+        backends = checked_task_backends(task_backends)
         if isinstance(max_operations, bool) or not isinstance(max_operations, int):
             raise TypeError(f"max_operations must be an int, not {type(max_operations).__name__}")
         if max_operations < 1:
@@ -129,7 +132,7 @@ class Metrics:
             "tasks_oldest_ready_age_seconds", "Seconds the oldest ready task has waited", ["backend"],
             namespace=namespace, registry=registry,
         )  # fmt: skip
-        for backend in task_backends:
+        for backend in backends:
             self.oldest_ready.labels(backend).set_function(_oldest_ready(backend))
         self._registry = registry
         self._connected: list[tuple[Any, Any]] = []
@@ -226,8 +229,10 @@ def _oldest_ready(backend: str) -> Any:
     def read() -> float:
         try:
             age = oldest_ready_age(backend)
-        except DatabaseError as failure:
-            logger.warning("lockkit: the oldest ready task of %r could not be read: %s", backend, failure)
+        except Exception as failure:  # one gauge failing must not fail the scrape
+            # A DatabaseError; or settings.TASKS changed since install() (InvalidTaskBackend, TypeError).
+            log = logger.warning if isinstance(failure, DatabaseError) else logger.error
+            log("lockkit: the oldest ready task of %r could not be read: %r", backend, failure)
             return math.nan
         return 0.0 if age is None else age
 
@@ -250,14 +255,18 @@ def install(
         max_operations: How many distinct ``operation`` label values to keep (default 1000); later operations
             are counted under ``"other"``.
         task_backends: Aliases of ``settings.TASKS`` (``lockkit.tasks.DatabaseBackend``s, Django 6) whose oldest
-            ready task's age is exported (one query per backend per scrape); default none.
+            ready task's age is exported (one query per backend per scrape; NaN, logged, when it cannot be
+            read); default none.
 
     Returns:
         The installed ``Metrics``; ``uninstall()`` disconnects and unregisters them.
 
     Raises:
         TypeError, ValueError: ``max_operations`` is not a positive ``int``.
-        ValueError: the metrics are already registered in ``registry`` (installed twice).
+        TypeError: ``task_backends`` is a ``str`` or not iterable, or holds something that is not a ``str``.
+        ValueError: an alias of ``task_backends`` is not in ``settings.TASKS``, or its backend is not a
+            ``lockkit.tasks.DatabaseBackend``; the metrics are already registered in ``registry`` (installed
+            twice). Nothing is registered when an argument is refused.
     """
     return Metrics(registry, namespace, max_operations=max_operations, task_backends=task_backends).install()
 

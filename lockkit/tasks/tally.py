@@ -35,8 +35,10 @@ def oldest_ready_age(backend: str = "default") -> float | None:
 
     Raises:
         django.tasks.exceptions.InvalidTaskBackend: no such backend.
-        TypeError: the backend is not a ``lockkit.tasks.DatabaseBackend``.
+        TypeError: ``backend`` is not a ``str``, or its backend is not a ``lockkit.tasks.DatabaseBackend``.
     """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be an alias of settings.TASKS (a str), not {type(backend).__name__}")
     from lockkit.tasks.backend import DatabaseBackend
     from lockkit.tasks.models import QueuedTask
 
