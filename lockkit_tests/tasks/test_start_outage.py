@@ -71,3 +71,18 @@ def test_a_drain_that_loses_the_server_midway_exits_non_zero_and_leaves_the_rest
         # None of the rest was claimed: the next drain runs them (the first one's claim ends with its lease).
         assert [status_of(result) for result in rest] == [TaskResultStatus.READY] * 3
         assert status_of(first) == TaskResultStatus.RUNNING
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_worker_waits_for_the_server_stops_it_cleanly(number: int) -> None:
+    # Found by a new user's trial: Ctrl-C while the worker waited printed a KeyboardInterrupt traceback, and
+    # SIGTERM ended it with status 143 (the default action), where a running worker exits 0.
+    with proxied("mariadb", "proxied_mariadb") as (alias, proxy):
+        proxy.refuse_new = True
+        with worker_process(alias) as worker:
+            wait_for(lambda: "cannot be reached, trying again" in worker.log(), what="the worker to wait")
+            worker.signal(number)
+            code, log = worker.wait()
+        assert code == 0, log
+        assert "stopped while waiting for the database" in log
+        assert "Traceback" not in log

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -210,6 +212,8 @@ class Command(BaseCommand):
 
         try:
             worker = _when_reachable(build, backend.database(), burst=burst, write=self.stderr.write)
+            if worker is None:
+                return  # stopped (SIGTERM, Ctrl-C) while waiting for the database: nothing was claimed
         except (TypeError, ValueError) as error:
             named = {"queues ": "--queue/--queue-name: ", "worker_id ": "--worker-id: "}
             name = next((option for start, option in named.items() if str(error).startswith(start)), "")
@@ -262,8 +266,11 @@ class Command(BaseCommand):
 
 def _when_reachable(
     build: Callable[[], Worker], alias: str, *, burst: bool, write: Callable[[str], Any]
-) -> Worker:
+) -> Worker | None:
     """``build()``, tried again every second while the database cannot be reached (a server down at start).
+
+    ``SIGTERM`` or ``SIGINT`` while it waits stops the command as they stop a running worker: a line on stderr and
+    exit status 0, nothing claimed (``None``), not a traceback.
 
     Some vendors' workers ask the server at start (MariaDB: its version, for the claims statements). A server that
     is down is waited out, as any later outage is; with ``--burst``/``--batch`` (a drain from cron or CI) it is
@@ -274,20 +281,38 @@ def _when_reachable(
             connection.
     """
     said = False
-    while True:
-        try:
-            return build()
-        except DatabaseError as failure:
-            if not isinstance(translate(failure, alias=alias, nowait=False), ConnectionLost):
-                raise CommandError(f"lockkit_worker cannot start: {failure}") from failure
-            if burst:
-                raise CommandError(
-                    f"lockkit_worker --burst: the database cannot be reached: {failure}"
-                ) from failure
-            if not said:
-                write(f"lockkit_worker: the database cannot be reached, trying again every second: {failure}")
-                said = True
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    try:
+        while True:
+            try:
+                return build()
+            except DatabaseError as failure:
+                said = _unreachable(failure, alias, burst=burst, said=said, write=write)
             time.sleep(1.0)  # a fixed pace between connection attempts, not a synchronisation
+    except KeyboardInterrupt:
+        write("lockkit_worker: stopped while waiting for the database; nothing was claimed")
+        return None
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _interrupt(number: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _unreachable(
+    failure: DatabaseError, alias: str, *, burst: bool, said: bool, write: Callable[[str], Any]
+) -> bool:
+    """Say once that the database cannot be reached (``True`` from then on); raise when waiting is wrong."""
+    if not isinstance(translate(failure, alias=alias, nowait=False), ConnectionLost):
+        raise CommandError(f"lockkit_worker cannot start: {failure}") from failure
+    if burst:
+        raise CommandError(f"lockkit_worker --burst: the database cannot be reached: {failure}") from failure
+    if not said:
+        write(f"lockkit_worker: the database cannot be reached, trying again every second: {failure}")
+    return True
 
 
 def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[str]:
