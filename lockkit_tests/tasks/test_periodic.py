@@ -263,6 +263,37 @@ def test_cron_is_read_in_the_time_zone_setting(zone: str, expected: datetime) ->
         assert schedule.latest(expected - timedelta(microseconds=1)) == expected - timedelta(days=1)
 
 
+def test_an_active_time_zone_does_not_move_the_ticks() -> None:
+    """A task that calls ``timezone.activate()`` and does not deactivate leaves its zone on the thread, which a
+    ``--concurrency 1`` worker's loop shares: the ticks are still read in ``settings.TIME_ZONE`` (before, in the
+    active zone: 03:00 in Kathmandu, 21:15 UTC)."""
+    with (
+        override_settings(
+            TIME_ZONE="Europe/Paris",
+            TASKS=tasks_setting("default", periodic={"n": {"task": TASK, "cron": "0 3 * * *"}}),
+        ),
+        timezone.override("Asia/Kathmandu"),
+    ):
+        backend = task_backends["default"]
+        assert isinstance(backend, DatabaseBackend)
+        (schedule,) = backend.settings.periodic
+        expected = datetime(2026, 1, 15, 2, tzinfo=UTC)  # 03:00 in Paris
+        assert schedule.after(datetime(2026, 1, 15, 0, tzinfo=UTC)) == expected
+        assert schedule.latest(expected + timedelta(hours=1)) == expected
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+@override_settings(TIME_ZONE="UTC")
+def test_an_active_time_zone_does_not_move_the_ticks_a_worker_fires(alias: str) -> None:
+    # As a --concurrency 1 worker's loop after a task called timezone.activate("Asia/Kathmandu") (+05:45): before,
+    # the hourly ticks fired at a quarter past each UTC hour (Kathmandu's full hours).
+    with timezone.override("Asia/Kathmandu"):
+        ticks = _stepped_through(alias, datetime(2026, 3, 2, 9, 58, tzinfo=UTC), datetime(2026, 3, 2, 12, 1, tzinfo=UTC), {
+            "tick": {"task": TASK, "cron": "0 * * * *"}
+        })  # fmt: skip
+    assert ticks == [datetime(2026, 3, 2, hour, tzinfo=UTC) for hour in (10, 11, 12)]
+
+
 @pytest.mark.django_db(transaction=True, available_apps=APPS)
 def test_a_lost_connection_is_logged_and_a_later_call_fires(caplog: pytest.LogCaptureFixture) -> None:
     alias = "default"

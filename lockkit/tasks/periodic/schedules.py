@@ -68,8 +68,10 @@ def _tick(cron: str, moment: datetime, *, reverse: bool) -> datetime | None:
 
     # Read in TIME_ZONE's wall clock (USE_TZ = False: naive, already in it); an aware tick is returned in UTC, so
     # ticks compare by instant: the repeated hour of an autumn DST change is two ticks, which compare equal as
-    # wall-clock times in one zone (``fold`` is ignored there).
-    start = timezone.localtime(moment) if timezone.is_aware(moment) else moment
+    # wall-clock times in one zone (``fold`` is ignored there). TIME_ZONE's zone, never the thread's active one
+    # (``localtime()``'s default): a task that called ``timezone.activate()`` leaves its zone on the worker's thread.
+    zone = timezone.get_default_timezone()  # zoneinfo.ZoneInfo(settings.TIME_ZONE)
+    start = moment.astimezone(zone) if timezone.is_aware(moment) else moment
     try:
         found = next(CronSim(cron, start, reverse=reverse))
     except StopIteration:
