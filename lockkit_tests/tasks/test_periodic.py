@@ -210,6 +210,38 @@ def test_a_bad_schedule_is_refused_when_the_backend_is_built(periodic: Any, name
 
 
 @pytest.mark.parametrize(
+    ("cron", "says"),
+    [
+        (
+            "* * * * * */10",
+            "the step */10 in the day-of-week field is longer than the field's range (0-6), so it matches only its "
+            "first value: write that value instead (six fields put seconds first: second minute hour "
+            "day-of-month month day-of-week)",
+        ),
+        (
+            "*/90 * * * * *",
+            "the step */90 in the second field is longer than the field's range (0-59), so it matches only its "
+            "first value: write that value instead (six fields put seconds first: ",
+        ),
+        (
+            "0 */24 * * *",
+            "the step */24 in the hour field is longer than the field's range (0-23), so it matches only its first "
+            "value: write that value instead (five fields: minute hour day-of-month month day-of-week)",
+        ),
+    ],
+    ids=["day-of-week", "seconds", "five-fields"],
+)
+def test_a_step_longer_than_its_field_is_refused_naming_the_field_and_its_range(cron: str, says: str) -> None:
+    # Before, "* * * * * */10" was refused with a message about "the seconds field", naming no field of its own and
+    # without the reminder that six fields put seconds first.
+    periodic = {"t": {"task": TASK, "cron": cron}}
+    with override_settings(TASKS=tasks_setting("default", periodic=periodic)):
+        with pytest.raises(ImproperlyConfigured) as refused:
+            task_backends["default"]
+    assert f"periodic['t']['cron'] {cron!r}: {says}" in str(refused.value)
+
+
+@pytest.mark.parametrize(
     "path",
     [
         "lockkit_tests.tasks.jobs.no_such_task",

@@ -136,9 +136,12 @@ def parse(value: object) -> tuple[Schedule, ...]:
             ) from bad
         too_long = _step_past_range(cron)
         if too_long is not None:
+            step, (field, low, high) = too_long
+            order = "six fields put seconds first: " if len(cron.split()) == 6 else "five fields: "
             raise ValueError(
-                f"{where}['cron'] {cron!r}: the step {too_long} is longer than its field's range, so it fires once "
-                f"per cycle of the next field (*/90 in the seconds field is once a minute): write that instead"
+                f"{where}['cron'] {cron!r}: the step {step} in the {field} field is longer than the field's range "
+                f"({low}-{high}), so it matches only its first value: write that value instead ({order}"
+                f"{' '.join(name for name, _, _ in _FIELDS[len(_FIELDS) - len(cron.split()) :])})"
             )
         if missed not in MISSED:
             raise ValueError(
@@ -168,22 +171,29 @@ def parse(value: object) -> tuple[Schedule, ...]:
     return tuple(found)
 
 
-#: The number of values of each field, seconds first (a five-field expression has no seconds field).
-_FIELD_SIZES = (60, 60, 24, 31, 12, 7)
+#: Each field's name and range, seconds first (a five-field expression has no seconds field).
+_FIELDS = (
+    ("second", 0, 59),
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 6),
+)
 
 
-def _step_past_range(cron: str) -> str | None:
-    """The first ``*/N`` or ``A-B/N`` step longer than its field's range, or ``None``.
+def _step_past_range(cron: str) -> tuple[str, tuple[str, int, int]] | None:
+    """The first ``*/N`` or ``A-B/N`` step longer than its field's range, with that field, or ``None``.
 
     cronsim accepts one (``*/90`` among the seconds is second 0 only); a reader expects what it says.
     """
     fields = cron.split()
-    sizes = _FIELD_SIZES if len(fields) == 6 else _FIELD_SIZES[1:]
-    for field, size in zip(fields, sizes, strict=False):
+    named = _FIELDS if len(fields) == 6 else _FIELDS[1:]
+    for field, (name, low, high) in zip(fields, named, strict=False):
         for part in field.split(","):
             _, slash, step = part.partition("/")
-            if slash and step.isdigit() and int(step) >= size:
-                return part
+            if slash and step.isdigit() and int(step) > high - low:
+                return part, (name, low, high)
     return None
 
 
