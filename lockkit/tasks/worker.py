@@ -450,12 +450,16 @@ class Worker:
                 return  # nothing ready, nothing running, nothing waiting
             self._signals.put_back()  # idle: a SIGTERM handler a task changed must not wait for the next task
             # A free runner and nothing to claim: wake when the next scheduled task is due. All runners busy: one
-            # that ends wakes the loop (a NOTIFY then costs no statement).
-            self._wake.wait(self._idle_wait() if idle > 0 and left != 0 else self.poll_interval)
+            # that ends wakes the loop (a NOTIFY then costs no statement). Either way, wake for the next periodic
+            # tick: a poll_interval longer than a schedule's period would pass ticks by.
+            wait = self._idle_wait() if idle > 0 and left != 0 else self.poll_interval
+            self._wake.wait(self._periodic.wait(wait))
             self._wake.clear()
 
     def _idle_wait(self) -> float:
         """Seconds an idle worker waits: ``poll_interval``, or until its next scheduled task is due if sooner.
+
+        The loop shortens it further to the next periodic tick (``Periodic.wait``).
 
         Asked of the database (its clock decides when a task is due), one statement per idle turn; a failure is
         logged and the worker waits ``poll_interval`` (the next claim reports the database's state).

@@ -127,6 +127,22 @@ def test_a_restart_of_all_workers_neither_repeats_nor_loses_a_tick(alias: str) -
     assert_each_tick_once(ticks, seconds)
 
 
+@pytest.mark.parametrize("alias", VENDORS)
+def test_an_idle_worker_fires_every_tick_however_long_its_poll_interval(alias: str) -> None:
+    """An idle worker wakes for the next tick, not only for a task or after ``poll_interval``. Before, with
+    ``poll_interval`` longer than the schedule's period it fired one tick per ``poll_interval`` (the latest), and
+    the ticks between were neither fired nor recorded as skipped."""
+    options = {"poll_interval": 60, "periodic": every(2, missed="skip")}
+    with worker_process(alias, options=options) as worker:
+        # Four ticks take 8 s (and the worker's start); the worker first wakes by poll_interval 60 s after it starts.
+        wait_for(lambda: len(fired(alias)) >= 4, timeout=40, what="four ticks well within poll_interval")
+        stop_all([worker])
+    ticks = fired(alias)
+    assert_each_tick_once(ticks, 2)
+    row = PeriodicSchedule.objects.using(alias).get()
+    assert (row.last_tick, row.last_action) == (ticks[-1], "fired")
+
+
 @pytest.mark.parametrize(
     "alias", [*VENDORS, pytest.param("sqlite", id="sqlite", marks=_mark("default", "sqlite"))]
 )

@@ -83,6 +83,30 @@ class Periodic:
             self._pause_until = time.monotonic() + RETRY_AFTER
             logger.exception("periodic tasks of backend %r failed; trying again", self.backend.alias)
 
+    def wait(self, at_most: float) -> float:
+        """Seconds the worker may wait before calling ``fire_due()`` again: to the next tick, at most ``at_most``.
+
+        An idle worker waits no longer than this, so it fires each tick on time however long its ``poll_interval``
+        (a tick found late is fired as one task for the ticks passed, or skipped, as ``missed`` says). By this
+        worker's clock, as ``fire_due()`` decides; after a failure, until its pause ends. At least a millisecond:
+        a tick due now is fired by the next call.
+
+        Args:
+            at_most: The longest wait the worker has otherwise (seconds).
+
+        Returns:
+            The wait, in seconds.
+        """
+        if not self.schedules:
+            return at_most
+        paused = self._pause_until - time.monotonic()
+        if paused > 0:
+            return min(at_most, paused)
+        dues = [due for due in self._due.values() if due is not None] if self._rows else []
+        if not dues:  # nothing read yet (the next call reads the rows), or no tick ahead
+            return at_most
+        return min(at_most, max((min(dues) - timezone.now()).total_seconds(), 0.001))
+
     def _load(self, now: datetime) -> None:
         """Read every schedule's row, creating the missing ones (a new schedule fires from now on)."""
         rows = PeriodicSchedule.objects.using(self.alias).filter(backend_name=self.backend.alias)
