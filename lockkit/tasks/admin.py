@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_permission_codename
-from django.db import DatabaseError, router, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.tasks.base import TaskResultStatus
@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from lockkit.tasks import results
-from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.backend import DatabaseBackend, task_database
 from lockkit.tasks.models import QueuedTask
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class QueuedTaskAdmin(_ModelAdmin):
         https://docs.djangoproject.com/en/stable/topics/db/multi-db/#exposing-multiple-databases-in-django-s-admin-interface);
         else what the routers say.
         """
-        return super().get_queryset(request).using(_task_database())
+        return super().get_queryset(request).using(task_database())
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """Tasks are enqueued by code, never added by hand."""
@@ -88,7 +88,7 @@ class QueuedTaskAdmin(_ModelAdmin):
         "403 Forbidden". Locked, the row is passed by a worker's claim (``SKIP LOCKED``) until the delete
         commits, so what Django checks, logs and reports is what it deletes.
         """
-        using = _task_database()
+        using = task_database()
         with transaction.atomic(using=using):
             obj = self.get_object(request, object_id)
             if obj is not None and request.method == "POST":
@@ -210,16 +210,6 @@ class QueuedTaskAdmin(_ModelAdmin):
         if refused:
             self.message_user(request, f"Not run again: {'; '.join(refused)}", messages.ERROR)
         return None
-
-
-def _task_database() -> str:
-    """The alias of the task table: the one database the ``lockkit.tasks`` backends keep it on, else the router's."""
-    from django.tasks import task_backends
-
-    aliases = {backend.database() for backend in task_backends.all() if isinstance(backend, DatabaseBackend)}
-    if len(aliases) == 1:
-        return aliases.pop()
-    return router.db_for_write(QueuedTask)
 
 
 def _running_message(count: int) -> str:

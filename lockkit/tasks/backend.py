@@ -288,6 +288,27 @@ class DatabaseBackend(BaseTaskBackend):
         return found
 
 
+def task_database() -> str:
+    """The alias the admin reads the task table (and the periodic schedules) on.
+
+    When the ``lockkit.tasks`` backends of ``settings.TASKS`` keep the table on one alias (``OPTIONS["database"]``),
+    that one, as Django's multiple-database admin does
+    (https://docs.djangoproject.com/en/stable/topics/db/multi-db/#exposing-multiple-databases-in-django-s-admin-interface);
+    else what the routers say (``router.db_for_write`` of the task model).
+
+    Returns:
+        The database alias.
+    """
+    from django.tasks import task_backends
+
+    from lockkit.tasks.models import QueuedTask
+
+    aliases = {backend.database() for backend in task_backends.all() if isinstance(backend, DatabaseBackend)}
+    if len(aliases) == 1:
+        return aliases.pop()
+    return router.db_for_write(QueuedTask)
+
+
 #: The (backend, task) pairs that passed ``validate_task``: a ``Task`` is frozen, and what else the checks read
 #: (``INSTALLED_APPS``, ``USE_TZ``, ``TASKS``) are settings, so any ``setting_changed`` forgets them all.
 _VALIDATED: dict[tuple[DatabaseBackend, Task[..., Any]], None] = {}

@@ -23,7 +23,8 @@ from django.test import Client, RequestFactory
 
 from lockkit.claims import claim_next
 from lockkit.tasks.admin import QueuedTaskAdmin
-from lockkit.tasks.models import QueuedTask
+from lockkit.tasks.models import PeriodicSchedule, QueuedTask
+from lockkit.tasks.periodic.firing import Periodic
 from lockkit_tests.support.util import run_threads
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import APPS, backend_on, run_worker, vendor_aliases
@@ -311,3 +312,25 @@ def test_the_admin_lists_the_tasks_of_the_task_table_s_database() -> None:
         _retry(staff, failed.id, follow=True)
         again = QueuedTask.objects.using("sqlite").get(retry_of=failed.id)
         assert again.status == TaskResultStatus.READY
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"], available_apps=ADMIN_APPS)
+def test_the_admin_lists_the_periodic_schedules_of_the_task_table_s_database() -> None:
+    """``OPTIONS["database"]`` names another alias (no router): the schedules' list, a schedule's page and its
+    delete read and delete there (before, the list showed 0 schedules and a schedule's page redirected)."""
+    schedules = "/admin/lockkit_tasks/periodicschedule/"
+    periodic = {"nightly": {"task": "lockkit_tests.tasks.jobs.noop_task", "cron": "0 3 * * *"}}
+    with backend_on("sqlite", periodic=periodic) as backend:
+        Periodic(backend, "sqlite").fire_due()  # the schedule's row, as a worker writes it
+        row = PeriodicSchedule.objects.using("sqlite").get()
+        assert not PeriodicSchedule.objects.using("default").exists()
+        staff = _staff("operator", "view_periodicschedule", "delete_periodicschedule")
+        listing = staff.get(schedules)
+        assert listing.status_code == 200
+        assert "1 periodic schedule" in listing.content.decode()
+        assert "nightly" in listing.content.decode()
+        page = staff.get(f"{schedules}{row.pk}/change/")
+        assert page.status_code == 200
+        assert "0 3 * * *" in page.content.decode()
+        assert staff.post(f"{schedules}{row.pk}/delete/", {"post": "yes"}).status_code == 302
+        assert not PeriodicSchedule.objects.using("sqlite").exists()
