@@ -306,13 +306,9 @@ class Worker:
                 # Beats every third of the lease, every BEAT_AT_MOST seconds at most: the claims ended since a beat
                 # are kept until the next (Outcomes.release_forgotten), so a long lease would keep a busy worker's.
                 every = min(self.lease / 3, BEAT_AT_MOST)
-                leftover = self._end_leftover_claims(mine)
                 beat = heartbeat_every(
                     mine, worker=self.worker_id, lease=self.lease, interval=every
                 ).__enter__()
-                # The first beat reads those rows (MariaDB locks them as it reads): a claim meanwhile skips them.
-                if leftover:
-                    beat.wait_for_beat(self.lease)
                 self._beat = beat
                 self._attempts = Attempts(self.outcomes, beat, self._signals)
                 for thread in [*runners, giver, *flushers]:
@@ -350,26 +346,6 @@ class Worker:
             raise self.drain_failure
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
-
-    def _end_leftover_claims(self, mine: Any) -> int:
-        """End the leases of claims made under this worker's name before it started: its predecessor's.
-
-        A worker restarted with the same ``worker_id`` (``--worker-id`` in a unit file) would otherwise renew, at
-        every beat, the claims of the worker that died before it, and their tasks would stay ``RUNNING`` for as long
-        as it runs. Ended now, they are claimed again as any expired claim is (the attempt counted, ``WorkerLost``
-        recorded).
-        """
-        now = claims_sql_for(QueuedTask, self.alias).now()
-        ended: int = mine.filter(claimed_by=self.worker_id, lease_expires_at__gt=now).update(
-            lease_expires_at=now
-        )
-        if ended:
-            logger.warning(
-                "worker %s: %d task(s) were claimed under this worker id before it started; their leases end now "
-                "(a worker that died, or another one running with the same --worker-id: each needs its own)",
-                self.worker_id, ended,
-            )  # fmt: skip
-        return ended
 
     def _settle(self) -> None:
         """Write the outcomes still buffered or held, and give back the claims no runner started (at the end)."""

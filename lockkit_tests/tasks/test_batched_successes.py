@@ -67,23 +67,3 @@ def test_ended_tasks_are_successful_while_the_next_one_runs_and_a_kill_does_not_
         stats = run_worker(backend, worker_id="after")
         assert stats.succeeded == 0  # the long tasks' claims have not expired; the quick ones are done
         assert [status_of(r) for r in quick] == [TaskResultStatus.SUCCESSFUL] * 2
-
-
-@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
-def test_a_worker_restarted_with_the_same_worker_id_does_not_keep_its_predecessor_s_claims(
-    alias: str, tmp_path: Path
-) -> None:
-    # A unit file with a fixed --worker-id: the restarted worker's heartbeat renewed the dead one's claim, and its
-    # task stayed RUNNING for as long as the new worker ran.
-    with backend_on(alias, lease=30, max_attempts=1) as backend:
-        long = jobs.slow.enqueue(marker(tmp_path, "long"), 60.0)
-        with worker_process(alias, "--worker-id", "fixed") as worker:
-            wait_for(lambda: Path(marker(tmp_path, "long") + ".started").exists(), what="the task to start")
-            worker.signal(signal.SIGKILL)
-            worker.process.wait(timeout=30)
-        assert status_of(long) == TaskResultStatus.RUNNING
-        stats = run_worker(backend, worker_id="fixed")  # 30 s of lease left: only its start can end it
-        assert status_of(long) == TaskResultStatus.FAILED
-        assert [e.exception_class_path for e in long.errors] == ["lockkit.tasks.errors.WorkerLost"]
-        assert long.worker_ids == ["fixed"]  # the attempt that ran: the second one never started
-        assert (stats.succeeded, stats.failed) == (0, 1)
