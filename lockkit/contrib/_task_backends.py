@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.conf import settings
-
 
 def checked_task_backends(task_backends: object) -> tuple[str, ...]:
     """``task_backends`` as a tuple of aliases of ``lockkit.tasks.DatabaseBackend``s, checked without SQL.
@@ -34,26 +32,9 @@ def checked_task_backends(task_backends: object) -> tuple[str, ...]:
     if not aliases:
         return aliases
     try:
-        from django.tasks import task_backends as backends
-        from django.tasks.exceptions import InvalidTaskBackend
-
-        from lockkit.tasks.backend import DatabaseBackend
+        from lockkit.tasks.backend import backend_named
     except ImportError as missing:  # Django < 6, or lockkit.tasks not importable
         raise ValueError(f"task_backends needs lockkit.tasks (Django 6): {missing}") from missing
-    configured = list(getattr(settings, "TASKS", {}) or {})
     for alias in aliases:
-        if alias not in configured:
-            raise ValueError(
-                f"task_backends: {alias!r} is not an alias of settings.TASKS ({', '.join(map(repr, configured))})"
-            )
-        try:
-            backend = backends[alias]
-        except InvalidTaskBackend as error:
-            raise ValueError(f"task_backends: {alias!r}: {error}") from error
-        if not isinstance(backend, DatabaseBackend):
-            kind = type(backend)
-            raise ValueError(
-                f"task_backends: {alias!r} is {kind.__module__}.{kind.__qualname__}, not "
-                f"lockkit.tasks.DatabaseBackend"
-            )
+        backend_named(alias, f"task_backends: {alias!r}")
     return aliases

@@ -350,3 +350,35 @@ def _column_length(field: str) -> int:
     assert isinstance(column, CharField)
     assert column.max_length is not None
     return int(column.max_length)
+
+
+def backend_named(name: str, label: str) -> DatabaseBackend:
+    """The ``DatabaseBackend`` that ``settings.TASKS[name]`` configures, for a command's option or an argument.
+
+    Args:
+        name: An alias of ``settings.TASKS``.
+        label: How the caller names it in an error (``"--backend 'default'"``, ``"task_backends: 'default'"``).
+
+    Raises:
+        ValueError: ``name`` is not an alias of ``settings.TASKS`` (the message lists them), its backend cannot
+            be built, or it is another kind of backend; the message begins with ``label``.
+    """
+    from django.conf import settings
+    from django.tasks import task_backends
+    from django.tasks.exceptions import InvalidTaskBackend
+
+    aliases = list(getattr(settings, "TASKS", {}) or {})
+    if name not in aliases:
+        raise ValueError(
+            f"{label} is not an alias of settings.TASKS ({', '.join(map(repr, aliases)) or 'none'})"
+        )
+    try:
+        backend = task_backends[name]
+    except InvalidTaskBackend as error:
+        raise ValueError(f"{label}: {error}") from error
+    if not isinstance(backend, DatabaseBackend):
+        kind = type(backend)
+        raise ValueError(
+            f"{label} is {kind.__module__}.{kind.__qualname__}, not lockkit.tasks.DatabaseBackend"
+        )
+    return backend

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import CommandError
-from django.tasks import task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 
-from lockkit.tasks.backend import DatabaseBackend
+from lockkit.tasks.backend import DatabaseBackend, backend_named
 
 
 def lockkit_backend(name: str) -> DatabaseBackend:
@@ -17,18 +14,7 @@ def lockkit_backend(name: str) -> DatabaseBackend:
         CommandError: ``name`` is not an alias of ``settings.TASKS`` (the message lists them), its backend cannot
             be built, or it is another kind of backend.
     """
-    aliases = list(getattr(settings, "TASKS", {}) or {})
-    if name not in aliases:
-        raise CommandError(
-            f"--backend {name!r} is not an alias of settings.TASKS ({', '.join(map(repr, aliases)) or 'none'})"
-        )
     try:
-        backend = task_backends[name]
-    except InvalidTaskBackend as error:
-        raise CommandError(f"--backend {name!r}: {error}") from error
-    if not isinstance(backend, DatabaseBackend):
-        raise CommandError(
-            f"--backend {name!r} is {type(backend).__module__}.{type(backend).__qualname__}, "
-            f"not lockkit.tasks.DatabaseBackend"
-        )
-    return backend
+        return backend_named(name, f"--backend {name!r}")
+    except ValueError as error:
+        raise CommandError(str(error)) from error
