@@ -15,11 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import reduce
+from operator import or_
 from secrets import token_hex
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import F, Q, Value
+from django.db.models import F, Q, QuerySet, Value
 from django.db.models.functions import Concat
 from django.db.transaction import TransactionManagementError
 from django.tasks.base import TaskResultStatus
@@ -258,10 +260,11 @@ class Worker:
             BaseException: what stopped a runner thread that could not go on (anything its attempt did not
                 record: a ``task_finished`` receiver's ``SystemExit``, say), once the other tasks finished and the
                 claims were given back.
-            django.db.DatabaseError: the first heartbeat failed (nothing was claimed); with ``burst``, claiming
-                failed for good (``drain_failure``: a lost connection retried for the retry policy's
-                ``reconnect_within``, or ``DRAIN_FAILURES`` other failures in a row), once the tasks not started
-                were given back where the database allowed.
+            django.db.DatabaseError: reading the claims held under its name before it started failed, or the
+                first heartbeat did (nothing was claimed); with ``burst``, claiming failed for good
+                (``drain_failure``: a lost connection retried for the retry policy's ``reconnect_within``, or
+                ``DRAIN_FAILURES`` other failures in a row), once the tasks not started were given back where the
+                database allowed.
         """
         inside = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block]
         if inside:
@@ -287,6 +290,8 @@ class Worker:
             if self.batch > 1
             else []
         )
+        mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
+        renewed = self._without_claims_found(mine)  # before any thread starts, and before the line below
         logger.info(
             "worker %s: queues %s of backend %r on database %r (concurrency %d, batch %d, lease %gs)",
             self.worker_id, self.queues_taken(), self.backend.alias, self.alias, self.concurrency,
@@ -298,7 +303,6 @@ class Worker:
             if self.settings.notify and not self.burst
             else None
         )
-        mine = QueuedTask.objects.using(self.alias).filter(backend_name=self.backend.alias)
         with stop_on_signals(self.worker_id, self.stop, self.stopping):
             self._signals = SignalsKept()  # the worker's own handlers, put back when a task changed them
             masked = block_stop_signals()
@@ -307,7 +311,7 @@ class Worker:
                 # are kept until the next (Outcomes.release_forgotten), so a long lease would keep a busy worker's.
                 every = min(self.lease / 3, BEAT_AT_MOST)
                 beat = heartbeat_every(
-                    mine, worker=self.worker_id, lease=self.lease, interval=every
+                    renewed, worker=self.worker_id, lease=self.lease, interval=every
                 ).__enter__()
                 self._beat = beat
                 self._attempts = Attempts(self.outcomes, beat, self._signals)
@@ -346,6 +350,34 @@ class Worker:
             raise self.drain_failure
         logger.info("worker %s: stopped (%s)", self.worker_id, self.stats)
         return self.stats
+
+    def _without_claims_found(self, mine: QuerySet[QueuedTask]) -> QuerySet[QueuedTask]:
+        """The rows its heartbeat renews: ``mine`` less the claims held under its name before it started.
+
+        A worker restarted with the same ``worker_id`` (``--worker-id`` in a unit file) would otherwise renew, at
+        every beat, the claims of the worker that died before it under that name, and their tasks would stay
+        ``RUNNING`` for as long as it runs. Each claim found is left out by its row and token: a dead worker's
+        lease runs out and its task is taken back as any expired claim is (the attempt counted, ``WorkerLost``
+        recorded); a worker still running with the same name keeps renewing its own; a later claim of the same
+        row, by this worker or the other, has a newer token and is renewed. One statement at start; with none
+        found, the heartbeat's statement is the usual one.
+        """
+        now = claims_sql_for(QueuedTask, self.alias).now()
+        found = mine.filter(claimed_by=self.worker_id, lease_expires_at__gt=now)
+        # Compared here too: a case-insensitive collation finds "W1"'s claims for "w1" (never renewed by its beats).
+        claims = [
+            (pk, token)
+            for pk, token, name in found.values_list("pk", "claim_token", "claimed_by")
+            if name == self.worker_id
+        ]
+        if not claims:
+            return mine
+        logger.warning(
+            "worker %s: %d task(s) were claimed under this worker id before it started; it leaves their leases to "
+            "run out (a worker that died with this id) or to the worker still running with it (each worker "
+            "running at once needs its own --worker-id)", self.worker_id, len(claims),
+        )  # fmt: skip
+        return mine.exclude(reduce(or_, (Q(pk=pk, claim_token=token) for pk, token in claims)))
 
     def _settle(self) -> None:
         """Write the outcomes still buffered or held, and give back the claims no runner started (at the end)."""
