@@ -29,6 +29,7 @@ class Failure(enum.Enum):
     QUERY_CANCELED = "query_canceled"
     CONNECTION_LOST = "connection_lost"
     IDLE_IN_TRANSACTION_TIMEOUT = "idle_in_transaction_session_timeout"
+    DATABASE_MISCONFIGURED = "database_misconfigured"
 
 
 # Filled by LockError.__init_subclass__: the one class that declares each failure kind.
@@ -183,6 +184,25 @@ class CommitOutcomeUnknown(ConnectionLost):
         """Record the message, code, alias, attempts and transaction id."""
         super().__init__(message, sqlstate=sqlstate, alias=alias, attempts=attempts)
         self.xid = xid
+
+
+class DatabaseMisconfigured(LockError, OperationalError):
+    """The server refused the connection for a reason of the settings: it will refuse it again. Never retried.
+
+    The server answered, and said that the database ``NAME`` names does not exist (SQLSTATE 3D000; MariaDB/MySQL
+    1049), that the ``USER`` does not exist or may not log in, or the ``PASSWORD`` is wrong (28000, 28P01; 1045,
+    1698), or that the user may not use the database (1044). A server that is down or restarting
+    (connection refused, 57P03) is a ``ConnectionLost`` and is waited for; this is not: no entry point retries it,
+    whatever the retry policy says, and ``manage.py lockkit_worker`` stops at start with its message. Fix
+    ``DATABASES[alias]`` (or create the database or role).
+
+    psycopg reports a refused connection without its SQLSTATE: lockkit recognises the server's message
+    (untranslated, ``lc_messages`` in English, as by default); a server that translates it gives no such sign, and
+    the failure is then a ``ConnectionLost``, retried as before. ``sqlstate`` is the code the driver gave or the one
+    the message stands for.
+    """
+
+    failure = Failure.DATABASE_MISCONFIGURED
 
 
 class ReadOnlyDatabase(LockError, OperationalError):

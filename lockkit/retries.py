@@ -23,7 +23,14 @@ import tenacity
 from lockkit import conf, events
 from lockkit.conf import Default
 from lockkit.errorcodes.table import code_of
-from lockkit.errors import CommitOutcomeUnknown, ConnectionLost, Failure, LockError, ReadOnlyDatabase
+from lockkit.errors import (
+    CommitOutcomeUnknown,
+    ConnectionLost,
+    DatabaseMisconfigured,
+    Failure,
+    LockError,
+    ReadOnlyDatabase,
+)
 from lockkit.validation import Duration, duration, optional_duration, positive_int
 
 logger = logging.getLogger("lockkit")
@@ -86,6 +93,7 @@ class RetryPolicy:
         attempts: Total attempts, the first included, not counting those that lost their connection (default 3).
         retry_on: The ``Failure`` kinds retried (default: deadlock, serialization failure, lock timeout and lost
             connection; a ``NOWAIT`` failure is a request to fail fast and is not retried unless listed).
+            ``Failure.READ_ONLY`` and ``Failure.DATABASE_MISCONFIGURED`` are refused: a retry cannot mend them.
         wait_initial: Seconds, the backoff scale (default 0.005).
         wait_max: Seconds, the cap on one wait (default 0.2).
         deadline: Seconds, an overall bound: no attempt starts once it has passed (default ``None``: none).
@@ -95,7 +103,8 @@ class RetryPolicy:
 
     Raises:
         TypeError: a value has the wrong type (``bool`` is not a count or a duration).
-        ValueError: ``attempts`` < 1, a duration that is not positive and finite, ``wait_max < wait_initial``.
+        ValueError: ``attempts`` < 1, a duration that is not positive and finite, ``wait_max < wait_initial``, a kind in
+            ``retry_on`` that is never retried.
     """
 
     attempts: int = 3
@@ -124,6 +133,11 @@ class RetryPolicy:
             raise ValueError(
                 "retry_on cannot include Failure.READ_ONLY: a read-only database never becomes writable"
             )
+        if Failure.DATABASE_MISCONFIGURED in retry_on:
+            raise ValueError(
+                "retry_on cannot include Failure.DATABASE_MISCONFIGURED: the server refuses the same connection "
+                "settings again"
+            )
         object.__setattr__(self, "retry_on", retry_on)
         object.__setattr__(self, "wait_initial", duration(self.wait_initial, "wait_initial"))
         object.__setattr__(self, "wait_max", duration(self.wait_max, "wait_max"))
@@ -144,7 +158,7 @@ class RetryPolicy:
     def should_retry(self, exc: BaseException) -> bool:
         """Whether this policy retries ``exc`` (a classified lockkit error of a listed kind).
 
-        ``CommitOutcomeUnknown`` never is: the work may have committed.
+        ``CommitOutcomeUnknown`` never is: the work may have committed; nor is ``DatabaseMisconfigured``.
         """
         return _classified_as(exc, self._kinds())
 
@@ -196,10 +210,11 @@ class RetryPolicy:
 def _classified_as(exc: BaseException | None, kinds: frozenset[Failure]) -> bool:
     """Whether ``exc`` is a classified lockkit error of one of ``kinds`` that may be retried.
 
-    ``CommitOutcomeUnknown`` never may: the work may have committed. A ``ReadOnlyDatabase`` may only when it is
-    ``stale`` and lost connections are retried.
+    ``CommitOutcomeUnknown`` never may: the work may have committed. ``DatabaseMisconfigured`` never may: the
+    server refuses the same settings again. A ``ReadOnlyDatabase`` may only when it is ``stale`` and lost
+    connections are retried.
     """
-    if isinstance(exc, CommitOutcomeUnknown):
+    if isinstance(exc, CommitOutcomeUnknown | DatabaseMisconfigured):
         return False
     if isinstance(exc, ReadOnlyDatabase):
         # A kept connection on a node that became read-only (a failover) was discarded: a new one may reach the
@@ -225,7 +240,8 @@ class _MayRetry(tenacity.retry_base):
 
     Combined with the user's own predicate (``&``), so that tenacity's default (retry any ``Exception``) never
     retries what a retry could apply twice or cannot mend: ``CommitOutcomeUnknown`` (the work may have committed),
-    an error the attempt's own code raised (``change()``'s), a constraint violation, ``OnCommitError``.
+    ``DatabaseMisconfigured`` (the server refuses the same settings again), an error the attempt's own code raised
+    (``change()``'s), a constraint violation, ``OnCommitError``.
     """
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> bool:

@@ -25,6 +25,7 @@ from lockkit._engine.attempts import in_messages
 from lockkit._engine.transaction import in_transaction as inside_transaction
 from lockkit.backends import backend_for
 from lockkit.claims.sql.base import bounded
+from lockkit.errorcodes.translate import translating
 from lockkit.errors import ConnectionLost, Failure
 from lockkit.operations.operation import locked_operation
 from lockkit.retries import RetrySetting, from_settings, reconnect_budget
@@ -81,7 +82,9 @@ def in_one_message(
         or connection.execute_wrappers
         or not backend.features.sends_one_message(connection)
     ):
-        prefix = backend.tx.statement_settings(connection, lock_timeout=lock, statement_timeout=statement)
+        # Django may ask the server for its version first (MariaDB, a connection's first use): a refusal is typed.
+        with translating(alias, nowait=False):
+            prefix = backend.tx.statement_settings(connection, lock_timeout=lock, statement_timeout=statement)
         if prefix is None:
             return in_transaction(alias, lock_timeout, work)
         # Each statement carries its own timeouts (MariaDB's SET STATEMENT): the scope sets no session variable.

@@ -7,6 +7,7 @@ imports nothing from lockkit but ``lockkit.errors``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lockkit.errors import Failure, LockError
@@ -50,6 +51,13 @@ _SHARED_CACHE_HINT = (
 )
 
 
+# The refusals of a connection's settings: the same settings are refused again, however long one waits.
+_SETTINGS_HINT = (
+    "the server refused the connection's settings (DATABASES[alias] NAME, USER or PASSWORD): not retried, it "
+    "would be refused again. Fix the settings, or create the database or role"
+)
+
+
 CODES: tuple[CodeRow, ...] = (
     # PostgreSQL: https://www.postgresql.org/docs/current/errcodes-appendix.html. CockroachDB reports the same
     # SQLSTATEs through psycopg: 40001 for every transaction restart (RETRY_SERIALIZABLE, RETRY_WRITE_TOO_OLD,
@@ -79,6 +87,19 @@ CODES: tuple[CodeRow, ...] = (
     # Class 08, connection exception (08000, 08003, 08006, 08001, 08004, 08007, 08P01...): a code of the class
     # that has no row of its own falls back to this one, as psycopg's error registry does.
     CodeRow("postgresql", "08", "connection_exception", Failure.CONNECTION_LOST),
+    # The server answered a connection and refused it for a reason of the settings: never mended by a retry.
+    # psycopg reports these without their code: recognised by their message (``refused_settings_code``).
+    CodeRow(
+        "postgresql", "3D000", "invalid_catalog_name", Failure.DATABASE_MISCONFIGURED, hint=_SETTINGS_HINT
+    ),
+    CodeRow(
+        "postgresql",
+        "28000",
+        "invalid_authorization_specification",
+        Failure.DATABASE_MISCONFIGURED,
+        hint=_SETTINGS_HINT,
+    ),
+    CodeRow("postgresql", "28P01", "invalid_password", Failure.DATABASE_MISCONFIGURED, hint=_SETTINGS_HINT),
     # MySQL / MariaDB (mysqlclient puts the number in args[0]). MariaDB 10.11 reports a NOWAIT failure as 1205,
     # like an expired innodb_lock_wait_timeout (pinned in test_backend_mariadb.py); MySQL 8 reports it as 3572.
     CodeRow("mysql", "1205", "ER_LOCK_WAIT_TIMEOUT", Failure.LOCK_TIMEOUT, ambiguous_nowait=True),
@@ -105,6 +126,17 @@ CODES: tuple[CodeRow, ...] = (
     CodeRow("mysql", "2002", "CR_CONNECTION_ERROR", Failure.CONNECTION_LOST),
     CodeRow("mysql", "2003", "CR_CONN_HOST_ERROR", Failure.CONNECTION_LOST),
     CodeRow("mysql", "1053", "ER_SERVER_SHUTDOWN", Failure.CONNECTION_LOST),
+    # The server answered and refused the connection's settings: an unknown database, user or a wrong password.
+    CodeRow("mysql", "1049", "ER_BAD_DB_ERROR", Failure.DATABASE_MISCONFIGURED, hint=_SETTINGS_HINT),
+    CodeRow("mysql", "1045", "ER_ACCESS_DENIED_ERROR", Failure.DATABASE_MISCONFIGURED, hint=_SETTINGS_HINT),
+    CodeRow("mysql", "1044", "ER_DBACCESS_DENIED_ERROR", Failure.DATABASE_MISCONFIGURED, hint=_SETTINGS_HINT),
+    CodeRow(
+        "mysql",
+        "1698",
+        "ER_ACCESS_DENIED_NO_PASSWORD_ERROR",
+        Failure.DATABASE_MISCONFIGURED,
+        hint=_SETTINGS_HINT,
+    ),
     # SQLite extended result codes (sqlite3 exceptions carry sqlite_errorcode on Python 3.11+).
     # "database is locked" is SQLITE_BUSY: the busy timeout (lockkit's lock_timeout at BEGIN IMMEDIATE) expired.
     # https://www.sqlite.org/rescode.html
@@ -203,7 +235,43 @@ def lookup(exc: BaseException) -> CodeRow | None:
                 return row
         elif (type(link).__module__.split(".", 1)[0], type(link).__name__) in _CONNECTION_GONE_TYPES:
             return _CONNECTION_LOST_ROW
+        elif (code := refused_settings_code(link)) is not None:
+            return _INDEX[("postgresql", code)]
     return None
+
+
+# PostgreSQL's messages refusing a connection's settings, untranslated, with the SQLSTATE each is raised with
+# (src/backend/utils/init/postinit.c, miscinit.c, libpq/auth.c), and libpq's own when the server asked for a
+# password and none was given. psycopg (3 and 2) reports a failed connection without the server's SQLSTATE.
+_REFUSED_SETTINGS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r'database ".+" does not exist'), "3D000"),
+    (re.compile(r'role ".+" does not exist'), "28000"),
+    (re.compile(r'role ".+" is not permitted to log in'), "28000"),
+    (re.compile(r"no pg_hba\.conf entry for host "), "28000"),
+    (re.compile(r"pg_hba\.conf rejects connection for host "), "28000"),
+    (re.compile(r'password authentication failed for user "'), "28P01"),
+    (re.compile(r'\w+ authentication failed for user "'), "28000"),
+    (re.compile(r"fe_sendauth: no password supplied"), "28P01"),
+)
+
+
+def refused_settings_code(exc: BaseException) -> str | None:
+    """The SQLSTATE of a psycopg connection failure without one, when the server refused the connection's settings.
+
+    psycopg raises a failed connection as a code-less ``OperationalError`` whose text is libpq's message, the
+    server's own included ("FATAL:  database "x" does not exist"): the untranslated text is then the only sign
+    (a server whose ``lc_messages`` translates it gives none, and the failure stays a lost connection). Only this
+    exception is read, not its chain; an error that carries a code is never read by its text.
+
+    Returns:
+        ``"3D000"`` (no such database), ``"28000"`` (no such role, not allowed to log in, refused by
+        ``pg_hba.conf``, a failed non-password authentication) or ``"28P01"`` (a wrong or missing password), or
+        ``None``.
+    """
+    if not type(exc).__module__.startswith("psycopg") or vendor_code(exc) is not None:
+        return None
+    text = str(exc)
+    return next((code for pattern, code in _REFUSED_SETTINGS if pattern.search(text)), None)
 
 
 def code_of(exc: BaseException) -> str | None:

@@ -69,9 +69,13 @@ def translate(
     if row is None and failure is Failure.IDLE_IN_TRANSACTION_TIMEOUT:
         row = row_for("postgresql", "25P03")  # recognised by its message (a driver that gave no code)
     hint = f" ({row.hint})" if row is not None and row.hint else ""
+    sqlstate = code_of(exc)
+    if sqlstate is None and row is not None and failure is Failure.DATABASE_MISCONFIGURED:
+        # Recognised by the server's message: psycopg gives no code for a failed connection.
+        sqlstate = row.code
     error = error_class(failure)(
         f"{failure.value} on database {alias!r}: {exc}".strip() + hint,
-        sqlstate=code_of(exc),
+        sqlstate=sqlstate,
         alias=alias,
         attempts=attempts,
     )

@@ -123,13 +123,17 @@ def _insert_at_once(row: Any, alias: str, notify: str | None) -> None:
     setting = from_settings(retry_on=_RETRIED)
     within = reconnect_budget(setting)
 
-    sql, params = _statement_of(row, connection, notify)
     sessions = backend_for(connection).sessions
+    # Built in the first attempt, typed like its failures: the values may need the server (MariaDB's version).
+    statement: list[tuple[str, list[Any]]] = []
 
     def attempt(number: int) -> None:
         session: list[int | None] = []  # the server session the statement was handed to, once it was
         try:
             with translating(alias, nowait=False, attempts=number), cursors.kept(connection) as cursor:
+                if not statement:
+                    statement.append(_statement_of(row, connection, notify))
+                sql, params = statement[0]
                 # Read once connected: a health check (CONN_HEALTH_CHECKS) may have replaced the connection.
                 session.append(sessions.local_session_id(connection))
                 cursor.execute(sql, params)

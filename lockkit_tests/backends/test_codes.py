@@ -15,7 +15,7 @@ from django.db.utils import DatabaseErrorWrapper
 from oracledb import errors as oracle_errors
 
 from lockkit import Failure, classify
-from lockkit.errorcodes.table import CODES, code_of
+from lockkit.errorcodes.table import CODES, code_of, lookup, row_for
 
 F = Failure
 
@@ -79,6 +79,10 @@ TABLE = [
         False,
         "terminating connection due to idle-in-transaction",
     ),
+    # The server refused the connection's settings (psycopg reports them without a code: test_refused_settings_...).
+    ("postgresql", "3D000", F.DATABASE_MISCONFIGURED, False, 'database "ha_x" does not exist'),
+    ("postgresql", "28000", F.DATABASE_MISCONFIGURED, False, 'role "ha_x" does not exist'),
+    ("postgresql", "28P01", F.DATABASE_MISCONFIGURED, False, 'password authentication failed for user "x"'),
     # MariaDB's NOWAIT failure is 1205 too (pinned on the real server in test_backend_mariadb.py).
     ("mysql", "1205", F.LOCK_TIMEOUT, True, "Lock wait timeout exceeded; try restarting transaction"),
     ("mysql", "1213", F.DEADLOCK_DETECTED, False, "Deadlock found when trying to get lock"),
@@ -111,6 +115,16 @@ TABLE = [
     ("mysql", "2002", F.CONNECTION_LOST, False, "Can't connect to server on '127.0.0.1' (115)"),
     ("mysql", "2003", F.CONNECTION_LOST, False, "Can't connect to MySQL server on '10.0.0.1' (110)"),
     ("mysql", "1053", F.CONNECTION_LOST, False, "Server shutdown in progress"),
+    ("mysql", "1049", F.DATABASE_MISCONFIGURED, False, "Unknown database 'ha_x'"),
+    (
+        "mysql",
+        "1045",
+        F.DATABASE_MISCONFIGURED,
+        False,
+        "Access denied for user 'x'@'h' (using password: YES)",
+    ),
+    ("mysql", "1044", F.DATABASE_MISCONFIGURED, False, "Access denied for user 'x'@'h' to database 'ha_x'"),
+    ("mysql", "1698", F.DATABASE_MISCONFIGURED, False, "Access denied for user 'x'@'h'"),
     ("sqlite", "5", F.LOCK_TIMEOUT, False, "database is locked"),
     ("sqlite", "261", F.LOCK_TIMEOUT, False, "database is locked"),
     ("sqlite", "517", F.SERIALIZATION_FAILURE, False, "database is locked"),
@@ -244,3 +258,45 @@ def test_cockroachdb_ambiguous_commit_is_not_classified() -> None:
     exc = django_wrapped(psycopg, psycopg.errors.lookup("40003")("result is ambiguous"))
     assert classify(exc) is None
     assert code_of(exc) == "40003"
+
+
+# libpq's text of a failed connection, as psycopg raises it without a code, with the SQLSTATE the server sent.
+REFUSED_SETTINGS = [
+    ('database "ha_x" does not exist', "3D000"),
+    ('role "ha_x" does not exist', "28000"),
+    ('role "ha_x" is not permitted to log in', "28000"),
+    ('no pg_hba.conf entry for host "10.0.0.1", user "u", database "d", no encryption', "28000"),
+    ('pg_hba.conf rejects connection for host "10.0.0.1", user "u", database "d", no encryption', "28000"),
+    ('password authentication failed for user "u"', "28P01"),
+    ('Peer authentication failed for user "u"', "28000"),
+]
+
+
+@pytest.mark.parametrize(("server", "code"), REFUSED_SETTINGS)
+def test_refused_settings_are_recognised_in_psycopgs_code_less_connection_failure(
+    server: str, code: str
+) -> None:
+    message = f'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  {server}'
+    error = django_wrapped(psycopg, psycopg.OperationalError(message))
+    assert code_of(error) is None  # psycopg gives no code for it
+    assert classify(error) is F.DATABASE_MISCONFIGURED
+    assert lookup(error) is row_for("postgresql", code)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: Connection refused\n\tIs the '
+        "server running on that host and accepting TCP/IP connections?",
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  the database system '
+        "is starting up",
+        "consuming input failed: server closed the connection unexpectedly",
+    ],
+)
+def test_a_server_down_or_starting_is_not_a_refusal_of_the_settings(message: str) -> None:
+    assert classify(django_wrapped(psycopg, psycopg.OperationalError(message))) is None  # lost, by its state
+
+
+def test_a_message_is_never_read_when_the_error_carries_a_code() -> None:
+    error = django_wrapped(psycopg, psycopg.errors.lookup("42P01")('relation "database "x" does not exist"'))
+    assert classify(error) is None

@@ -16,7 +16,7 @@ from django.db.transaction import TransactionManagementError
 from django.tasks import DEFAULT_TASK_QUEUE_NAME
 
 from lockkit.errorcodes.translate import translate
-from lockkit.errors import ConnectionLost
+from lockkit.errors import ConnectionLost, DatabaseMisconfigured
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
@@ -168,10 +168,11 @@ class Command(BaseCommand):
 
         Raises:
             CommandError: an unknown backend, a backend that is not lockkit's, a task table that does not exist
-                (``migrate`` not run), ``--reload``, or a bad option (a numeric option
-                out of its ``BOUNDS``, ``--batch`` with a number, ``--exclude-queues`` with named queues or
-                leaving none) before any SQL and before any thread starts; or a runner that could not go on (its claims
-                were given back).
+                (``migrate`` not run), ``--reload``, or a bad option (a numeric option out of its ``BOUNDS``,
+                ``--batch`` with a number, ``--exclude-queues`` with named queues or leaving none) before any SQL
+                and before any thread starts; the server refusing the alias's settings (a database or user it does
+                not have, a wrong password), at once; or a runner that could not go on (its claims were given
+                back).
         """
         if not options.get("skip_checks"):  # called as call_command(): absent unless given
             self.check(databases=[])
@@ -278,7 +279,8 @@ def _when_reachable(
 
     Raises:
         CommandError: with ``burst``, the database could not be reached; any database error that is not a lost
-            connection.
+            connection (the server refusing the alias's settings, ``DatabaseMisconfigured``, included: it is not
+            waited for).
     """
     said = False
     on_main = threading.current_thread() is threading.main_thread()
@@ -306,13 +308,30 @@ def _unreachable(
     failure: DatabaseError, alias: str, *, burst: bool, said: bool, write: Callable[[str], Any]
 ) -> bool:
     """Say once that the database cannot be reached (``True`` from then on); raise when waiting is wrong."""
-    if not isinstance(translate(failure, alias=alias, nowait=False), ConnectionLost):
+    error = translate(failure, alias=alias, nowait=False)
+    if isinstance(error, DatabaseMisconfigured):
+        raise _refused_settings(error, alias) from failure
+    if not isinstance(error, ConnectionLost):
         raise CommandError(f"lockkit_worker cannot start: {failure}") from failure
     if burst:
         raise CommandError(f"lockkit_worker --burst: the database cannot be reached: {failure}") from failure
     if not said:
         write(f"lockkit_worker: the database cannot be reached, trying again every second: {failure}")
     return True
+
+
+def _refused_settings(error: DatabaseMisconfigured, alias: str) -> CommandError:
+    """The error that stops the worker at start when the server refused the alias's settings: waiting cannot help.
+
+    One line naming the alias, its database and user, and the server's own message (libpq's spans lines).
+    """
+    settings = connections[alias].settings_dict
+    server = " ".join(str(error.__cause__ or error).split())
+    return CommandError(
+        f"lockkit_worker cannot start: the server refused the settings of database alias {alias!r} (NAME "
+        f"{settings.get('NAME')!r}, USER {settings.get('USER')!r}): {server}. Fix DATABASES[{alias!r}], or create "
+        f"the database or role; not retried"
+    )
 
 
 def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[str]:
@@ -323,7 +342,8 @@ def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[
     passing fault, and the worker would retry it for ever.
 
     Raises:
-        CommandError: with ``burst``, the server could not be asked.
+        CommandError: with ``burst``, the server could not be asked; the server refused the alias's settings (a
+            database or user it does not have, a wrong password: waiting cannot help).
     """
     wanted = [QueuedTask._meta.db_table] + ([PeriodicSchedule._meta.db_table] if periodic else [])
     connection = connections[alias]
@@ -331,6 +351,9 @@ def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[
         with connection.cursor() as cursor:
             present = {name.lower() for name in connection.introspection.table_names(cursor)}
     except DatabaseError as failure:
+        error = translate(failure, alias=alias, nowait=False)
+        if isinstance(error, DatabaseMisconfigured):
+            raise _refused_settings(error, alias) from failure
         if burst:
             raise CommandError(
                 f"lockkit_worker --burst: the database cannot be reached: {failure}"
