@@ -59,7 +59,9 @@ class RetryEvent:
         wait: Seconds before the next attempt (0.0 on give-up).
         error: The exception the attempt raised (``None`` when a tenacity result predicate asked for the retry).
         sqlstate: Its SQLSTATE or vendor code, when known.
-        operation: The qualified name of the decorated function.
+        operation: The qualified name of the decorated function (lockkit's entry point for its own calls).
+        doing: What was being done, in words, as the log lines say it ("claiming tasks", "renewing the worker's
+            leases on its tasks"); the operation's name for a function you decorated.
     """
 
     attempt: int
@@ -69,6 +71,7 @@ class RetryEvent:
     error: BaseException | None
     sqlstate: str | None
     operation: str
+    doing: str = ""
 
 
 Hook = Callable[[RetryEvent], None]
@@ -454,12 +457,12 @@ def reconnect_budget(setting: RetrySetting) -> float:
     return policy._seconds("reconnect_within")
 
 
-def _event(state: tenacity.RetryCallState, alias: str, operation: str, wait: float) -> RetryEvent:
+def _event(state: tenacity.RetryCallState, alias: str, operation: str, doing: str, wait: float) -> RetryEvent:
     assert state.outcome is not None
     error = state.outcome.exception()  # None when a tenacity result predicate asked for the retry
     failure = error.failure if isinstance(error, LockError) else None
     sqlstate = error.sqlstate if isinstance(error, LockError) else (code_of(error) if error else None)
-    return RetryEvent(state.attempt_number, failure, alias, wait, error, sqlstate, operation)
+    return RetryEvent(state.attempt_number, failure, alias, wait, error, sqlstate, operation, doing)
 
 
 def _extra(event: RetryEvent) -> dict[str, Any]:
@@ -470,11 +473,17 @@ def _extra(event: RetryEvent) -> dict[str, Any]:
         "attempt": event.attempt,
         "wait": event.wait,
         "operation": event.operation,
+        "doing": event.doing,
     }
 
 
 def call_with_retry(
-    setting: RetryPolicy | tenacity.Retrying, attempt: Callable[[int], R], *, alias: str, operation: str
+    setting: RetryPolicy | tenacity.Retrying,
+    attempt: Callable[[int], R],
+    *,
+    alias: str,
+    operation: str,
+    doing: str | None = None,
 ) -> R:
     """Call ``attempt(1)``, then ``attempt(2)``... while ``setting`` retries the failure; return the result.
 
@@ -485,12 +494,20 @@ def call_with_retry(
     drives every attempt of the call (through the call form, so result predicates and a
     ``retry_error_callback``'s return value work as tenacity documents them).
 
+    Args:
+        setting: The call's retry setting.
+        attempt: Runs attempt ``n`` (1-based) and returns the call's result.
+        alias: The database alias, for the hooks and the log lines.
+        operation: The operation's name, for the hooks and signals (``RetryEvent.operation``).
+        doing: What the call does, in the user's words, for the log lines ("claiming tasks"); default
+            ``operation`` (the name of a function the user decorated is already theirs).
+
     Raises:
         Whatever the last attempt raised (after ``on_give_up`` ran, when retries are exhausted).
     """
     numbers = itertools.count(1)  # per call: the attempt number each try runs with
     if not isinstance(setting, RetryPolicy):
-        retrying = build_retrying(setting, alias=alias, operation=operation)
+        retrying = build_retrying(setting, alias=alias, operation=operation, doing=doing)
         return retrying(lambda: attempt(next(numbers)))
     started = time.monotonic()
     try:
@@ -499,7 +516,9 @@ def call_with_retry(
         if not setting.should_retry(exc):
             raise
         first: BaseException | None = exc
-    retrying = build_retrying(setting, alias=alias, operation=operation, spent=time.monotonic() - started)
+    retrying = build_retrying(
+        setting, alias=alias, operation=operation, doing=doing, spent=time.monotonic() - started
+    )
 
     def replayed_then_next() -> R:
         nonlocal first
@@ -512,9 +531,17 @@ def call_with_retry(
 
 
 def build_retrying(
-    setting: RetryPolicy | tenacity.Retrying, *, alias: str, operation: str, spent: float = 0.0
+    setting: RetryPolicy | tenacity.Retrying,
+    *,
+    alias: str,
+    operation: str,
+    doing: str | None = None,
+    spent: float = 0.0,
 ) -> tenacity.Retrying:
     """Return a fresh ``Retrying`` for one call, logging each retry and give-up on the ``lockkit`` logger.
+
+    The log lines say what the call was doing (``doing``, default ``operation``), never an internal function's
+    name: ``lockkit: claiming tasks failed with connection_lost on 'default' (attempt 1); retrying in 0.050s``.
 
     A user-supplied ``Retrying`` is copied (never shared) with ``reraise=True``, so the last classified error is
     raised rather than tenacity's ``RetryError``; its own hooks still run after lockkit's. Its retry predicate is
@@ -531,12 +558,14 @@ def build_retrying(
         user_before_sleep, user_error_callback = setting.before_sleep, setting.retry_error_callback
         before_retry = on_give_up = None
 
+    described = doing or operation
+
     def before_sleep(state: tenacity.RetryCallState) -> None:
         wait = state.upcoming_sleep
-        event = _event(state, alias, operation, 0.0 if math.isnan(wait) else float(wait))
+        event = _event(state, alias, operation, described, 0.0 if math.isnan(wait) else float(wait))
         logger.info(
             "lockkit: %s failed with %s on %r (attempt %d); retrying in %.3fs",
-            operation,
+            described,
             event.failure.value if event.failure else type(event.error).__name__,
             alias,
             event.attempt,
@@ -550,12 +579,12 @@ def build_retrying(
             user_before_sleep(state)
 
     def give_up(state: tenacity.RetryCallState) -> Any:
-        event = _event(state, alias, operation, 0.0)
+        event = _event(state, alias, operation, described, 0.0)
         if isinstance(event.error, LockError):
             event.error.attempts = state.attempt_number
         logger.warning(
             "lockkit: %s gave up after %d attempt(s) on %r: %s",
-            operation,
+            described,
             event.attempt,
             alias,
             event.failure.value if event.failure else type(event.error).__name__,

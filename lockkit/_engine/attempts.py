@@ -51,6 +51,7 @@ def in_messages(
     send: Callable[[OneMessage], T],
     *,
     operation: str,
+    doing: str | None = None,
     timeouts: Mapping[str, int],
     elsewhere: Callable[[], T],
     nowait: bool = False,
@@ -65,7 +66,8 @@ def in_messages(
         alias: The database alias (outside any transaction, on a backend that ``sends_one_message``).
         setting: The call's retry setting (``None``: one attempt).
         send: Sends the statements through the message (``message.run``, ``message.finish``) and returns the result.
-        operation: The call's name, for retry events, logs and signals.
+        operation: The call's name, for retry events and signals.
+        doing: What the call does, in words, for the retry log lines (default ``operation``).
         timeouts: lockkit's setting names in whole milliseconds, applied by the opening.
         elsewhere: The same call in a scope, for a connection that turns out not to be idle in autocommit.
         nowait: The locks are taken with ``NOWAIT`` (a 55P03 is ``LockNotAvailable``).
@@ -148,7 +150,7 @@ def in_messages(
     def retried() -> T:
         if setting is None:
             return attempt(1)
-        return call_with_retry(setting, attempt, alias=alias, operation=operation)
+        return call_with_retry(setting, attempt, alias=alias, operation=operation, doing=doing)
 
     try:
         if observed_as is None or not events.observing():
@@ -162,6 +164,7 @@ def in_messages(
                 lambda number: observed_attempt(alias, number, (), {}),
                 alias=alias,
                 operation=operation,
+                doing=doing,
             )
     except _Kept as kept:
         raise kept.error from kept.error.__cause__

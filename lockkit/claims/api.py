@@ -114,7 +114,9 @@ def claim(
             )
         return statements.claim_row(rows[0].pk, values)
 
-    row = runner.in_transaction(alias, lock_timeout, work)
+    row = runner.in_transaction(
+        alias, lock_timeout, work, doing=f"claiming one of the {runner.rows_of(model)}"
+    )
     if row is None:
         return None
     made = Claim.from_row(row, model=model, alias=alias, lease=seconds)
@@ -318,11 +320,15 @@ class NextClaims:
             ordering = ordered().query.order_by
             return _claimed_by_lost_call(model, alias, self.worker, limit, message, lost, ordering)
 
+        doing = f"claiming {runner.rows_of(model)}"
+
         def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
             # The claims the lost call made; none means it changed nothing, and it is tried once more.
-            return found(message, lost) or runner.in_one_message(alias, self.lock_timeout, work, found)
+            return found(message, lost) or runner.in_one_message(
+                alias, self.lock_timeout, work, found, doing=doing
+            )
 
-        rows = runner.in_one_message(alias, self.lock_timeout, work, resolve)
+        rows = runner.in_one_message(alias, self.lock_timeout, work, resolve, doing=doing)
         claims = [Claim.from_row(row, model=model, alias=alias, lease=self.lease) for row in rows]
         _made(claims)
         fields = self.fields
@@ -478,15 +484,17 @@ def _reclaim(
     if statements.select_pks(expired, limit=None, skip_locked=True) is None:
         return model, alias, []  # no row can match: no transaction either
 
+    doing = f"handing back expired claims on {runner.rows_of(model)}"
+
     def work() -> list[Any]:
         return statements.reclaim_expired(expired, values)
 
     def resolve(message: Any, lost: ConnectionLost) -> list[Any]:
         # Handing back expired rows again is harmless: what the lost statement handed back is not counted.
         runner.await_session_end(alias, message, lost)
-        return runner.in_one_message(alias, lock_timeout, work)
+        return runner.in_one_message(alias, lock_timeout, work, doing=doing)
 
-    return model, alias, runner.in_one_message(alias, lock_timeout, work, resolve)
+    return model, alias, runner.in_one_message(alias, lock_timeout, work, resolve, doing=doing)
 
 
 def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -> list[Claim]:
@@ -527,7 +535,8 @@ def held_by(queryset: QuerySet[Any], *, worker: str, using: str | None = None) -
         .order_by("pk")
         .values("pk", "claim_token", "claimed_by", "lease_expires_at", "attempts", "claimed_at")
     )
-    rows = runner.in_transaction(alias, FROM_SETTINGS, lambda: list(held))
+    doing = f"reading the worker's claims on {runner.rows_of(model)}"
+    rows = runner.in_transaction(alias, FROM_SETTINGS, lambda: list(held), doing=doing)
     return [
         Claim.from_row(
             row, model=model, alias=alias, lease=(row["lease_expires_at"] - row["claimed_at"]).total_seconds()

@@ -158,7 +158,8 @@ def _end(
                 "set must not name attempts with attempted=False (the release takes the attempt back)"
             )
         assignments["attempts"] = F("attempts") - 1
-    fenced_update(claims, assignments, lock_timeout)
+    doing = "completing" if signal is signals.claim_completed else "releasing"
+    fenced_update(claims, assignments, lock_timeout, doing=doing)
     events.claims_event(signal, Claim, claims)
 
 

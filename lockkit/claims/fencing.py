@@ -86,11 +86,14 @@ def _stale_reason(claim: Claim, row: tuple[int, str, bool | None] | None) -> str
     return stale_reason(claim, row)
 
 
-def fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any) -> dict[Any, Any]:
+def fenced_update(
+    claims: tuple[Claim, ...], values: dict[str, Any], lock_timeout: Any, *, doing: str
+) -> dict[Any, Any]:
     """Write ``values`` to every claimed row in one statement if every claim is still live; else nothing.
 
     Live means the row still carries the claim's token and is claimed. Returns ``{pk: lease_expires_at}`` of
-    the rows written.
+    the rows written. ``doing`` is the verb of the retry log lines, completed with the rows' name ("completing"
+    -> "completing claimed tasks").
 
     Raises:
         StaleClaim: a claim is no longer live (nothing was written).
@@ -102,6 +105,7 @@ def fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeou
     pks = inputs.prepared_pks(claims, alias)
     tokens, workers = [c.token for c in claims], [c.worker for c in claims]
     resolving: list[ConnectionLost] = []
+    described = f"{doing} claimed {runner.rows_of(model)}"
 
     def work() -> list[Any]:
         return statements.fenced_update(pks, tokens, workers, values)
@@ -111,9 +115,9 @@ def fenced_update(claims: tuple[Claim, ...], values: dict[str, Any], lock_timeou
         # happened (written now: the first did not commit; stale with the row already ended as asked: it did).
         runner.await_session_end(alias, message, lost)
         resolving.append(lost)
-        return runner.in_one_message(alias, lock_timeout, work)
+        return runner.in_one_message(alias, lock_timeout, work, doing=described)
 
-    rows = runner.in_one_message(alias, lock_timeout, work, resolve)
+    rows = runner.in_one_message(alias, lock_timeout, work, resolve, doing=described)
     return judged(claims, pks, rows, values, resolving[0] if resolving else None)
 
 

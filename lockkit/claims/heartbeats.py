@@ -79,9 +79,10 @@ def heartbeat(
     seconds = held.lease if lease is None else inputs.lease(lease)
     values = {"lease_expires_at": claims_sql_for(held.model, held.alias).lease_end(seconds)}
     try:
-        written = fenced_update((held,), values, lock_timeout)
+        written = fenced_update((held,), values, lock_timeout, doing="renewing the lease of")
     except CommitOutcomeUnknown:
-        written = fenced_update((held,), values, lock_timeout)  # idempotent: renew again, on a new connection
+        # Idempotent: renew again, on a new connection.
+        written = fenced_update((held,), values, lock_timeout, doing="renewing the lease of")
     return replace(held, lease_expires_at=next(iter(written.values())), lease=seconds)
 
 
@@ -162,6 +163,7 @@ def _renew_held(
         claimed_by=name, lease_expires_at__gt=statements.now()
     )
     values = {"lease_expires_at": statements.lease_end(seconds)}
+    doing = f"renewing the worker's leases on its {runner.rows_of(model)}"
 
     def work() -> tuple[list[Any], Any]:
         return statements.renew_worker(held, name, values)
@@ -169,9 +171,9 @@ def _renew_held(
     def resolve(message: Any, lost: ConnectionLost) -> tuple[list[Any], Any]:
         # Renewing again is harmless: once the lost session has ended, the same statement says what is held.
         runner.await_session_end(alias, message, lost)
-        return runner.in_one_message(alias, lock_timeout, work)
+        return runner.in_one_message(alias, lock_timeout, work, doing=doing)
 
-    rows, clock = runner.in_one_message(alias, lock_timeout, work, resolve)
+    rows, clock = runner.in_one_message(alias, lock_timeout, work, resolve, doing=doing)
     return {row["pk"]: int(row["claim_token"]) for row in rows}, clock
 
 

@@ -27,7 +27,7 @@ from lockkit.backends import backend_for
 from lockkit.claims.sql.base import bounded
 from lockkit.errorcodes.translate import translating
 from lockkit.errors import ConnectionLost, Failure
-from lockkit.operations.operation import locked_operation
+from lockkit.operations.operation import LockedOperation
 from lockkit.retries import RetrySetting, from_settings, reconnect_budget
 from lockkit.scopes.options import FROM_SETTINGS, ScopeOptions
 from lockkit.validation import milliseconds
@@ -50,7 +50,7 @@ Resolve = Callable[[Any, ConnectionLost], T]
 
 
 def in_one_message(
-    alias: str, lock_timeout: Any, work: Callable[[], T], resolve: Resolve[T] | None = None
+    alias: str, lock_timeout: Any, work: Callable[[], T], resolve: Resolve[T] | None = None, *, doing: str
 ) -> T:
     """Run ``work()`` (one claims statement) as one message with its opening and ``COMMIT``, where it can be.
 
@@ -58,6 +58,9 @@ def in_one_message(
     ``in_transaction``. A connection lost before the message was sent, a deadlock and a serialization failure are
     retried; a reply lost after it was sent goes to ``resolve``, which tells from the rows what happened (without
     one, ``CommitOutcomeUnknown``).
+
+    ``doing`` says what the call does in the user's words ("claiming tasks"): the retry log lines say it, not the
+    name of ``work`` (an internal closure).
 
     Raises:
         TypeError, ValueError: ``lock_timeout`` is not a positive duration, ``None`` or the settings default.
@@ -86,10 +89,10 @@ def in_one_message(
         with translating(alias, nowait=False):
             prefix = backend.tx.statement_settings(connection, lock_timeout=lock, statement_timeout=statement)
         if prefix is None:
-            return in_transaction(alias, lock_timeout, work)
+            return in_transaction(alias, lock_timeout, work, doing=doing)
         # Each statement carries its own timeouts (MariaDB's SET STATEMENT): the scope sets no session variable.
         with bounded(prefix):
-            return cast(T, _operation(alias, None, work, statement_timeout=None)(work))
+            return cast(T, _operation(alias, None, work, statement_timeout=None, doing=doing)(work))
 
     def send(message: message_.OneMessage) -> T:
         with message_.sending(message):
@@ -100,11 +103,17 @@ def in_one_message(
         retry_setting(),
         send,
         operation=getattr(work, "__qualname__", "claims"),
+        doing=doing,
         timeouts=timeouts,
-        elsewhere=lambda: cast(T, _operation(alias, lock_timeout, work)(work)),
+        elsewhere=lambda: cast(T, _operation(alias, lock_timeout, work, doing=doing)(work)),
         timed=statement is not None,
         resolve=resolve,
     )
+
+
+def rows_of(model: type[Any]) -> str:
+    """What the rows of ``model`` are called, for the log lines: its ``verbose_name_plural`` ("tasks", "jobs")."""
+    return str(model._meta.verbose_name_plural)
 
 
 def retry_setting() -> RetrySetting:
@@ -123,7 +132,7 @@ def await_session_end(alias: str, message: Any, lost: ConnectionLost) -> None:
     outcome.await_session_end(alias, message.pid, lost, within=reconnect_budget(retry_setting()))
 
 
-def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
+def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T], *, doing: str) -> T:
     """Run ``work()`` in a locked scope on ``alias``, retried after a failure that rolled it back.
 
     A connection lost before COMMIT, a deadlock and a serialization failure are retried; a lost COMMIT is resolved
@@ -133,6 +142,7 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
         alias: The database alias.
         lock_timeout: Seconds, ``None`` (the connection's own setting) or ``FROM_SETTINGS``.
         work: The claims statement(s) to run in the scope.
+        doing: What the call does, in the user's words, for the retry log lines ("claiming tasks").
 
     Returns:
         What ``work()`` returned.
@@ -145,24 +155,30 @@ def in_transaction(alias: str, lock_timeout: Any, work: Callable[[], T]) -> T:
         DeadlockDetected, SerializationFailure: on each attempt ``settings.LOCKKIT["RETRY"]`` allows (3 by default).
         CommitOutcomeUnknown: the connection was lost at COMMIT and the outcome could not be found out.
     """
-    operation = _operation(alias, lock_timeout, work)
+    operation = _operation(alias, lock_timeout, work, doing=doing)
     return cast(T, operation(work))
 
 
 def _operation(
-    alias: str, lock_timeout: Any, work: Callable[[], Any], statement_timeout: Any = FROM_SETTINGS
+    alias: str,
+    lock_timeout: Any,
+    work: Callable[[], Any],
+    statement_timeout: Any = FROM_SETTINGS,
+    *,
+    doing: str,
 ) -> Callable[[Callable[[], Any]], Any]:
     """The locked operation that runs a ``work`` callable, decorated once per alias, lock timeout and call site.
 
     Decorating per call cost more than the scope itself (options validated, a wrapper and its awaitable form
-    built). The operation is named after ``work`` (the call site), as the signals report it. Settings are still
+    built). The operation is named after ``work`` (the call site), as the signals report it; its retry log lines
+    say ``doing`` (a few descriptions per model, so they can be part of the key). Settings are still
     read per call by the operation itself. A ``lock_timeout`` that cannot be a key (unhashable) is validated
     without being kept, so it raises as always.
     """
     name = getattr(work, "__qualname__", "claims")
     retry = retry_setting()  # the same object until the settings change
     # Keyed by the type too: ``True == 1``, and a bool must still be refused.
-    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, statement_timeout, name, retry)
+    key: Hashable | None = (alias, type(lock_timeout), lock_timeout, statement_timeout, name, doing, retry)
     try:
         return _OPERATIONS[key]
     except KeyError:
@@ -178,13 +194,10 @@ def _operation(
     run.__module__ = getattr(work, "__module__", __name__)
     # FOR NO KEY UPDATE where the database has it (PostgreSQL); MariaDB/MySQL and SQLite lock their own way.
     no_key = connections[alias].features.has_select_for_no_key_update
-    operation: Callable[[Callable[[], Any]], Any] = locked_operation(
-        using=alias,
-        lock_timeout=lock_timeout,
-        statement_timeout=statement_timeout,
-        no_key=no_key,
-        retry=retry,
-    )(run)
+    options = ScopeOptions.build(
+        using=alias, lock_timeout=lock_timeout, statement_timeout=statement_timeout, no_key=no_key
+    )
+    operation: Callable[[Callable[[], Any]], Any] = LockedOperation(options, retry, doing=doing)(run)
     if key is not None and len(_OPERATIONS) < _MAX_OPERATIONS:
         _OPERATIONS[key] = operation
     return operation

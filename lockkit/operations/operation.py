@@ -158,10 +158,17 @@ def _unwrap(error: BaseException) -> BaseException:
 class LockedOperation:
     """The decorator ``locked_operation(...)`` returns; configuration only, no per-call state."""
 
-    def __init__(self, options: ScopeOptions, retry: RetrySetting | Default) -> None:
-        """Hold the validated options and the retry setting (``Default.FROM_SETTINGS``: read it per call)."""
+    def __init__(
+        self, options: ScopeOptions, retry: RetrySetting | Default, *, doing: str | None = None
+    ) -> None:
+        """Hold the validated options and the retry setting (``Default.FROM_SETTINGS``: read it per call).
+
+        ``doing`` says what the operation does in words, for the retry log lines (lockkit's own operations, whose
+        functions are internal); default the decorated function's name.
+        """
         self._options = options
         self._retry = retry
+        self._doing = doing
 
     def __call__(self, func: Callable[P, R]) -> LockedFunction[P, R]:
         """Decorate ``func``; the result also has ``acall()``, its awaitable form.
@@ -171,7 +178,7 @@ class LockedOperation:
                 synchronous body and await ``.acall()``).
         """
         refuse_unsupported(func, "locked_operation")
-        options, retry_option = self._options, self._retry
+        options, retry_option, doing = self._options, self._retry, self._doing
         operation = operation_name(func)
 
         def attempt(alias: str, number: int, args: Any, kwargs: Any) -> R:
@@ -218,6 +225,7 @@ class LockedOperation:
                     lambda number: attempt(alias, number, args, kwargs),
                     alias=alias,
                     operation=operation,
+                    doing=doing,
                 )
             except _Committed as committed:
                 # Keep the error's own cause (an OnCommitError's callback failure); hide the carrier.
