@@ -45,8 +45,7 @@ class DatabaseBackend(BaseTaskBackend):
 
     Raises:
         django.core.exceptions.ImproperlyConfigured: when built, ``OPTIONS`` has an unknown option or a bad
-            value (the message names it).
-        ImportError: when built, ``OPTIONS["id_function"]`` is a dotted path that does not import.
+            value, an ``id_function`` dotted path that does not import included (the message names it).
     """
 
     supports_defer = True

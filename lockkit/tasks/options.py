@@ -78,9 +78,9 @@ def parse(alias: str, options: object) -> TaskOptions:
 
     Raises:
         ImproperlyConfigured: ``OPTIONS`` is not a dict, names an unknown option, or an option has a wrong type
-            or value, ``database`` an alias ``settings.DATABASES`` lacks included (the message names
-            ``TASKS[alias]["OPTIONS"][name]`` and what is accepted).
-        ImportError: ``id_function`` is a dotted path that does not import (the message names the option).
+            or value, ``database`` an alias ``settings.DATABASES`` lacks and an ``id_function`` dotted path that
+            does not import included (the message names ``TASKS[alias]["OPTIONS"][name]``, the value and what is
+            accepted).
     """
     where = f'TASKS["{alias}"]["OPTIONS"]'
     if not isinstance(options, Mapping):
@@ -138,7 +138,9 @@ def _id_function(where: str, value: object) -> Callable[[], Any] | None:
     try:
         found = import_string(value)
     except ImportError as missing:
-        raise ImportError(f"{where}['id_function']: cannot import {value!r}: {missing}") from missing
+        # A setting's value that names nothing: the setting is wrong (ImproperlyConfigured, as Django says it),
+        # with the import's own error kept as the cause.
+        raise ImproperlyConfigured(f"{where}['id_function']: cannot import {value!r}: {missing}") from missing
     if not callable(found):
         raise TypeError(f"id_function {value!r} is a {type(found).__name__}, not a callable")
     return found  # type: ignore[no-any-return]

@@ -63,7 +63,8 @@ def test_an_id_that_is_not_a_uuid_is_refused_before_any_sql(alias: str, made: st
 @pytest.mark.parametrize(
     ("value", "error", "named"),
     [
-        ("missing.function", ImportError, "['id_function']: cannot import 'missing.function'"),
+        # A setting that names nothing is ImproperlyConfigured, not an ImportError traceback (issue 34).
+        ("missing.function", ImproperlyConfigured, "['id_function']: cannot import 'missing.function'"),
         (
             "uuid.NAMESPACE_DNS",
             ImproperlyConfigured,
