@@ -104,13 +104,13 @@ class Attempts:
                     logger.exception(
                         "task %s failed after its fenced() block committed: kept SUCCESSFUL", row.id
                     )
-                    self.outcomes.fenced_success(row, run.errors, None, task, recorded=False)
+                    self.outcomes.fenced_success(row, claim, run.errors, None, task, recorded=False)
                     return
                 self.outcomes.fail(row, claim, [*errors, error_entry(failure, attempt)], attempt, task)
                 return
         if run.completed:  # the fenced() block committed: SUCCESSFUL, with or without its value
             recorded = running.record_value(run, stored)
-            self.outcomes.fenced_success(row, run.errors, stored, task, recorded=recorded)
+            self.outcomes.fenced_success(row, claim, run.errors, stored, task, recorded=recorded)
             return
         self.outcomes.finish(row, claim, TaskResultStatus.SUCCESSFUL, errors=errors, value=stored, task=task)
 

@@ -186,6 +186,7 @@ class Outcomes:
     def fenced_success(
         self,
         row: QueuedTask,
+        claim: Claim,
         errors: list[dict[str, Any]],
         value: Any,
         task: Task[..., Any],
@@ -195,7 +196,10 @@ class Outcomes:
         """The task's ``fenced()`` block wrote its success (with ``errors``): count it, send ``task_finished`` once.
 
         ``value`` is the return value, ``recorded`` whether it was written after the block (``record_value``).
+        The claim is remembered as ended, as any written outcome's: a commit the database lost (a failover) leaves
+        the row ``RUNNING`` under it, and ``release_forgotten`` gives the task back rather than renewing it.
         """
+        self._remember_ended(claim)
         row.return_value_recorded = recorded
         self._finished(row, TaskResultStatus.SUCCESSFUL, errors, value if recorded else None, None, task)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -49,9 +50,20 @@ def running(worker: Worker) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("alias", vendor_aliases())
-def test_a_completion_the_database_lost_is_given_back_and_run_again(alias: str) -> None:
+@pytest.mark.parametrize(
+    ("job", "args", "value"),
+    [
+        pytest.param(jobs.calculate_meaning_of_life, (), 42, id="plain"),
+        # The success written by the task's own fenced() block (its transaction): before, its claim was not
+        # remembered as ended, and a lost commit left the task RUNNING, renewed for as long as the worker ran.
+        pytest.param(jobs.fenced_effect, ("lost",), "lost", id="fenced"),
+    ],
+)
+def test_a_completion_the_database_lost_is_given_back_and_run_again(
+    alias: str, job: Any, args: tuple[Any, ...], value: Any
+) -> None:
     with backend_on(alias, lease=1, max_attempts=3) as backend:
-        result = jobs.calculate_meaning_of_life.enqueue()
+        result = job.enqueue(*args)
         worker = Worker(backend, queues=sorted(backend.queues), worker_id="w")
         with running(worker):
             wait_for(lambda: worker.stats.succeeded == 1, what="the first run")
@@ -68,7 +80,7 @@ def test_a_completion_the_database_lost_is_given_back_and_run_again(alias: str) 
             wait_for(lambda: worker.stats.succeeded == 2, what="the task run again")
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
-        assert result.return_value == 42
+        assert result.return_value == value
         assert result.worker_ids == ["w", "w"]
         assert [error.exception_class_path for error in result.errors] == ["lockkit.tasks.errors.WorkerLost"]
 
