@@ -16,6 +16,7 @@ from lockkit.claims import Claim, complete
 from lockkit.claims import fenced as fenced_claim
 from lockkit.claims.sql import claims_sql_for
 from lockkit.guarded import guarded_update
+from lockkit.scopes.blocks import locked
 from lockkit.scopes.scope import LockScope
 from lockkit.tasks.models import QueuedTask
 
@@ -70,16 +71,22 @@ def fenced() -> Iterator[LockScope]:
     once per task, around its database writes.
     See https://docs.djangoproject.com/en/6.0/topics/db/transactions/.
 
+    Outside a task run by ``lockkit_worker`` (Django's ``ImmediateBackend`` in tests, a direct ``task.call()``)
+    there is no claim to fence and no task row to complete: the block is a plain ``lockkit.locked()`` scope on the
+    default database, committed (or rolled back) with it, and the task's code runs unchanged.
+
     Yields:
         The ``LockScope`` (write with the ORM on ``scope.alias``, or with the scope's helpers).
 
     Raises:
-        RuntimeError: not called from a task run by ``lockkit_worker``, or called twice in one run.
+        RuntimeError: called twice in one run by the worker.
         lockkit.errors.StaleClaim: the task's claim is no longer current; nothing was written.
     """
     run = _current.get()
     if run is None:
-        raise RuntimeError("lockkit.tasks.fenced() works only inside a task run by manage.py lockkit_worker")
+        with locked() as scope:
+            yield scope
+        return
     if run.completed:
         raise RuntimeError("lockkit.tasks.fenced() was already used by this task run: use it once")
     with fenced_claim(run.claim) as scope:

@@ -162,6 +162,14 @@ def fenced_effect(name: str) -> str:
 
 
 @task()
+def fenced_effect_then_raise(name: str) -> str:
+    """Write one database effect in ``lockkit.tasks.fenced()``, then raise inside the block (rolled back)."""
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+        raise ValueError(f"{name}: raised inside the fenced() block")
+
+
+@task()
 def return_lone_surrogate() -> str:
     return "lone \ud800"  # no database's JSON column stores it: the attempt fails, the worker carries on
 

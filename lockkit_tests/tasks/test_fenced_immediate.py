@@ -1,0 +1,41 @@
+"""``lockkit.tasks.fenced()`` outside a lockkit worker: Django's ``ImmediateBackend``, as a project's tests use it.
+
+There is no claim to fence: the block is a plain ``lockkit.locked()`` scope on the default database, so a task
+written for lockkit's worker runs unchanged there (before, ``fenced()`` raised ``RuntimeError`` and every such
+task failed under ``ImmediateBackend``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.test import override_settings
+
+from lockkit.tasks import current_claim
+from lockkit_tests.models import Owner
+from lockkit_tests.tasks import jobs
+
+IMMEDIATE = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_fenced_under_the_immediate_backend_commits_with_its_block() -> None:
+    with override_settings(TASKS=IMMEDIATE):
+        result = jobs.fenced_effect.enqueue("immediate")
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == "immediate"
+    assert Owner.objects.filter(name="immediate").count() == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_fenced_under_the_immediate_backend_rolls_back_what_its_block_wrote_when_it_raises() -> None:
+    with override_settings(TASKS=IMMEDIATE):
+        result = jobs.fenced_effect_then_raise.enqueue("rolled back")
+    assert result.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in result.errors] == ["builtins.ValueError"]
+    assert not Owner.objects.filter(name="rolled back").exists()
+
+
+def test_current_claim_outside_a_worker_still_says_there_is_none() -> None:
+    with pytest.raises(RuntimeError, match=r"only inside a task run by manage\.py lockkit_worker"):
+        current_claim()
