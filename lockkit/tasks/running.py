@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import DatabaseError
 from django.tasks.base import TaskResultStatus
+from django.tasks.signals import task_finished, task_started
 
 from lockkit.claims import Claim, complete
 from lockkit.claims import fenced as fenced_claim
@@ -18,6 +19,7 @@ from lockkit.claims.sql import claims_sql_for
 from lockkit.guarded import guarded_update
 from lockkit.scopes.blocks import locked
 from lockkit.scopes.scope import LockScope
+from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.models import QueuedTask
 
 logger = logging.getLogger("lockkit.tasks.worker")
@@ -36,6 +38,30 @@ class Run:
 
 
 _current: ContextVar[Run | None] = ContextVar("lockkit_tasks_run", default=None)
+# The worker's runs hidden while another backend runs a task at once inside them (Django's ImmediateBackend, called
+# by the worker's task): that task is not the claimed one, and its fenced() and current_claim() must not take it.
+_hidden: ContextVar[tuple[Run | None, ...]] = ContextVar("lockkit_tasks_hidden_runs", default=())
+
+
+def _another_backend_starts(sender: object, **kwargs: Any) -> None:
+    """``task_started`` of a backend that runs the task in the caller's thread: no worker's run while it runs."""
+    if sender is not DatabaseBackend:
+        _hidden.set((*_hidden.get(), _current.get()))
+        _current.set(None)
+
+
+def _another_backend_finishes(sender: object, **kwargs: Any) -> None:
+    """``task_finished`` of such a backend: the worker's run it hid is the current one again."""
+    hidden = _hidden.get()
+    if sender is not DatabaseBackend and hidden:
+        _hidden.set(hidden[:-1])
+        _current.set(hidden[-1])
+
+
+task_started.connect(_another_backend_starts, dispatch_uid="lockkit.tasks.running.another_backend_starts")
+task_finished.connect(
+    _another_backend_finishes, dispatch_uid="lockkit.tasks.running.another_backend_finishes"
+)
 
 
 def current_claim() -> Claim:
@@ -73,7 +99,9 @@ def fenced() -> Iterator[LockScope]:
 
     Outside a task run by ``lockkit_worker`` (Django's ``ImmediateBackend`` in tests, a direct ``task.call()``)
     there is no claim to fence and no task row to complete: the block is a plain ``lockkit.locked()`` scope on the
-    default database, committed (or rolled back) with it, and the task's code runs unchanged.
+    default database, committed (or rolled back) with it, and the task's code runs unchanged. So is a task that
+    another backend runs at once inside a worker's task (an ``ImmediateBackend`` enqueue there): it is not the
+    claimed task, whose own ``fenced()`` is still to come.
 
     Yields:
         The ``LockScope`` (write with the ORM on ``scope.alias``, or with the scope's helpers).
@@ -134,7 +162,9 @@ def running(claim: Claim, errors: list[dict[str, Any]]) -> Iterator[Run]:
     """
     run = Run(claim, list(errors))
     token = _current.set(run)
+    hidden = _hidden.set(())
     try:
         yield run
     finally:
+        _hidden.reset(hidden)
         _current.reset(token)

@@ -170,6 +170,18 @@ def fenced_effect_then_raise(name: str) -> str:
 
 
 @task()
+def immediate_then_fenced(name: str) -> str:
+    """Run ``fenced_effect`` on the ``"immediate"`` backend (Django's ``ImmediateBackend``: at once, in this thread),
+    then write this task's own effect in ``fenced()``."""
+    inner = fenced_effect.using(backend="immediate").enqueue(f"{name}-inner")
+    if inner.status != "SUCCESSFUL":
+        raise RuntimeError(f"the immediate task failed: {[e.traceback for e in inner.errors]}")
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+    return name
+
+
+@task()
 def return_lone_surrogate() -> str:
     return "lone \ud800"  # no database's JSON column stores it: the attempt fails, the worker carries on
 
