@@ -35,6 +35,7 @@ class Run:
     claim: Claim
     errors: list[dict[str, Any]] = field(default_factory=list)
     completed: bool = False
+    inside: bool = False  # a fenced() block of this run is open
 
 
 _current: ContextVar[Run | None] = ContextVar("lockkit_tasks_run", default=None)
@@ -107,7 +108,7 @@ def fenced() -> Iterator[LockScope]:
         The ``LockScope`` (write with the ORM on ``scope.alias``, or with the scope's helpers).
 
     Raises:
-        RuntimeError: called twice in one run by the worker.
+        RuntimeError: called twice in one run by the worker, or inside its own open block (nested).
         lockkit.errors.StaleClaim: the task's claim is no longer current; nothing was written.
     """
     run = _current.get()
@@ -117,19 +118,30 @@ def fenced() -> Iterator[LockScope]:
         return
     if run.completed:
         raise RuntimeError("lockkit.tasks.fenced() was already used by this task run: use it once")
-    with fenced_claim(run.claim) as scope:
-        yield scope
-        now = claims_sql_for(run.claim.model, run.claim.alias).now()
-        complete(
-            run.claim,
-            set={
-                "status": TaskResultStatus.SUCCESSFUL,
-                "finished_at": now,
-                "return_value": None,
-                "return_value_recorded": False,
-                "errors": run.errors,
-            },
+    if run.inside:
+        # The inner block would complete the claim inside the outer one's transaction, which the outer block's own
+        # completion then rolls back: the run would count as completed with nothing committed.
+        raise RuntimeError(
+            "lockkit.tasks.fenced() is already open in this task run: nested fenced() blocks are refused (write "
+            "with the scope the open block yielded)"
         )
+    run.inside = True
+    try:
+        with fenced_claim(run.claim) as scope:
+            yield scope
+            now = claims_sql_for(run.claim.model, run.claim.alias).now()
+            complete(
+                run.claim,
+                set={
+                    "status": TaskResultStatus.SUCCESSFUL,
+                    "finished_at": now,
+                    "return_value": None,
+                    "return_value_recorded": False,
+                    "errors": run.errors,
+                },
+            )
+    finally:
+        run.inside = False
     run.completed = True
 
 

@@ -182,6 +182,16 @@ def immediate_then_fenced(name: str) -> str:
 
 
 @task()
+def nested_fenced(name: str) -> str:
+    """Write an effect in ``fenced()``, and another in a ``fenced()`` block nested in the first (a misuse)."""
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+        with fenced() as inner:
+            Owner.objects.using(inner.alias).create(name=f"{name}-inner")
+    return name
+
+
+@task()
 def return_lone_surrogate() -> str:
     return "lone \ud800"  # no database's JSON column stores it: the attempt fails, the worker carries on
 

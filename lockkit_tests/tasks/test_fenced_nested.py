@@ -1,0 +1,45 @@
+"""``lockkit.tasks.fenced()`` nested in the same task's ``fenced()`` block, under a worker: refused at once.
+
+The inner block would complete the claim inside the outer block's transaction, and the outer block's own
+completion would then find the claim ended and roll everything back: the task must not be reported (counted,
+``task_finished``) as a success whose writes were rolled back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_finished
+
+from lockkit_tests.models import Owner
+from lockkit_tests.tasks import jobs
+from lockkit_tests.tasks.helpers import backend_on, run_worker, vendor_aliases
+
+POSTGRESQL, MARIADB, _ = vendor_aliases()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_fenced_block_nested_in_another_fails_the_attempt_and_is_never_reported_successful(
+    alias: str,
+) -> None:
+    finished: list[str] = []
+
+    def record(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append(str(task_result.status))
+
+    task_finished.connect(record)
+    try:
+        with backend_on(alias, max_attempts=1) as backend:
+            result = jobs.nested_fenced.enqueue("nested")
+            stats = run_worker(backend)
+            result.refresh()
+    finally:
+        task_finished.disconnect(record)
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
+    assert "nested" in result.errors[0].traceback
+    assert not Owner.objects.using(alias).filter(name__startswith="nested").exists()
+    assert (stats.succeeded, stats.failed) == (0, 1)
+    assert finished == [TaskResultStatus.FAILED]
