@@ -37,6 +37,10 @@ class Run:
     completed: bool = False
     inside: bool = False  # a fenced() block of this run is open
 
+    def complete(self) -> None:
+        """The ``fenced()`` block's completion committed (its scope's ``on_commit``)."""
+        self.completed = True
+
 
 _current: ContextVar[Run | None] = ContextVar("lockkit_tasks_run", default=None)
 # The worker's runs hidden while another backend runs a task at once inside them (Django's ImmediateBackend, called
@@ -94,7 +98,8 @@ def fenced() -> Iterator[LockScope]:
     the commit (the task is not run again). The return value of the task function is written after it returns
     (a lost connection is reconnected, per the retry policy); until it is, and for good when the worker dies in
     between, the result's ``return_value`` raises ``lockkit.tasks.ReturnValueNotRecorded`` rather than answer
-    ``None``. An exception raised after the block is logged, and the task stays ``SUCCESSFUL``. Use it at most
+    ``None``. An exception raised after the block committed is logged, and the task stays ``SUCCESSFUL`` (inside the
+    task's own ``atomic()``, the block commits with it, and not when it rolls back). Use it at most
     once per task, around its database writes.
     See https://docs.djangoproject.com/en/6.0/topics/db/transactions/.
 
@@ -140,9 +145,11 @@ def fenced() -> Iterator[LockScope]:
                     "errors": run.errors,
                 },
             )
+            # Completed when the transaction commits: inside the task's own atomic() on the alias, that is when
+            # the atomic() does, and never when it rolls back (the row is then still RUNNING under the claim).
+            scope.on_commit(run.complete)
     finally:
         run.inside = False
-    run.completed = True
 
 
 def record_value(run: Run, value: Any) -> bool:

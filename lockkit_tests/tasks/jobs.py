@@ -192,6 +192,16 @@ def nested_fenced(name: str) -> str:
 
 
 @task()
+def fenced_in_atomic_then_raise(name: str, alias: str) -> str:
+    """Write an effect in ``fenced()`` inside the task's own ``atomic()``, then raise in that ``atomic()``: the
+    block's writes and its completion roll back with it."""
+    with transaction.atomic(using=alias):
+        with fenced() as scope:
+            Owner.objects.using(scope.alias).create(name=name)
+        raise ValueError(f"{name}: raised after the fenced() block, inside the task's atomic()")
+
+
+@task()
 def return_lone_surrogate() -> str:
     return "lone \ud800"  # no database's JSON column stores it: the attempt fails, the worker carries on
 

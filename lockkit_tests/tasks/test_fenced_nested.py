@@ -43,3 +43,27 @@ def test_a_fenced_block_nested_in_another_fails_the_attempt_and_is_never_reporte
     assert not Owner.objects.using(alias).filter(name__startswith="nested").exists()
     assert (stats.succeeded, stats.failed) == (0, 1)
     assert finished == [TaskResultStatus.FAILED]
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_fenced_block_rolled_back_by_the_task_s_own_atomic_is_not_taken_for_a_committed_success(
+    alias: str,
+) -> None:
+    finished: list[str] = []
+
+    def record(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append(str(task_result.status))
+
+    task_finished.connect(record)
+    try:
+        with backend_on(alias, max_attempts=1) as backend:
+            result = jobs.fenced_in_atomic_then_raise.enqueue("rolled back", alias)
+            stats = run_worker(backend)
+            result.refresh()
+    finally:
+        task_finished.disconnect(record)
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
+    assert not Owner.objects.using(alias).filter(name="rolled back").exists()
+    assert (stats.succeeded, stats.failed) == (0, 1)
+    assert finished == [TaskResultStatus.FAILED]
