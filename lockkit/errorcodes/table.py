@@ -250,7 +250,10 @@ _REFUSED_SETTINGS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"no pg_hba\.conf entry for host "), "28000"),
     (re.compile(r"pg_hba\.conf rejects connection for host "), "28000"),
     (re.compile(r'password authentication failed for user "'), "28P01"),
-    (re.compile(r'\w+ authentication failed for user "'), "28000"),
+    # Only the methods the server decides alone (peer credentials, a client certificate): LDAP, RADIUS, PAM,
+    # Ident and GSSAPI/SSPI ask a service that may be down, and say the same words for a wrong password as for
+    # an unreachable service: a retry may succeed, so they stay lost connections.
+    (re.compile(r'(?:Peer|certificate) authentication failed for user "'), "28000"),
     (re.compile(r"fe_sendauth: no password supplied"), "28P01"),
 )
 
@@ -265,8 +268,9 @@ def refused_settings_code(exc: BaseException) -> str | None:
 
     Returns:
         ``"3D000"`` (no such database), ``"28000"`` (no such role, not allowed to log in, refused by
-        ``pg_hba.conf``, a failed non-password authentication) or ``"28P01"`` (a wrong or missing password), or
-        ``None``.
+        ``pg_hba.conf``, a failed peer or certificate authentication) or ``"28P01"`` (a wrong or missing
+        password), or ``None``: an authentication service the server asks (LDAP, RADIUS, PAM, Ident, GSSAPI)
+        reports its outage in the words of a refusal, and a retry may succeed.
     """
     if not type(exc).__module__.startswith("psycopg") or vendor_code(exc) is not None:
         return None

@@ -269,6 +269,7 @@ REFUSED_SETTINGS = [
     ('pg_hba.conf rejects connection for host "10.0.0.1", user "u", database "d", no encryption', "28000"),
     ('password authentication failed for user "u"', "28P01"),
     ('Peer authentication failed for user "u"', "28000"),
+    ('certificate authentication failed for user "u"', "28000"),
 ]
 
 
@@ -291,6 +292,15 @@ def test_refused_settings_are_recognised_in_psycopgs_code_less_connection_failur
         'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  the database system '
         "is starting up",
         "consuming input failed: server closed the connection unexpectedly",
+        # An authentication service the server asks may be down: the same words as a wrong password there.
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  LDAP authentication '
+        'failed for user "u"',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  RADIUS authentication '
+        'failed for user "u"',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  PAM authentication '
+        'failed for user "u"',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  Ident authentication '
+        'failed for user "u"',
     ],
 )
 def test_a_server_down_or_starting_is_not_a_refusal_of_the_settings(message: str) -> None:
