@@ -30,7 +30,7 @@ from lockkit_tests.tasks.helpers import (
 POSTGRESQL, MARIADB, _ = vendor_aliases()
 
 
-def _unexpired(alias: str, pk: object) -> bool:
+def _unexpired(alias: str, pk: str) -> bool:
     """Whether the task's claim still has lease left, by the database clock (as the heartbeat sees it)."""
     now = claims_sql_for(QueuedTask, alias).now()
     return QueuedTask.objects.using(alias).filter(pk=pk, lease_expires_at__gt=now).exists()
