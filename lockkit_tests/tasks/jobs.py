@@ -202,6 +202,19 @@ def fenced_in_atomic_then_raise(name: str, alias: str) -> str:
 
 
 @task()
+def fenced_then_base_exception(name: str, kind: str) -> str:
+    """Write an effect in ``fenced()``, then raise a ``BaseException`` that is not an ``Exception`` inside the block."""
+    raised: dict[str, type[BaseException]] = {
+        "KeyboardInterrupt": KeyboardInterrupt,
+        "SystemExit": SystemExit,
+        "GeneratorExit": GeneratorExit,
+    }
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+        raise raised[kind](f"{name}: raised inside the fenced() block")
+
+
+@task()
 def return_lone_surrogate() -> str:
     return "lone \ud800"  # no database's JSON column stores it: the attempt fails, the worker carries on
 

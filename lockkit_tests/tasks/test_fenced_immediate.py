@@ -8,6 +8,7 @@ task failed under ``ImmediateBackend``).
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 from django.tasks import TaskResultStatus
 from django.test import override_settings
 
@@ -39,3 +40,23 @@ def test_fenced_under_the_immediate_backend_rolls_back_what_its_block_wrote_when
 def test_current_claim_outside_a_worker_still_says_there_is_none() -> None:
     with pytest.raises(RuntimeError, match=r"only inside a task run by manage\.py lockkit_worker"):
         current_claim()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_fenced_under_the_immediate_backend_inside_the_caller_s_atomic_is_a_savepoint_of_it() -> None:
+    with override_settings(TASKS=IMMEDIATE):
+        with transaction.atomic():
+            Owner.objects.create(name="caller")
+            failed = jobs.fenced_effect_then_raise.enqueue("inner rolled back")
+            done = jobs.fenced_effect.enqueue("inner kept")
+            Owner.objects.create(name="caller after")  # the caller's transaction is still usable
+        assert (failed.status, done.status) == (TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL)
+        assert sorted(Owner.objects.values_list("name", flat=True)) == [
+            "caller",
+            "caller after",
+            "inner kept",
+        ]
+        with transaction.atomic():
+            jobs.fenced_effect.enqueue("rolled back with the caller")
+            transaction.set_rollback(True)
+        assert not Owner.objects.filter(name="rolled back with the caller").exists()

@@ -67,3 +67,18 @@ def test_a_fenced_block_rolled_back_by_the_task_s_own_atomic_is_not_taken_for_a_
     assert not Owner.objects.using(alias).filter(name="rolled back").exists()
     assert (stats.succeeded, stats.failed) == (0, 1)
     assert finished == [TaskResultStatus.FAILED]
+
+
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "SystemExit", "GeneratorExit"])
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_base_exception_inside_a_fenced_block_rolls_it_back_and_fails_the_attempt(
+    alias: str, kind: str
+) -> None:
+    with backend_on(alias, max_attempts=1) as backend:
+        result = jobs.fenced_then_base_exception.enqueue("interrupted", kind)
+        stats = run_worker(backend, concurrency=2)
+        result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == [f"builtins.{kind}"]
+    assert not Owner.objects.using(alias).filter(name="interrupted").exists()
+    assert (stats.succeeded, stats.failed) == (0, 1)
