@@ -15,8 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from functools import reduce
-from operator import or_
 from secrets import token_hex
 from typing import Any
 
@@ -364,20 +362,22 @@ class Worker:
         """
         now = claims_sql_for(QueuedTask, self.alias).now()
         found = mine.filter(claimed_by=self.worker_id, lease_expires_at__gt=now)
-        # Compared here too: a case-insensitive collation finds "W1"'s claims for "w1" (never renewed by its beats).
-        claims = [
-            (pk, token)
-            for pk, token, name in found.values_list("pk", "claim_token", "claimed_by")
-            if name == self.worker_id
-        ]
+        # Their pks by token: one IN list per token, not a term per claim (a --claim-batch of 1000 made SQLite refuse
+        # every beat, deeper than its 1000, and took PostgreSQL seconds to plan each beat).
+        claims: dict[int, list[Any]] = {}
+        for pk, token, name in found.values_list("pk", "claim_token", "claimed_by"):
+            if name == self.worker_id:  # a case-insensitive collation finds "W1"'s claims for "w1" too
+                claims.setdefault(token, []).append(pk)
         if not claims:
             return mine
         logger.warning(
             "worker %s: %d task(s) were claimed under this worker id before it started; it leaves their leases to "
             "run out (a worker that died with this id) or to the worker still running with it (each worker "
-            "running at once needs its own --worker-id)", self.worker_id, len(claims),
+            "running at once needs its own --worker-id)", self.worker_id, sum(map(len, claims.values())),
         )  # fmt: skip
-        return mine.exclude(reduce(or_, (Q(pk=pk, claim_token=token) for pk, token in claims)))
+        for token, pks in claims.items():
+            mine = mine.exclude(claim_token=token, pk__in=pks)
+        return mine
 
     def _settle(self) -> None:
         """Write the outcomes still buffered or held, and give back the claims no runner started (at the end)."""

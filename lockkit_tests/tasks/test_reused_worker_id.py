@@ -15,19 +15,21 @@ from pathlib import Path
 import pytest
 from django.tasks import TaskResultStatus
 
+from lockkit.claims import claim_next
 from lockkit.claims.sql import claims_sql_for
 from lockkit.tasks.models import QueuedTask
 from lockkit_tests.tasks import jobs
 from lockkit_tests.tasks.helpers import (
     backend_on,
     marker,
+    run_worker,
     status_of,
     vendor_aliases,
     wait_for,
     worker_process,
 )
 
-POSTGRESQL, MARIADB, _ = vendor_aliases()
+POSTGRESQL, MARIADB, SQLITE = vendor_aliases()
 
 
 def _unexpired(alias: str, pk: str) -> bool:
@@ -69,3 +71,33 @@ def test_a_worker_restarted_with_the_same_worker_id_lets_its_predecessor_s_claim
             None,
         )  # taken back by a new claim, ended
         assert not Path(marker(tmp_path, "long") + ".done").exists()
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, SQLITE])
+def test_a_worker_restarted_under_a_name_holding_a_full_claim_batch_still_renews_its_own_claims(
+    alias: str, tmp_path: Path
+) -> None:
+    """Its predecessor held a whole ``--claim-batch 1000`` (the largest) when it died: each of those claims is left
+    out of every beat of the restarted worker, which must still renew the claims it makes itself (SQLite refuses
+    an expression deeper than 1000 terms: a beat naming each claim apart failed, every time)."""
+    held = 1000
+    with backend_on(alias, max_attempts=1) as backend:
+        for _ in range(held):
+            jobs.noop_task.enqueue()
+        claimed = claim_next(
+            QueuedTask.objects.using(alias).filter(status=TaskResultStatus.READY),
+            worker="fixed",
+            lease=300,
+            limit=held,
+            set={"status": TaskResultStatus.RUNNING},
+        )
+        assert len(claimed) == held
+        before = dict(QueuedTask.objects.using(alias).values_list("pk", "lease_expires_at"))
+        # Longer than its 1 s lease: only the restarted worker's beats keep its claim (else it is taken again).
+        long = jobs.slow.enqueue(marker(tmp_path, "long"), 2.5)
+        stats = run_worker(backend, worker_id="fixed", lease=1, concurrency=2)
+        long.refresh()
+    assert (long.status, long.worker_ids, long.errors) == (TaskResultStatus.SUCCESSFUL, ["fixed"], [])
+    assert (stats.succeeded, stats.failed, stats.lost) == (1, 0, 0)
+    after = dict(QueuedTask.objects.using(alias).exclude(pk=long.id).values_list("pk", "lease_expires_at"))
+    assert after == before  # the predecessor's claims: not renewed
