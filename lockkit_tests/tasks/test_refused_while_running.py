@@ -86,3 +86,33 @@ def test_a_running_worker_waits_out_a_login_refused_for_a_while_and_runs_what_wa
             worker.signal(15)
             code, log = worker.wait(timeout=30)
         assert code == 0, log
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "restartable"], available_apps=APPS)
+def test_a_task_running_while_the_login_is_refused_is_recorded_once_it_is_back(tmp_path: Path) -> None:
+    prefix = marker(tmp_path, "running")
+    with _role() as role, extra_alias("restartable", "default", USER=role, PASSWORD="") as alias:
+        with (
+            backend_on(alias, max_attempts=1),
+            worker_process(alias, "--interval", "0.2", "--lease", "20", "--concurrency", "2") as worker,
+        ):
+            connections[alias].close()
+            connections[alias].settings_dict["USER"] = connections["default"].settings_dict["USER"]
+            running = jobs.slow.enqueue(prefix, 3.0)
+            wait_for(lambda: Path(prefix + ".started").exists(), what="the task to start")
+            _admin(f"ALTER ROLE {role} NOLOGIN")
+            _admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", role)
+            wait_for(lambda: not _sessions_of(role), what="the worker's sessions to end")
+            # The task ends while its worker cannot log in: its success cannot be written yet.
+            wait_for(lambda: Path(prefix + ".done").exists(), what="the task to end")
+            wait_for(lambda: "is not permitted to log in" in worker.log(), what="the worker to be refused")
+            assert status_of(running) == TaskResultStatus.RUNNING
+            _admin(f"ALTER ROLE {role} LOGIN")
+            wait_for(lambda: status_of(running) != TaskResultStatus.RUNNING, timeout=30, what="the outcome")
+            assert (running.status, running.worker_ids, running.errors) == (
+                TaskResultStatus.SUCCESSFUL,
+                [worker.log().split("lockkit_worker ", 1)[1].split(":", 1)[0]],
+                [],
+            )
+            assert running.return_value == "slept"
+            assert worker.process.poll() is None, worker.log()
