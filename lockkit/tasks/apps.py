@@ -12,3 +12,9 @@ class TasksConfig(AppConfig):
     label = "lockkit_tasks"
     verbose_name = "lockkit tasks"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Connect the receivers that keep a worker's run apart from a task another backend runs inside it."""
+        from lockkit.tasks.running import connect_receivers  # noqa: PLC0415 - models load after the registry
+
+        connect_receivers()

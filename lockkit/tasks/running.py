@@ -63,10 +63,12 @@ def _another_backend_finishes(sender: object, **kwargs: Any) -> None:
         _current.set(hidden[-1])
 
 
-task_started.connect(_another_backend_starts, dispatch_uid="lockkit.tasks.running.another_backend_starts")
-task_finished.connect(
-    _another_backend_finishes, dispatch_uid="lockkit.tasks.running.another_backend_finishes"
-)
+def connect_receivers() -> None:
+    """Hide the worker's run while another backend runs a task inside it (from ``TasksConfig.ready()``)."""
+    task_started.connect(_another_backend_starts, dispatch_uid="lockkit.tasks.running.another_backend_starts")
+    task_finished.connect(
+        _another_backend_finishes, dispatch_uid="lockkit.tasks.running.another_backend_finishes"
+    )
 
 
 def current_claim() -> Claim:
