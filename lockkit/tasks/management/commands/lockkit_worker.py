@@ -198,7 +198,7 @@ class Command(BaseCommand):
         burst = bool(options["burst"] or options["batch"])
 
         def build() -> Worker:
-            return Worker(
+            worker = Worker(
                 backend,
                 queues=queues,
                 exclude_queues=excluded,
@@ -210,6 +210,10 @@ class Command(BaseCommand):
                 poll_interval=numbers["interval"],
                 worker_id=options["worker_id"],
             )
+            # On PostgreSQL nothing above asks the server, and the worker's first statement (the claims held under
+            # its name) raised a raw OperationalError: a server down at start is waited out here, on every vendor.
+            connections[worker.alias].ensure_connection()
+            return worker
 
         try:
             worker = _when_reachable(build, backend.database(), burst=burst, write=self.stderr.write)
