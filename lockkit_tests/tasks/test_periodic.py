@@ -230,6 +230,24 @@ def test_a_bad_schedule_is_refused_when_the_backend_is_built(periodic: Any, name
 @pytest.mark.parametrize(
     ("cron", "says"),
     [
+        ("@hourly", "write the five fields '0 * * * *'"),
+        ("@Daily", "write the five fields '0 0 * * *'"),
+        ("@reboot", "write the five fields (minute"),
+    ],
+)
+def test_a_cron_shortcut_is_refused_with_the_five_fields_it_stands_for(cron: str, says: str) -> None:
+    # A new user's trial: "@hourly" was refused as "(Wrong number of fields)", cronsim's words, which do not say
+    # that the shortcuts are not read or what to write instead.
+    periodic = {"t": {"task": TASK, "cron": cron}}
+    with override_settings(TASKS=tasks_setting("default", periodic=periodic)):
+        with pytest.raises(ImproperlyConfigured) as refused:
+            task_backends["default"]
+    assert f"periodic['t']['cron'] {cron!r}: cron's @ shortcuts are not read: {says}" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("cron", "says"),
+    [
         (
             "* * * * * */10",
             "the step */10 in the day-of-week field is longer than the field's range (0-6), so it matches only its "

@@ -127,6 +127,15 @@ def parse(value: object) -> tuple[Schedule, ...]:
             raise TypeError(
                 f"{where}['cron'] must be a cron expression (a str of at most {TEXT_MAX_LENGTH} characters), got {cron!r}"
             )
+        shortcut = cron.strip().lower()
+        if shortcut.startswith("@"):
+            # cronsim reads them as a wrong number of fields, which does not tell a crontab user what to write.
+            instead = _SHORTCUTS.get(shortcut)
+            raise ValueError(
+                f"{where}['cron'] {cron!r}: cron's @ shortcuts are not read: "
+                + (f"write the five fields {instead!r}" if instead else "write the five fields")
+                + " (minute hour day-of-month month day-of-week)"
+            )
         try:
             next(CronSim(cron, timezone.now()))
         except (CronSimError, StopIteration) as bad:
@@ -170,6 +179,17 @@ def parse(value: object) -> tuple[Schedule, ...]:
         )
     return tuple(found)
 
+
+#: The five fields each of cron's @ shortcuts stands for (``@reboot`` has none), named in the refusal of one.
+_SHORTCUTS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 
 #: Each field's name and range, seconds first (a five-field expression has no seconds field).
 _FIELDS = (
