@@ -46,7 +46,8 @@ def check_task_path(path: str, task_modules: Iterable[str] = ()) -> None:
     if not any(module == root or module.startswith(root + ".") for root in roots):
         raise InvalidTask(
             f"task path {path!r} is in no app of INSTALLED_APPS nor in the backend's OPTIONS['task_modules']: "
-            f"refused without importing it"
+            f"refused without importing it. Move the task into an installed app's module, or add {module!r} to "
+            f"the backend's OPTIONS['task_modules']"
         )
 
 

@@ -109,6 +109,17 @@ def test_check_task_path_rules() -> None:
         check_task_path("jsonx.dumps", ["json"])  # a prefix is a whole module name, never a string prefix
 
 
+def test_a_task_outside_the_installed_apps_is_refused_saying_what_to_do() -> None:
+    # A new user's trial: a task in the project package (shopsite/jobs.py, not an app) was refused naming the
+    # option, not the module to list in it.
+    with pytest.raises(InvalidTask) as refused:
+        check_task_path("shopsite.jobs.hello")
+    assert str(refused.value).endswith(
+        "Move the task into an installed app's module, or add 'shopsite.jobs' to the backend's "
+        "OPTIONS['task_modules']"
+    )
+
+
 @pytest.mark.parametrize("value", ["json", [1], [""], ["a b"]])
 def test_task_modules_option_is_checked(value: object) -> None:
     with pytest.raises(ImproperlyConfigured, match="task_modules"), backend_on("sqlite", task_modules=value):
