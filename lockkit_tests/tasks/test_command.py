@@ -49,6 +49,8 @@ def test_max_tasks_exits_after_that_many(alias: str) -> None:
         with worker_process(alias, *args) as worker:
             code, output = worker.wait(timeout=30)
         assert code == 0, output
+        # The start line; it said "at most 1 tasks" for --max-tasks 1.
+        assert "; at most 3 task(s);" in output
         assert "worker short: 3 succeeded, 0 failed" in output
         assert [status_of(r) for r in results] == [TaskResultStatus.SUCCESSFUL] * 3 + [
             TaskResultStatus.READY

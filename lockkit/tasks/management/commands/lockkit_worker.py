@@ -240,7 +240,7 @@ class Command(BaseCommand):
                 f"{worker.poll_interval:g}s; backend "
                 f"{backend.alias!r} on database {worker.alias!r}"
                 + ("; until none is ready" if worker.burst else "")
-                + (f"; at most {worker.max_tasks} tasks" if worker.max_tasks else "")
+                + (f"; at most {worker.max_tasks} task(s)" if worker.max_tasks else "")
                 + (f"; {len(worker.schedules)} periodic schedule(s)" if worker.schedules else "")
                 + (f"; not taking queue(s) {', '.join(others)} (--queue-name '*' for all)" if others else "")
             )
