@@ -5,6 +5,8 @@ database's own check of a task's priority and ``QueuedTask.task_name``.
 from __future__ import annotations
 
 import io
+import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +18,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from lockkit.tasks.models import QueuedTask
+from lockkit_tests.support.faultkit import extra_alias
 from lockkit_tests.tasks.helpers import APPS, backend_on, vendor_aliases
 
 ALL = vendor_aliases()
@@ -172,3 +175,43 @@ def test_with_use_tz_false_a_database_clock_in_another_zone_stops_the_commands_b
         QueuedTask.objects.using(alias).update(finished_at=timezone.now())
         assert "Deleted 0 task result(s)" in _prune("--min-age-days", "0.25")
         assert _left(alias) == {just_finished}
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then closed): a server that is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "proxied"], available_apps=APPS)
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            lambda: {"HOST": "127.0.0.1", "PORT": _closed_port()},
+            "lockkit_prune_tasks: database 'proxied' could not be asked: ",
+        ),
+        (
+            lambda: {"NAME": "lockkit_no_such_database"},
+            "lockkit_prune_tasks: the server refused the settings of database alias 'proxied' (NAME "
+            "'lockkit_no_such_database'",
+        ),
+        (
+            lambda: {"NAME": "postgres"},  # a database with no task table: migrate not run
+            "the table lockkit_tasks_queuedtask of lockkit.tasks does not exist on database 'proxied': run "
+            "`manage.py migrate --database proxied` first",
+        ),
+    ],
+    ids=["down", "no-such-database", "not-migrated"],
+)
+def test_a_database_it_cannot_use_stops_it_in_one_line(
+    overrides: Callable[[], dict[str, Any]], says: str
+) -> None:
+    # A new user's trial: each of these was a raw OperationalError/ProgrammingError traceback, where lockkit_worker
+    # says each in one line.
+    with extra_alias("proxied", "default", **overrides()), backend_on("proxied"):
+        with pytest.raises(CommandError) as stopped:
+            _prune("--dry-run")
+    assert str(stopped.value).startswith(says)
+    assert "\n" not in str(stopped.value)

@@ -7,11 +7,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 from django.db.models import Q
 from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from django.tasks.base import TaskResultStatus
 from django.utils import timezone
 
+from lockkit.errorcodes.translate import translate
+from lockkit.errors import DatabaseMisconfigured
 from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
@@ -36,6 +39,40 @@ def _days(name: str, value: object) -> float:
     return days
 
 
+def _table_ready(alias: str) -> None:
+    """Stop with one line when the task table's database cannot be asked, or has no task table (not migrated).
+
+    From cron, a raw ``OperationalError`` traceback hid the cause in its last lines (a new user's trial: a server
+    down, a ``NAME`` it does not have, ``migrate`` not run), where ``lockkit_worker`` says each in one line.
+
+    Raises:
+        CommandError: the database could not be asked (the server's message, on one line), or the server refused
+            the alias's settings, or the task table does not exist there; nothing was deleted.
+    """
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            present = {name.lower() for name in connection.introspection.table_names(cursor)}
+    except DatabaseError as failure:
+        server = " ".join(str(failure).split())  # libpq's message spans lines
+        if isinstance(translate(failure, alias=alias, nowait=False), DatabaseMisconfigured):
+            settings = connection.settings_dict
+            raise CommandError(
+                f"lockkit_prune_tasks: the server refused the settings of database alias {alias!r} (NAME "
+                f"{settings.get('NAME')!r}, USER {settings.get('USER')!r}): {server}. Fix DATABASES[{alias!r}]; "
+                f"nothing deleted"
+            ) from failure
+        raise CommandError(
+            f"lockkit_prune_tasks: database {alias!r} could not be asked: {server}; nothing deleted"
+        ) from failure
+    table = QueuedTask._meta.db_table
+    if table.lower() not in present:
+        raise CommandError(
+            f"the table {table} of lockkit.tasks does not exist on database {alias!r}: run `manage.py migrate "
+            f"--database {alias}` first"
+        )
+
+
 def _count(name: str, value: object, high: int | None) -> int:
     """``value`` of ``--name`` as a whole number from 1 to ``high``; else ``CommandError`` naming the option."""
     allowed = f"--{name} must be a whole number from 1" + (f" to {high}" if high else "")
@@ -57,6 +94,11 @@ class Command(BaseCommand):
     never. Each batch is one short ``DELETE`` of at most ``--batch-size`` rows (oldest first) in its own
     transaction, so workers claiming and finishing tasks are never blocked for long. See docs/tasks.md.
     """
+
+    # The system checks run in handle(), on no database, as lockkit_worker's: Django 6.1 checks every alias's
+    # fields by default, and MariaDB's field checks ask the server, so a server down stopped the command with a
+    # raw OperationalError traceback before _table_ready() could say so in one line.
+    requires_system_checks: list[str] = []  # noqa: RUF012 - Django's own attribute
 
     help = "Delete finished tasks (SUCCESSFUL/FAILED) of a lockkit.tasks.DatabaseBackend older than an age."
 
@@ -100,9 +142,13 @@ class Command(BaseCommand):
         Raises:
             CommandError: an unknown backend, a backend that is not lockkit's, or a bad option (named), before
                 any SQL.
+            CommandError: the database cannot be asked, refuses the alias's settings or has no task table
+                (``migrate`` not run), in one line, nothing deleted.
             CommandError: with ``USE_TZ = False`` on MariaDB/MySQL, the database clock is not ``TIME_ZONE``'s
                 (nothing deleted; ``lockkit.tasks.clock``).
         """
+        if not options.get("skip_checks"):  # called as call_command(): absent unless given
+            self.check(databases=[])
         min_age = _days("min-age-days", options["min_age_days"])
         failed = options["failed_min_age_days"]
         failed_age = min_age if failed is None else _days("failed-min-age-days", failed)
@@ -141,7 +187,8 @@ class Command(BaseCommand):
                 self.stderr.write(
                     f"--queue-name: {', '.join(map(repr, unknown))} not a queue of backend {backend.alias!r}"
                 )
-        mismatch = naive_clock_mismatch(alias)  # after every option is checked: it asks the database
+        _table_ready(alias)  # after every option is checked: it asks the database
+        mismatch = naive_clock_mismatch(alias)
         if mismatch:
             raise CommandError(mismatch)
         if options["dry_run"]:
