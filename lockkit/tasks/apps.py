@@ -15,6 +15,6 @@ class TasksConfig(AppConfig):
 
     def ready(self) -> None:
         """Connect the receivers that keep a worker's run apart from a task another backend runs inside it."""
-        from lockkit.tasks.running import connect_receivers  # noqa: PLC0415 - models load after the registry
+        from lockkit.tasks.running import connect_receivers  # models load after the registry
 
         connect_receivers()
