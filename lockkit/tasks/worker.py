@@ -78,6 +78,7 @@ class Worker:
         poll_interval: Seconds an idle worker waits before looking for ready tasks again (default the backend's
             ``poll_interval`` option); on PostgreSQL a ``NOTIFY`` wakes it sooner.
         worker_id: The worker's name (default ``<host>-<pid>-<random>``).
+        periodic: Fire the backend's periodic schedules (``False``: none; other workers fire them).
 
     Raises:
         ValueError, TypeError: a bad argument (named).
@@ -100,6 +101,7 @@ class Worker:
         max_tasks: int | None = None,
         poll_interval: float | None = None,
         worker_id: str | None = None,
+        periodic: bool = True,
     ) -> None:
         """Check the arguments (nothing runs until ``run()``)."""
         self.backend = backend
@@ -223,7 +225,7 @@ class Worker:
             expired=True,
             fetch=True,
         )
-        self._periodic = Periodic(backend, self.alias)
+        self._periodic = Periodic(backend, self.alias, fire=periodic)
         #: The periodic schedules this worker fires (the ``periodic`` option's, then ``@periodic_task``'s).
         self.schedules = self._periodic.schedules
         # One task at a time, claimed one at a time: its success travels with the next claim (handover.py).

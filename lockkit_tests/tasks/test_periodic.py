@@ -12,12 +12,14 @@ import signal
 import sys
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from typing import Any
 from unittest import mock
 
 import pytest
 from django.contrib.admin.sites import AdminSite
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.tasks import task_backends
 from django.tasks.signals import task_enqueued
 from django.test import override_settings
@@ -102,6 +104,28 @@ def test_three_workers_fire_each_tick_exactly_once(alias: str) -> None:
     row = PeriodicSchedule.objects.using(alias).get()
     assert (row.name, row.last_tick, row.last_action) == ("tick", ticks[-1], "fired")
     assert row.next_tick == ticks[-1] + timedelta(seconds=2)
+
+
+@pytest.mark.parametrize("alias", VENDORS)
+def test_a_worker_started_with_no_periodic_fires_no_tick_and_another_worker_fires_it(alias: str) -> None:
+    """``lockkit_worker --no-periodic`` only runs tasks: with a tick due it enqueues nothing and leaves the schedule's
+    row alone; a worker without the option, run afterwards, fires that tick."""
+    with backend_on(alias, periodic=every(1)) as backend:
+        run_worker(backend)  # the schedule's row: ticks fire from now on
+        row = PeriodicSchedule.objects.using(alias).get()
+        assert (fired(alias), row.last_tick) == ([], None)
+        wait_for(
+            lambda: timezone.now() > row.created_at + timedelta(seconds=1.2), timeout=5, what="a tick due"
+        )
+        call_command("lockkit_worker", "--burst", "--no-periodic", stdout=StringIO(), stderr=StringIO())
+        assert (fired(alias), PeriodicSchedule.objects.using(alias).get().last_tick) == ([], None)
+        run_worker(backend)
+        ticks = fired(alias)
+        assert ticks, "the worker without --no-periodic fired nothing"
+        assert_each_tick_once(ticks, 1)  # a tick coming due during its run may follow the late one
+        assert PeriodicSchedule.objects.using(alias).get().last_tick == ticks[-1]
+        with pytest.raises(TypeError, match="periodic must be True or False"):
+            Worker(backend, queues=sorted(backend.queues), periodic="no")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("alias", VENDORS)

@@ -10,6 +10,7 @@ the server midway (its claims failing) retried for ever too.
 from __future__ import annotations
 
 import signal
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -90,13 +91,24 @@ def test_a_drain_that_loses_the_server_midway_exits_non_zero_and_leaves_the_rest
 
 @pytest.mark.skipif(not MYSQL_CONFIGURED, reason=MYSQL_SKIP_REASON)
 @ON_MARIADB
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_while_the_worker_waits_for_the_server_stops_it_cleanly(number: int) -> None:
+@pytest.mark.parametrize(
+    ("number", "ignored"),
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGINT", "SIGINT-ignored-by-its-parent"],
+)
+def test_a_signal_while_the_worker_waits_for_the_server_stops_it_cleanly(number: int, ignored: bool) -> None:
     # Found by a new user's trial: Ctrl-C while the worker waited printed a KeyboardInterrupt traceback, and
-    # SIGTERM ended it with status 143 (the default action), where a running worker exits 0.
+    # SIGTERM ended it with status 143 (the default action), where a running worker exits 0. Started with SIGINT
+    # ignored (a background job of a shell without job control), it went on waiting: a running worker stops on it.
     with proxied("mariadb", "proxied_mariadb") as (alias, proxy):
         proxy.refuse_new = True
-        with worker_process(alias) as worker:
+        with ExitStack() as stack:
+            inherited = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignored else None
+            try:
+                worker = stack.enter_context(worker_process(alias))
+            finally:
+                if ignored:
+                    signal.signal(signal.SIGINT, inherited)
             wait_for(lambda: "cannot be reached, trying again" in worker.log(), what="the worker to wait")
             worker.signal(number)
             code, log = worker.wait()

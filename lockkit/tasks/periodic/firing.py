@@ -38,18 +38,23 @@ class Periodic:
     Args:
         backend: The ``DatabaseBackend`` (its ``periodic`` option, and the schedules ``@periodic_task`` declares).
         alias: The database alias of the task table.
+        fire: ``False``: this worker fires no schedule (``lockkit_worker --no-periodic``; others fire them), and
+            none is resolved or imported.
 
     Raises:
+        TypeError: ``fire`` is not a bool.
         django.core.exceptions.ImproperlyConfigured: a schedule's task cannot be resolved, or two schedules have
             one name (the message names the setting). Nothing touches the database here.
         ImportError: an app's ``tasks`` module, or one of ``task_modules``, fails to import.
     """
 
-    def __init__(self, backend: DatabaseBackend, alias: str) -> None:
+    def __init__(self, backend: DatabaseBackend, alias: str, *, fire: bool = True) -> None:
         """Resolve each schedule's task (importing it): a bad path fails when the worker starts."""
+        if not isinstance(fire, bool):
+            raise TypeError(f"periodic must be True or False, got {fire!r}")
         self.backend = backend
         self.alias = alias
-        self.schedules = all_schedules(backend)
+        self.schedules = all_schedules(backend) if fire else ()
         self._tasks: dict[str, Task[..., Any]] = {s.name: resolve(s, backend) for s in self.schedules}
         self._rows: dict[str, PeriodicSchedule] = {}
         # When each schedule is due next, as this worker last read it: until then, no query.

@@ -22,6 +22,7 @@ from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.periodic.models import PeriodicSchedule
+from lockkit.tasks.stopping import STOP_SIGNALS
 from lockkit.tasks.worker import Worker
 
 #: The allowed range of each numeric option: (lowest, highest, whether a fraction is allowed). See docs/tasks.md.
@@ -149,6 +150,12 @@ class Command(BaseCommand):
             "OPTIONS['poll_interval']), as db_worker's --interval. On PostgreSQL a NOTIFY wakes it sooner.",
         )
         parser.add_argument("--worker-id", default=None, help="The worker's name (default: host-pid-random).")
+        parser.add_argument(
+            "--no-periodic",
+            action="store_true",
+            help="Fire no periodic schedule (by default every worker fires them, each tick once; a worker started "
+            "with this only runs tasks, and the others fire the ticks).",
+        )
         # db_worker's options that have no meaning here, so that its unit files run unchanged where they can.
         parser.add_argument(
             "--no-startup-delay",
@@ -209,6 +216,7 @@ class Command(BaseCommand):
                 max_tasks=None if numbers["max-tasks"] is None else int(numbers["max-tasks"]),
                 poll_interval=numbers["interval"],
                 worker_id=options["worker_id"],
+                periodic=not options["no_periodic"],
             )
             # On PostgreSQL nothing above asks the server, and the worker's first statement (the claims held under
             # its name) raised a raw OperationalError: a server down at start is waited out here, on every vendor.
@@ -288,7 +296,9 @@ def _when_reachable(
     """
     said = False
     on_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    # Both stop signals, whatever this process inherited (a SIGINT ignored by the shell that started it), as the
+    # running worker's handlers do (stopping.py).
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS} if on_main else {}
     try:
         while True:
             try:
@@ -300,8 +310,8 @@ def _when_reachable(
         write("lockkit_worker: stopped while waiting for the database; nothing was claimed")
         return None
     finally:
-        if on_main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _interrupt(number: int, frame: Any) -> None:
