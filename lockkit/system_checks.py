@@ -146,14 +146,24 @@ def check_memory_databases(
 
 
 def check_configuration(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """``lockkit.W001``: a database setting lockkit's guarantees depend on (from settings, no connection)."""
+    """``lockkit.W001``: a database setting lockkit's guarantees depend on (from settings, no connection).
+
+    The hint links to the section that gives the setting: SQLite's for an SQLite alias, else the capability report.
+    """
     return [
         Warning(
-            text, hint=f"See {docs_url('backends/', 'the-capability-report')}", obj=alias, id="lockkit.W001"
+            text,
+            hint=f"See {docs_url('backends/', _SECTIONS.get(connections[alias].vendor, 'the-capability-report'))}",
+            obj=alias,
+            id="lockkit.W001",
         )
         for alias in connections
         for text in configuration_warnings(alias)
     ]
+
+
+# The section of docs/backends.md that says how to set what lockkit.W001 warns about, by vendor.
+_SECTIONS = {"sqlite": "sqlite"}
 
 
 def check_topology(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:

@@ -53,8 +53,9 @@ _SHARED_CACHE_HINT = (
 
 # The refusals of a connection's settings: the same settings are refused again, however long one waits.
 _SETTINGS_HINT = (
-    "the server refused the connection's settings (DATABASES[alias] NAME, USER or PASSWORD): not retried, it "
-    "would be refused again. Fix the settings, or create the database or role"
+    "the server refused the connection's settings (DATABASES[alias] NAME, USER or PASSWORD): a lockkit call does "
+    "not retry this, as the server refuses the same settings until they, the database or the role change (a "
+    "running lockkit_worker waits for that). Fix the settings, or create the database or role"
 )
 
 

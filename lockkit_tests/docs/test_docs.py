@@ -140,9 +140,12 @@ def test_the_system_check_hint_points_at_the_documentation_site() -> None:
 
     # The test settings' SQLite alias has no transaction_mode = "IMMEDIATE": lockkit.W001 warns about it.
     (warning,) = [message for message in check_configuration() if message.obj == "sqlite"]
-    assert warning.hint == f"See {DOCS_URL}backends/#the-capability-report"
+    # The section that says how to set transaction_mode (the capability report's did not).
+    assert warning.hint == f"See {DOCS_URL}backends/#sqlite"
     # MkDocs builds that anchor from this heading (mkdocs build --strict checks the links between pages).
-    assert "\n## The capability report\n" in (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
+    backends = (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
+    assert "\n## SQLite\n" in backends
+    assert "transaction_mode" in backends.split("\n## SQLite\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_readme_says_how_long_the_tests_take_and_gives_a_fast_subset_that_collects() -> None:
