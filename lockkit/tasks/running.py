@@ -42,25 +42,55 @@ class Run:
         self.completed = True
 
 
+@dataclass
+class Elsewhere:
+    """A task another backend runs at once in this thread (Django's ``ImmediateBackend``): no claim, no row.
+
+    Its ``fenced()`` is a plain ``locked()`` scope, held to the worker's rules (once per task, never nested), so
+    that a project's tests under ``ImmediateBackend`` catch what the worker refuses.
+    """
+
+    used: bool = False
+    inside: bool = False
+
+
 _current: ContextVar[Run | None] = ContextVar("lockkit_tasks_run", default=None)
-# The worker's runs hidden while another backend runs a task at once inside them (Django's ImmediateBackend, called
-# by the worker's task): that task is not the claimed one, and its fenced() and current_claim() must not take it.
-_hidden: ContextVar[tuple[Run | None, ...]] = ContextVar("lockkit_tasks_hidden_runs", default=())
+_elsewhere: ContextVar[Elsewhere | None] = ContextVar("lockkit_tasks_elsewhere", default=None)
+# What a task another backend runs at once hides (a worker's run, when a worker's task enqueued it there: that task
+# is not the claimed one, and its fenced() and current_claim() must not take it), restored when it finishes.
+_hidden: ContextVar[tuple[tuple[Run | None, Elsewhere | None], ...]] = ContextVar(
+    "lockkit_tasks_hidden", default=()
+)
 
 
 def _another_backend_starts(sender: object, **kwargs: Any) -> None:
     """``task_started`` of a backend that runs the task in the caller's thread: no worker's run while it runs."""
     if sender is not DatabaseBackend:
-        _hidden.set((*_hidden.get(), _current.get()))
+        _hidden.set((*_hidden.get(), (_current.get(), _elsewhere.get())))
         _current.set(None)
+        _elsewhere.set(Elsewhere())
 
 
 def _another_backend_finishes(sender: object, **kwargs: Any) -> None:
-    """``task_finished`` of such a backend: the worker's run it hid is the current one again."""
+    """``task_finished`` of such a backend: what it hid is current again."""
     hidden = _hidden.get()
     if sender is not DatabaseBackend and hidden:
         _hidden.set(hidden[:-1])
-        _current.set(hidden[-1])
+        _current.set(hidden[-1][0])
+        _elsewhere.set(hidden[-1][1])
+
+
+def _refuse_reuse(used: bool, inside: bool) -> None:
+    """``fenced()`` once per task run, never inside its own open block."""
+    if used:
+        raise RuntimeError("lockkit.tasks.fenced() was already used by this task run: use it once")
+    if inside:
+        # Under the worker, the inner block would complete the claim inside the outer one's transaction, which the
+        # outer block's own completion then rolls back: the run would count as completed with nothing committed.
+        raise RuntimeError(
+            "lockkit.tasks.fenced() is already open in this task run: nested fenced() blocks are refused (write "
+            "with the scope the open block yielded)"
+        )
 
 
 def connect_receivers() -> None:
@@ -109,29 +139,23 @@ def fenced() -> Iterator[LockScope]:
     there is no claim to fence and no task row to complete: the block is a plain ``lockkit.locked()`` scope on the
     default database, committed (or rolled back) with it, and the task's code runs unchanged. So is a task that
     another backend runs at once inside a worker's task (an ``ImmediateBackend`` enqueue there): it is not the
-    claimed task, whose own ``fenced()`` is still to come.
+    claimed task, whose own ``fenced()`` is still to come. In a task such a backend runs, the block is held to the
+    worker's rules (a second or a nested ``fenced()`` raises ``RuntimeError``), so tests catch what the worker refuses.
 
     Yields:
         The ``LockScope`` (write with the ORM on ``scope.alias``, or with the scope's helpers).
 
     Raises:
-        RuntimeError: called twice in one run by the worker, or inside its own open block (nested).
+        RuntimeError: called twice in one task run (by the worker, or by a backend that runs tasks at once), or
+            inside its own open block (nested).
         lockkit.errors.StaleClaim: the task's claim is no longer current; nothing was written.
     """
     run = _current.get()
     if run is None:
-        with locked() as scope:
+        with _elsewhere_scope(_elsewhere.get()) as scope:
             yield scope
         return
-    if run.completed:
-        raise RuntimeError("lockkit.tasks.fenced() was already used by this task run: use it once")
-    if run.inside:
-        # The inner block would complete the claim inside the outer one's transaction, which the outer block's own
-        # completion then rolls back: the run would count as completed with nothing committed.
-        raise RuntimeError(
-            "lockkit.tasks.fenced() is already open in this task run: nested fenced() blocks are refused (write "
-            "with the scope the open block yielded)"
-        )
+    _refuse_reuse(run.completed, run.inside)
     run.inside = True
     try:
         with fenced_claim(run.claim) as scope:
@@ -152,6 +176,23 @@ def fenced() -> Iterator[LockScope]:
             scope.on_commit(run.complete)
     finally:
         run.inside = False
+
+
+@contextmanager
+def _elsewhere_scope(elsewhere: Elsewhere | None) -> Iterator[LockScope]:
+    """``fenced()`` outside a worker's run: a ``locked()`` scope, once per task another backend runs."""
+    if elsewhere is None:  # not in a task (a direct call): nothing to hold it to
+        with locked() as scope:
+            yield scope
+        return
+    _refuse_reuse(elsewhere.used, elsewhere.inside)
+    elsewhere.inside = True
+    try:
+        with locked() as scope:
+            yield scope
+        elsewhere.used = True
+    finally:
+        elsewhere.inside = False
 
 
 def record_value(run: Run, value: Any) -> bool:

@@ -192,6 +192,16 @@ def nested_fenced(name: str) -> str:
 
 
 @task()
+def fenced_twice(name: str) -> str:
+    """Write an effect in ``fenced()``, then another in a second ``fenced()`` block (a misuse: once per task)."""
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=name)
+    with fenced() as scope:
+        Owner.objects.using(scope.alias).create(name=f"{name}-again")
+    return name
+
+
+@task()
 def fenced_in_atomic_then_raise(name: str, alias: str) -> str:
     """Write an effect in ``fenced()`` inside the task's own ``atomic()``, then raise in that ``atomic()``: the
     block's writes and its completion roll back with it."""

@@ -60,3 +60,28 @@ def test_fenced_under_the_immediate_backend_inside_the_caller_s_atomic_is_a_save
             jobs.fenced_effect.enqueue("rolled back with the caller")
             transaction.set_rollback(True)
         assert not Owner.objects.filter(name="rolled back with the caller").exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_a_second_or_a_nested_fenced_under_the_immediate_backend_raises_as_under_the_worker() -> None:
+    """Under ``ImmediateBackend`` a task is held to the worker's rules, so a project's tests catch the misuse the
+    worker refuses (before, a second or a nested block was a plain locked scope and the task passed)."""
+    with override_settings(TASKS=IMMEDIATE):
+        twice = jobs.fenced_twice.enqueue("twice")
+        nested = jobs.nested_fenced.enqueue("nested")
+        once = jobs.fenced_effect.enqueue(
+            "once"
+        )  # each task run its own: the first block of the next one works
+    assert (twice.status, nested.status, once.status) == (
+        TaskResultStatus.FAILED,
+        TaskResultStatus.FAILED,
+        TaskResultStatus.SUCCESSFUL,
+    )
+    assert [e.exception_class_path for e in twice.errors + nested.errors] == ["builtins.RuntimeError"] * 2
+    assert "already used" in twice.errors[0].traceback
+    assert "already open" in nested.errors[0].traceback
+    # The first block committed; the second wrote nothing; the nested pair rolled back with the outer block.
+    assert sorted(Owner.objects.values_list("name", flat=True)) == ["once", "twice"]
+    # A direct call is not a task run: nothing to hold it to, each block is a plain locked scope.
+    assert jobs.fenced_twice.call("called") == "called"
+    assert Owner.objects.filter(name__startswith="called").count() == 2
