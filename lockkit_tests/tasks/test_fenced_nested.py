@@ -20,10 +20,8 @@ from lockkit_tests.tasks.helpers import backend_on, run_worker, vendor_aliases
 POSTGRESQL, MARIADB, _ = vendor_aliases()
 
 
-@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
-def test_a_fenced_block_nested_in_another_fails_the_attempt_and_is_never_reported_successful(
-    alias: str,
-) -> None:
+def _run_once(alias: str, job: Any, *args: Any) -> tuple[Any, Any, list[str]]:
+    """Enqueue ``job(*args)`` with one attempt, run a worker: its result, the worker's stats, each ``task_finished``."""
     finished: list[str] = []
 
     def record(sender: Any, task_result: Any, **kwargs: Any) -> None:
@@ -32,11 +30,19 @@ def test_a_fenced_block_nested_in_another_fails_the_attempt_and_is_never_reporte
     task_finished.connect(record)
     try:
         with backend_on(alias, max_attempts=1) as backend:
-            result = jobs.nested_fenced.enqueue("nested")
+            result = job.enqueue(*args)
             stats = run_worker(backend)
             result.refresh()
     finally:
         task_finished.disconnect(record)
+    return result, stats, finished
+
+
+@pytest.mark.parametrize("alias", [POSTGRESQL, MARIADB])
+def test_a_fenced_block_nested_in_another_fails_the_attempt_and_is_never_reported_successful(
+    alias: str,
+) -> None:
+    result, stats, finished = _run_once(alias, jobs.nested_fenced, "nested")
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
     assert "nested" in result.errors[0].traceback
@@ -49,19 +55,7 @@ def test_a_fenced_block_nested_in_another_fails_the_attempt_and_is_never_reporte
 def test_a_fenced_block_rolled_back_by_the_task_s_own_atomic_is_not_taken_for_a_committed_success(
     alias: str,
 ) -> None:
-    finished: list[str] = []
-
-    def record(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        finished.append(str(task_result.status))
-
-    task_finished.connect(record)
-    try:
-        with backend_on(alias, max_attempts=1) as backend:
-            result = jobs.fenced_in_atomic_then_raise.enqueue("rolled back", alias)
-            stats = run_worker(backend)
-            result.refresh()
-    finally:
-        task_finished.disconnect(record)
+    result, stats, finished = _run_once(alias, jobs.fenced_in_atomic_then_raise, "rolled back", alias)
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
     assert not Owner.objects.using(alias).filter(name="rolled back").exists()
