@@ -7,16 +7,15 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.db.models import Q
 from django.tasks import DEFAULT_TASK_QUEUE_NAME
 from django.tasks.base import TaskResultStatus
 from django.utils import timezone
 
-from lockkit.errorcodes.translate import translate
-from lockkit.errors import DatabaseMisconfigured
 from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
+from lockkit.tasks.management.database import tables_present
 from lockkit.tasks.models import QueuedTask
 
 #: The finished statuses, the only ones pruned.
@@ -49,19 +48,10 @@ def _table_ready(alias: str) -> None:
         CommandError: the database could not be asked (the server's message, on one line), or the server refused
             the alias's settings, or the task table does not exist there; nothing was deleted.
     """
-    connection = connections[alias]
     try:
-        with connection.cursor() as cursor:
-            present = {name.lower() for name in connection.introspection.table_names(cursor)}
+        present = tables_present(alias, "lockkit_prune_tasks", "; nothing deleted")
     except DatabaseError as failure:
         server = " ".join(str(failure).split())  # libpq's message spans lines
-        if isinstance(translate(failure, alias=alias, nowait=False), DatabaseMisconfigured):
-            settings = connection.settings_dict
-            raise CommandError(
-                f"lockkit_prune_tasks: the server refused the settings of database alias {alias!r} (NAME "
-                f"{settings.get('NAME')!r}, USER {settings.get('USER')!r}): {server}. Fix DATABASES[{alias!r}]; "
-                f"nothing deleted"
-            ) from failure
         raise CommandError(
             f"lockkit_prune_tasks: database {alias!r} could not be asked: {server}; nothing deleted"
         ) from failure

@@ -20,6 +20,7 @@ from lockkit.errors import ConnectionLost, DatabaseMisconfigured
 from lockkit.tasks.backend import DatabaseBackend
 from lockkit.tasks.clock import naive_clock_mismatch
 from lockkit.tasks.management.backends import lockkit_backend
+from lockkit.tasks.management.database import refused_settings, tables_present
 from lockkit.tasks.models import QueuedTask
 from lockkit.tasks.periodic.models import PeriodicSchedule
 from lockkit.tasks.stopping import STOP_SIGNALS
@@ -324,7 +325,7 @@ def _unreachable(
     """Say once that the database cannot be reached (``True`` from then on); raise when waiting is wrong."""
     error = translate(failure, alias=alias, nowait=False)
     if isinstance(error, DatabaseMisconfigured):
-        raise _refused_settings(error, alias) from failure
+        raise refused_settings(error, alias, *_REFUSED) from failure
     if not isinstance(error, ConnectionLost):
         raise CommandError(f"lockkit_worker cannot start: {failure}") from failure
     if burst:
@@ -332,20 +333,6 @@ def _unreachable(
     if not said:
         write(f"lockkit_worker: the database cannot be reached, trying again every second: {failure}")
     return True
-
-
-def _refused_settings(error: DatabaseMisconfigured, alias: str) -> CommandError:
-    """The error that stops the worker at start when the server refused the alias's settings: waiting cannot help.
-
-    One line naming the alias, its database and user, and the server's own message (libpq's spans lines).
-    """
-    settings = connections[alias].settings_dict
-    server = " ".join(str(error.__cause__ or error).split())
-    return CommandError(
-        f"lockkit_worker cannot start: the server refused the settings of database alias {alias!r} (NAME "
-        f"{settings.get('NAME')!r}, USER {settings.get('USER')!r}): {server}. Fix DATABASES[{alias!r}], or create "
-        f"the database or role; not retried"
-    )
 
 
 def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[str]:
@@ -360,20 +347,19 @@ def _missing_tables(alias: str, *, periodic: bool, burst: bool = False) -> list[
             database or user it does not have, a wrong password: waiting cannot help).
     """
     wanted = [QueuedTask._meta.db_table] + ([PeriodicSchedule._meta.db_table] if periodic else [])
-    connection = connections[alias]
     try:
-        with connection.cursor() as cursor:
-            present = {name.lower() for name in connection.introspection.table_names(cursor)}
+        present = tables_present(alias, *_REFUSED)
     except DatabaseError as failure:
-        error = translate(failure, alias=alias, nowait=False)
-        if isinstance(error, DatabaseMisconfigured):
-            raise _refused_settings(error, alias) from failure
         if burst:
             raise CommandError(
                 f"lockkit_worker --burst: the database cannot be reached: {failure}"
             ) from failure
         return []
     return [table for table in wanted if table.lower() not in present]
+
+
+# How the worker says that the server refused its alias's settings (lockkit.tasks.management.database).
+_REFUSED = ("lockkit_worker cannot start", ", or create the database or role; not retried")
 
 
 def _queues(
